@@ -1,0 +1,53 @@
+"""schemaless: a FriendFeed-style schemaless datastore on sharded MySQL/MariaDB.
+
+>>> from schemaless import DataStore, Index
+>>> by_user = Index(table="index_user_id", properties=["user_id"], shard_on="user_id")
+>>> ds = DataStore(mysql_shards=["127.0.0.1:3306", "127.0.0.1:3307"], indexes=[by_user])
+>>> ds.put({"id": new_id(), "user_id": user, "title": "hello"})
+>>> by_user.get_all(ds, user_id=user)
+"""
+
+from .errors import (
+    CatalogError,
+    ConflictError,
+    CorruptEntity,
+    EntityTooLarge,
+    IndexDefinitionError,
+    IndexNotReady,
+    InvalidEntity,
+    InvalidId,
+    InvalidQuery,
+    OutcomeUnknown,
+    PermissionDenied,
+    SchemalessError,
+    ServerError,
+    ShardTimeout,
+    ShardUnavailable,
+)
+from .ids import new_id
+from .index import Index
+from .query import Page
+from .store import DataStore, Entity
+
+__all__ = [
+    "CatalogError",
+    "ConflictError",
+    "CorruptEntity",
+    "DataStore",
+    "Entity",
+    "EntityTooLarge",
+    "Index",
+    "IndexDefinitionError",
+    "IndexNotReady",
+    "InvalidEntity",
+    "InvalidId",
+    "InvalidQuery",
+    "OutcomeUnknown",
+    "Page",
+    "PermissionDenied",
+    "SchemalessError",
+    "ServerError",
+    "ShardTimeout",
+    "ShardUnavailable",
+    "new_id",
+]

@@ -1,0 +1,286 @@
+"""The catalog: cluster map, index definitions and states, checkpoints, dictionaries.
+
+One database (``<prefix>_catalog``) on the first server.  Clients load it in one
+round trip (``Catalog.load``) and refresh it on an interval; everything that must
+survive a restart of any process (index states, Cleaner checkpoints and heartbeats,
+codec dictionaries) lives here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .connection import Server
+from .dsn import Address
+from .errors import CatalogError, IndexDefinitionError
+from .index import Index
+from .names import quote
+from .schema import CATALOG_TABLES, check_prefix
+
+__all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "now_us"]
+
+#: The index lifecycle: writers maintain ``building`` and ``ready``; queries use ``ready``.
+STATES = ("building", "ready", "dropped")
+FORMAT = "1"
+
+
+def now_us() -> int:
+    """Wall-clock microseconds since the epoch."""
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    """An index definition with its lifecycle state."""
+
+    index: Index
+    state: str
+    created: int
+    changed: int
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A snapshot of the catalog: where every logical shard lives, and the indexes."""
+
+    prefix: str
+    n_shards: int
+    map_version: int
+    refresh_interval: float
+    servers: dict[int, Address]
+    shard_servers: tuple[int, ...]
+    indexes: dict[str, IndexInfo]
+    dictionary_ids: tuple[int, ...]
+    active_dictionary: int | None
+
+    def shards_of(self, server_id: int) -> list[int]:
+        """The logical shards that live on one server."""
+        return [s for s, sid in enumerate(self.shard_servers) if sid == server_id]
+
+    def maintained(self) -> list[Index]:
+        """Indexes that writers keep up to date (building or ready)."""
+        return [i.index for i in self.indexes.values() if i.state != "dropped"]
+
+
+class Catalog:
+    """Reads and changes the catalog database through its server."""
+
+    def __init__(self, server: Server, prefix: str) -> None:
+        self.server = server
+        self.prefix = check_prefix(prefix)
+        self.db = f"{prefix}_catalog"
+
+    def _t(self, table: str) -> str:
+        return quote(self.db, table)
+
+    # -- creation -----------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether this server holds an initialised catalog for the prefix."""
+        rows = self.server.run(
+            "SELECT COUNT(*) FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name = 'meta'",
+            (self.db,),
+        )
+        if not rows[0][0][0]:
+            return False
+        return bool(self.server.run(f"SELECT 1 FROM {self._t('meta')} WHERE name = 'shards'")[0])
+
+    def create(
+        self, addresses: Sequence[Address], n_shards: int, refresh_interval: float
+    ) -> bool:
+        """Create the catalog and the shard map if absent; True if this call created it.
+
+        Safe to run concurrently: the first writer of the map wins, the others find it.
+        """
+        if not 1 <= n_shards <= 65536:
+            raise CatalogError(f"number of logical shards must be 1..65536, got {n_shards}")
+        if not addresses:
+            raise CatalogError("a datastore needs at least one server")
+        ddl = [f"CREATE DATABASE IF NOT EXISTS {quote(self.db)}"]
+        ddl += [
+            f"CREATE TABLE IF NOT EXISTS {self._t(name)} ({cols}) ENGINE=InnoDB"
+            for name, cols in CATALOG_TABLES.items()
+        ]
+        self.server.run(";\n".join(ddl))
+        stmts = ["START TRANSACTION"]
+        params: list[Any] = []
+        stmts.append(
+            f"INSERT IGNORE INTO {self._t('meta')} (name, value) VALUES"
+            " ('format', %s), ('shards', %s), ('map_version', '1'), ('refresh_interval', %s)"
+        )
+        params += [FORMAT, str(n_shards), repr(float(refresh_interval))]
+        stmts.append("SELECT ROW_COUNT()")
+        stmts.append(
+            f"INSERT IGNORE INTO {self._t('servers')} (server_id, host, port) VALUES "
+            + ", ".join(["(%s, %s, %s)"] * len(addresses))
+        )
+        for sid, addr in enumerate(addresses):
+            params += [sid, addr.host, addr.port]
+        stmts.append(
+            f"INSERT IGNORE INTO {self._t('shards')} (shard, server_id) VALUES "
+            + ", ".join(["(%s, %s)"] * n_shards)
+        )
+        for shard in range(n_shards):
+            params += [shard, shard % len(addresses)]
+        stmts.append("COMMIT")
+        out = self.server.run(";\n".join(stmts), params, commits=True)
+        return bool(out[0][0][0] == 4)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def load(self) -> Topology:
+        """Read the whole catalog in one round trip."""
+        out = self.server.run(
+            f"SELECT name, value FROM {self._t('meta')};"
+            f" SELECT server_id, host, port FROM {self._t('servers')};"
+            f" SELECT shard, server_id FROM {self._t('shards')} ORDER BY shard;"
+            f" SELECT definition, state, created, changed FROM {self._t('indexes')};"
+            f" SELECT dict_id FROM {self._t('dictionaries')} ORDER BY dict_id"
+        )
+        meta = {str(k): str(v) for k, v in out[0]}
+        if "shards" not in meta:
+            raise CatalogError(f"no datastore {self.prefix!r} on {self.server.name}: run init")
+        if meta.get("format") != FORMAT:
+            raise CatalogError(f"catalog format {meta.get('format')!r} is not supported")
+        n_shards = int(meta["shards"])
+        shard_servers = tuple(int(sid) for _, sid in out[2])
+        if len(shard_servers) != n_shards:
+            raise CatalogError(f"catalog maps {len(shard_servers)} of {n_shards} shards")
+        indexes = {}
+        for definition, state, created, changed in out[3]:
+            index = Index.from_dict(json.loads(definition))
+            indexes[index.name] = IndexInfo(index, str(state), int(created), int(changed))
+        active = meta.get("active_dictionary")
+        return Topology(
+            prefix=self.prefix,
+            n_shards=n_shards,
+            map_version=int(meta["map_version"]),
+            refresh_interval=float(meta.get("refresh_interval", "5.0")),
+            servers={int(sid): Address(str(h), int(p)) for sid, h, p in out[1]},
+            shard_servers=shard_servers,
+            indexes=indexes,
+            dictionary_ids=tuple(int(r[0]) for r in out[4]),
+            active_dictionary=int(active) if active else None,
+        )
+
+    # -- indexes ------------------------------------------------------------------------
+
+    def record_index(self, index: Index, state: str) -> IndexInfo:
+        """Record a new index in ``state``; an identical existing one is returned as is.
+
+        A different definition under the same name is an ``IndexDefinitionError``.
+        """
+        if state not in STATES:
+            raise CatalogError(f"unknown index state {state!r}")
+        now = now_us()
+        definition = json.dumps(index.to_dict(), sort_keys=True)
+        out = self.server.run(
+            f"INSERT IGNORE INTO {self._t('indexes')} (name, definition, state, created, changed)"
+            " VALUES (%s, %s, %s, %s, %s);"
+            f" SELECT definition, state, created, changed FROM {self._t('indexes')}"
+            " WHERE name = %s",
+            (index.name, definition, state, now, now, index.name),
+        )
+        stored, stored_state, created, changed = out[0][0]
+        existing = Index.from_dict(json.loads(stored))
+        if existing != index:
+            raise IndexDefinitionError(
+                f"index {index.name!r} already exists with a different definition: "
+                f"{existing!r}; drop and purge it first"
+            )
+        return IndexInfo(existing, str(stored_state), int(created), int(changed))
+
+    def set_index_state(self, name: str, state: str, *, expect: str | None = None) -> bool:
+        """Move an index to ``state`` (only from ``expect`` if given); True if changed."""
+        if state not in STATES:
+            raise CatalogError(f"unknown index state {state!r}")
+        sql = f"UPDATE {self._t('indexes')} SET state = %s, changed = %s WHERE name = %s"
+        params: list[Any] = [state, now_us(), name]
+        if expect is not None:
+            sql += " AND state = %s"
+            params.append(expect)
+        out = self.server.run(sql + "; SELECT ROW_COUNT()", params)
+        return bool(out[0][0][0])
+
+    def forget_index(self, name: str) -> None:
+        """Remove a dropped index from the catalog (after its tables are gone)."""
+        self.server.run(
+            f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = 'dropped';"
+            f" DELETE FROM {self._t('checkpoints')} WHERE job LIKE %s",
+            (name, f"%:{name}"),
+        )
+
+    # -- checkpoints, heartbeats and dictionaries -----------------------------------------
+
+    def checkpoints(self, job: str) -> dict[int, tuple[int, bool, int]]:
+        """``shard -> (position, done, rows_done)`` for a job."""
+        out = self.server.run(
+            f"SELECT shard, position, done, rows_done FROM {self._t('checkpoints')}"
+            " WHERE job = %s",
+            (job,),
+        )
+        return {int(s): (int(p), bool(d), int(n)) for s, p, d, n in out[0]}
+
+    def save_checkpoint(self, job: str, shard: int, position: int, done: bool, rows: int) -> None:
+        """Advance a checkpoint; it never moves backward."""
+        self.server.run(
+            f"INSERT INTO {self._t('checkpoints')}"
+            " (job, shard, position, done, rows_done, updated) VALUES (%s, %s, %s, %s, %s, %s)"
+            " ON DUPLICATE KEY UPDATE"
+            " rows_done = IF(VALUES(position) >= position, VALUES(rows_done), rows_done),"
+            " done = IF(VALUES(position) >= position, VALUES(done), done),"
+            " updated = VALUES(updated),"
+            " position = GREATEST(position, VALUES(position))",
+            (job, shard, position, int(done), rows, now_us()),
+        )
+
+    def clear_checkpoints(self, job: str) -> None:
+        """Forget a job's checkpoints (a sweep that starts over)."""
+        self.server.run(f"DELETE FROM {self._t('checkpoints')} WHERE job = %s", (job,))
+
+    def heartbeat(self, name: str, figures: dict[str, Any]) -> None:
+        """Record that a daemon is alive, with its figures."""
+        self.server.run(
+            f"REPLACE INTO {self._t('status')} (name, heartbeat, figures) VALUES (%s, %s, %s)",
+            (name, now_us(), json.dumps(figures, sort_keys=True)),
+        )
+
+    def statuses(self) -> dict[str, tuple[int, dict[str, Any]]]:
+        """``name -> (heartbeat_us, figures)`` of every daemon that reported."""
+        out = self.server.run(f"SELECT name, heartbeat, figures FROM {self._t('status')}")
+        return {str(n): (int(h), json.loads(f)) for n, h, f in out[0]}
+
+    def dictionary(self, dict_id: int) -> bytes:
+        """The data of one codec dictionary."""
+        out = self.server.run(
+            f"SELECT data FROM {self._t('dictionaries')} WHERE dict_id = %s", (dict_id,)
+        )
+        if not out[0]:
+            raise CatalogError(f"codec dictionary {dict_id} is not in the catalog")
+        return bytes(out[0][0][0])
+
+    def add_dictionary(self, data: bytes, *, activate: bool = True) -> int:
+        """Store a trained dictionary (ids are never reused) and make it the active one."""
+        out = self.server.run(
+            "START TRANSACTION;"
+            f" SELECT COALESCE(MAX(dict_id), 0) + 1 INTO @next FROM {self._t('dictionaries')}"
+            " FOR UPDATE;"
+            f" INSERT INTO {self._t('dictionaries')} (dict_id, data, created)"
+            " VALUES (@next, %s, %s);"
+            + (
+                f" REPLACE INTO {self._t('meta')} (name, value)"
+                " VALUES ('active_dictionary', @next);"
+                if activate
+                else ""
+            )
+            + " SELECT @next; COMMIT",
+            (data, now_us()),
+            commits=True,
+            idempotent=False,
+        )
+        return int(out[0][0][0])

@@ -1,0 +1,236 @@
+"""Routing: the servers of a datastore, its shard map, and parallel fan-out.
+
+A ``Cluster`` opens (or initialises) the catalog, keeps a refreshed ``Topology`` and
+one connection pool per server, and runs per-server batches in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from .catalog import Catalog, Topology
+from .codec import Codec
+from .connection import ConnectOptions, Server, Tracer
+from .dsn import Address
+from .errors import CatalogError, SchemalessError
+from .hashing import shard_of
+from .index import Index
+from .names import quote
+from .schema import entities_table_sql, shard_db
+
+__all__ = ["DEFAULT_SHARDS", "Cluster"]
+
+log = logging.getLogger(__name__)
+
+#: Logical shards created when a datastore is initialised without saying how many.
+DEFAULT_SHARDS = 64
+_PACKET_MARGIN = 64 * 1024
+
+T = TypeVar("T")
+
+
+class Cluster:
+    """The servers of one datastore and where each logical shard lives."""
+
+    def __init__(
+        self,
+        addresses: Sequence[Address],
+        options: ConnectOptions,
+        *,
+        prefix: str = "schemaless",
+        create: bool = True,
+        n_shards: int | None = None,
+        refresh_interval: float = 5.0,
+        tracer: Tracer | None = None,
+        codec: Codec | None = None,
+    ) -> None:
+        if not addresses:
+            raise CatalogError("no servers given: pass mysql_shards=['host:port', ...]")
+        self.options = options
+        self.tracer = tracer
+        self.codec = codec or Codec()
+        self._servers: dict[Address, Server] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="schemaless")
+        self.catalog = Catalog(self.server(addresses[0]), prefix)
+        if not self.catalog.exists():
+            if not create:
+                raise CatalogError(
+                    f"no datastore {prefix!r} on {addresses[0]}: run `schemaless init` first"
+                )
+            self._initialise(list(addresses), n_shards or DEFAULT_SHARDS, refresh_interval)
+        self.topology = self.catalog.load()
+        self._loaded = time.monotonic()
+        if n_shards is not None and n_shards != self.topology.n_shards:
+            raise CatalogError(
+                f"datastore {prefix!r} has {self.topology.n_shards} logical shards; "
+                f"refusing to change it to {n_shards}"
+            )
+        known = set(self.topology.servers.values())
+        unknown = [str(a) for a in addresses if a not in known]
+        if unknown:
+            raise CatalogError(
+                f"servers {', '.join(unknown)} are not part of datastore {prefix!r} "
+                f"(its servers: {', '.join(sorted(str(a) for a in known))})"
+            )
+        self._sync_codec(self.topology)
+        self._limit_body_size()
+
+    # -- servers and topology ------------------------------------------------------------
+
+    def server(self, address: Address) -> Server:
+        """The connection pool of one server (created on first use)."""
+        with self._lock:
+            server = self._servers.get(address)
+            if server is None:
+                server = self._servers[address] = Server(address, self.options, self.tracer)
+            return server
+
+    def current(self) -> Topology:
+        """The topology, reloaded from the catalog when older than its refresh interval."""
+        topo = self.topology
+        if time.monotonic() - self._loaded >= topo.refresh_interval:
+            self.refresh()
+        return self.topology
+
+    def refresh(self) -> Topology:
+        """Reload the catalog now."""
+        topo = self.catalog.load()
+        self._sync_codec(topo)
+        self.topology, self._loaded = topo, time.monotonic()
+        return topo
+
+    def shard_of_id(self, entity_id: bytes) -> int:
+        """The logical shard that stores an entity."""
+        return shard_of(entity_id, self.topology.n_shards)
+
+    def server_of_shard(self, topo: Topology, shard: int) -> Server:
+        """The server a logical shard lives on."""
+        return self.server(topo.servers[topo.shard_servers[shard]])
+
+    def db(self, shard: int) -> str:
+        """The database name of a logical shard."""
+        return shard_db(self.topology.prefix, shard)
+
+    def all_servers(self, topo: Topology) -> dict[int, Server]:
+        """Every server of the topology, by server id."""
+        return {sid: self.server(addr) for sid, addr in topo.servers.items()}
+
+    # -- parallel fan-out ----------------------------------------------------------------
+
+    def fanout(self, calls: Mapping[Any, Callable[[], T]]) -> dict[Any, T]:
+        """Run one callable per key in parallel (the first in this thread).
+
+        Every call finishes before this returns; the first error is raised after.
+        """
+        items = list(calls.items())
+        if len(items) == 1:
+            key, fn = items[0]
+            return {key: fn()}
+        futures: dict[Any, Future[T]] = {k: self._executor.submit(fn) for k, fn in items[1:]}
+        results: dict[Any, T] = {}
+        errors: list[BaseException] = []
+        try:
+            results[items[0][0]] = items[0][1]()
+        except SchemalessError as exc:
+            errors.append(exc)
+        for key, future in futures.items():
+            try:
+                results[key] = future.result()
+            except SchemalessError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        return results
+
+    def fanout_partial(
+        self, calls: Mapping[Any, Callable[[], T]]
+    ) -> tuple[dict[Any, T], dict[Any, SchemalessError]]:
+        """Like ``fanout`` but returns the errors per key instead of raising."""
+        futures = {k: self._executor.submit(fn) for k, fn in calls.items()}
+        results: dict[Any, T] = {}
+        errors: dict[Any, SchemalessError] = {}
+        for key, future in futures.items():
+            try:
+                results[key] = future.result()
+            except SchemalessError as exc:
+                errors[key] = exc
+        return results, errors
+
+    # -- schema --------------------------------------------------------------------------
+
+    def create_tables(self, topo: Topology, indexes: Sequence[Index]) -> None:
+        """Create shard databases, entities tables and the given index tables."""
+        by_server: dict[int, list[str]] = {}
+        for shard, sid in enumerate(topo.shard_servers):
+            db = shard_db(topo.prefix, shard)
+            stmts = by_server.setdefault(sid, [])
+            stmts.append(f"CREATE DATABASE IF NOT EXISTS {quote(db)}")
+            stmts.append(entities_table_sql(db))
+            stmts.extend(index.create_table_sql(db) for index in indexes)
+        servers = self.all_servers(topo)
+        self.fanout(
+            {sid: _runner(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()}
+        )
+
+    def drop_tables(self, topo: Topology, index: Index) -> None:
+        """Remove an index's table from every logical shard."""
+        by_server: dict[int, list[str]] = {}
+        for shard, sid in enumerate(topo.shard_servers):
+            table = quote(shard_db(topo.prefix, shard), index.table)
+            by_server.setdefault(sid, []).append(f"DROP TABLE IF EXISTS {table}")
+        servers = self.all_servers(topo)
+        self.fanout(
+            {sid: _runner(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()}
+        )
+
+    def _initialise(self, addresses: list[Address], n_shards: int, refresh: float) -> None:
+        """Create the shards first, then the catalog that makes them visible."""
+        shard_servers = tuple(shard % len(addresses) for shard in range(n_shards))
+        draft = Topology(
+            prefix=self.catalog.prefix,
+            n_shards=n_shards,
+            map_version=0,
+            refresh_interval=refresh,
+            servers=dict(enumerate(addresses)),
+            shard_servers=shard_servers,
+            indexes={},
+            dictionary_ids=(),
+            active_dictionary=None,
+        )
+        self.create_tables(draft, [])
+        if self.catalog.create(addresses, n_shards, refresh):
+            log.info("initialised datastore %r: %d logical shards on %d servers",
+                     self.catalog.prefix, n_shards, len(addresses))
+
+    def _sync_codec(self, topo: Topology) -> None:
+        for dict_id in topo.dictionary_ids:
+            if not self.codec.has_dictionary(dict_id):
+                self.codec.add_dictionary(dict_id, self.catalog.dictionary(dict_id))
+        self.codec.use_dictionary(topo.active_dictionary)
+
+    def _limit_body_size(self) -> None:
+        """Keep bodies below every server's max_allowed_packet."""
+        servers = self.all_servers(self.topology)
+        packets = self.fanout(
+            {sid: _runner(s, "SELECT @@max_allowed_packet") for sid, s in servers.items()}
+        )
+        smallest = min(int(rows[0][0][0]) for rows in packets.values())
+        self.codec.max_body_bytes = min(self.codec.max_body_bytes, smallest - _PACKET_MARGIN)
+
+    def close(self) -> None:
+        """Close every pool and the worker threads."""
+        self._executor.shutdown(wait=True)
+        with self._lock:
+            servers = list(self._servers.values())
+        for server in servers:
+            server.close()
+
+
+def _runner(server: Server, sql: str) -> Callable[[], list[tuple[tuple[Any, ...], ...]]]:
+    return lambda: server.run(sql)

@@ -1,0 +1,292 @@
+"""Connections to one MySQL server: a bounded pool, one round trip per call.
+
+``Server.run`` sends one (multi-statement) batch and returns every result set.  It
+owns the three concerns of talking to a server: a small pool (connections are never
+shared between threads), error translation (every driver error becomes a
+``SchemalessError`` here and nowhere else, the original kept as ``__cause__``) and
+retries (only when nothing can have been committed twice).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import MySQLdb
+from MySQLdb.constants import CLIENT
+
+from .dsn import Address, Credentials
+from .errors import (
+    CatalogError,
+    EntityTooLarge,
+    InvalidEntity,
+    OutcomeUnknown,
+    PermissionDenied,
+    SchemalessError,
+    ServerError,
+    ShardTimeout,
+    ShardUnavailable,
+)
+
+__all__ = ["ConnectOptions", "Retry", "Server", "Tracer"]
+
+#: Called after every round trip with the server's name, the SQL template and seconds.
+Tracer = Callable[[str, str, float], None]
+
+SESSION_SQL = (
+    "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,"
+    "ERROR_FOR_DIVISION_BY_ZERO,NO_ZERO_DATE,NO_ZERO_IN_DATE', "
+    "SESSION tx_isolation = 'READ-COMMITTED'"
+)
+
+_DEADLOCK = {1205, 1213}  # lock wait timeout, deadlock: the server rolled back
+_UNREACHABLE = {1040, 1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031}
+_NOT_SENT = {1040, 2002, 2003, 2005}  # failed before the batch could reach the server
+_DENIED = {1044, 1045, 1142, 1143, 1227, 1370}
+_MISSING = {1049, 1146}
+_TOO_LARGE = {1153, 1301, 2020}
+_BAD_VALUE = {1264, 1366, 1406, 1292}
+_TIMED_OUT_HINTS = ("timed out", "system error: 110", "timeout")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Exponential backoff with full jitter for errors that are safe to retry."""
+
+    attempts: int = 4
+    base: float = 0.005
+    cap: float = 0.25
+
+    def delays(self) -> Iterator[float]:
+        """Sleep before each retry (``attempts - 1`` of them)."""
+        for n in range(self.attempts - 1):
+            yield random.uniform(0, min(self.cap, self.base * 2**n))
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """How to connect to every server of a datastore."""
+
+    credentials: Credentials = field(default_factory=Credentials)
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    write_timeout: float = 30.0
+    pool_size: int = 16
+    pool_wait: float = 10.0
+    stale_after: float = 30.0
+    ssl: dict[str, str] | None = None
+    retry: Retry = field(default_factory=Retry)
+
+
+class _Conn:
+    """One driver connection and when it was last used."""
+
+    __slots__ = ("db", "last_used")
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.last_used = time.monotonic()
+
+
+class Server:
+    """A pool of connections to one server, and the only place SQL is sent."""
+
+    def __init__(
+        self,
+        address: Address,
+        options: ConnectOptions,
+        tracer: Tracer | None = None,
+    ) -> None:
+        self.address = address
+        self.name = str(address)
+        self.options = options
+        self.tracer = tracer
+        self._idle: deque[_Conn] = deque()
+        self._slots = threading.BoundedSemaphore(options.pool_size)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Server({self.name!r})"
+
+    # -- the pool ---------------------------------------------------------------------
+
+    def _connect(self) -> _Conn:
+        opts = self.options
+        kwargs: dict[str, Any] = dict(
+            host=self.address.host,
+            port=self.address.port,
+            connect_timeout=max(1, round(opts.connect_timeout)),
+            read_timeout=max(1, round(opts.read_timeout)),
+            write_timeout=max(1, round(opts.write_timeout)),
+            charset="utf8mb4",
+            autocommit=True,
+            client_flag=CLIENT.MULTI_STATEMENTS | CLIENT.MULTI_RESULTS,
+            init_command=SESSION_SQL,
+            **opts.credentials.connect_kwargs(),
+        )
+        if opts.ssl:
+            kwargs["ssl"] = opts.ssl
+        try:
+            return _Conn(MySQLdb.connect(**kwargs))
+        except MySQLdb.Error as exc:
+            raise self._translate(exc, sent=False, commits=False) from exc
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """A healthy connection for this thread; discarded if the block raises."""
+        if not self._slots.acquire(timeout=self.options.pool_wait):
+            raise ShardUnavailable(
+                f"{self.name}: all {self.options.pool_size} connections busy "
+                f"for {self.options.pool_wait:g}s"
+            )
+        conn: _Conn | None = None
+        try:
+            conn = self._checkout()
+            yield conn.db
+        except BaseException:
+            if conn is not None:
+                _close_quietly(conn.db)
+                conn = None
+            raise
+        finally:
+            if conn is not None:
+                conn.last_used = time.monotonic()
+                with self._lock:
+                    if self._closed:
+                        _close_quietly(conn.db)
+                    else:
+                        self._idle.append(conn)
+            self._slots.release()
+
+    def _checkout(self) -> _Conn:
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise ShardUnavailable(f"{self.name}: datastore closed")
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return self._connect()
+            if time.monotonic() - conn.last_used < self.options.stale_after:
+                return conn
+            try:
+                conn.db.ping()  # no silent reconnect: a dead connection is replaced
+                return conn
+            except MySQLdb.Error:
+                _close_quietly(conn.db)
+
+    def close(self) -> None:
+        """Close idle connections; connections in use close when returned."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = list(self._idle), deque()
+        for conn in idle:
+            _close_quietly(conn.db)
+
+    # -- one round trip ---------------------------------------------------------------
+
+    def run(
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        *,
+        commits: bool = False,
+        idempotent: bool = True,
+    ) -> list[tuple[tuple[Any, ...], ...]]:
+        """Send one batch; return the rows of each result set, in order.
+
+        ``commits``: the batch contains a COMMIT, so a connection lost after sending it
+        raises ``OutcomeUnknown``.  ``idempotent``: the batch may be sent again after a
+        lost connection.  Deadlocks and lock timeouts are always retried (the server
+        rolled the transaction back).
+        """
+        delays = self.options.retry.delays()
+        while True:
+            try:
+                return self._run_once(sql, params, commits=commits)
+            except _Retryable as exc:
+                delay = next(delays, None)
+                if delay is None or (exc.after_send and not idempotent):
+                    raise exc.error from exc.error.__cause__
+                time.sleep(delay)
+
+    def _run_once(
+        self, sql: str, params: Sequence[Any], *, commits: bool
+    ) -> list[tuple[tuple[Any, ...], ...]]:
+        started = time.perf_counter()
+        sent = False
+        try:
+            with self.connection() as db:
+                query = sql.encode() % tuple(db.literal(p) for p in params) if params else sql
+                sent = True
+                db.query(query)
+                results = []
+                while True:
+                    result = db.store_result()
+                    if result is not None:
+                        results.append(result.fetch_row(maxrows=0))
+                    if db.next_result() != 0:
+                        break
+        except MySQLdb.Error as exc:
+            error = self._translate(exc, sent=sent, commits=commits)
+            code = _code(exc)
+            if code in _DEADLOCK or (isinstance(error, ShardUnavailable) and code in _NOT_SENT):
+                raise _Retryable(error, after_send=False) from exc
+            if type(error) is ShardUnavailable and code in (2006, 2013) and not commits:
+                raise _Retryable(error, after_send=True) from exc
+            raise error from exc
+        finally:
+            if self.tracer is not None and sent:
+                self.tracer(self.name, sql, time.perf_counter() - started)
+        return results
+
+    def _translate(self, exc: MySQLdb.Error, *, sent: bool, commits: bool) -> SchemalessError:
+        """The one place where driver errors become schemaless errors."""
+        code = _code(exc)
+        text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+        where = f"{self.name}: {text} (MySQL error {code})"
+        if code in _UNREACHABLE or isinstance(exc, MySQLdb.OperationalError) and code >= 2000:
+            timed_out = any(h in text.lower() for h in _TIMED_OUT_HINTS) or code == 2013
+            if sent and commits and code in (2006, 2013):
+                return OutcomeUnknown(f"commit outcome unknown, connection lost: {where}")
+            if timed_out and code != 2006:
+                return ShardTimeout(f"server did not answer in time: {where}")
+            return ShardUnavailable(f"server unavailable: {where}")
+        if code in _DEADLOCK:
+            return ShardUnavailable(f"lock contention persisted: {where}")
+        if code in _DENIED:
+            return PermissionDenied(f"permission denied: {where}")
+        if code in _MISSING:
+            return CatalogError(f"missing database or table (is the datastore initialised?): {where}")
+        if code in _TOO_LARGE:
+            return EntityTooLarge(f"statement too large for the server: {where}")
+        if code in _BAD_VALUE:
+            return InvalidEntity(f"value refused by the server: {where}")
+        return ServerError(f"server error: {where}")
+
+
+class _Retryable(Exception):
+    """Internal: a translated error that ``Server.run`` may retry."""
+
+    def __init__(self, error: SchemalessError, *, after_send: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.after_send = after_send
+
+
+def _code(exc: MySQLdb.Error) -> int:
+    arg = exc.args[0] if exc.args else 0
+    return arg if isinstance(arg, int) else 0
+
+
+def _close_quietly(db: Any) -> None:
+    try:
+        db.close()
+    except MySQLdb.Error:
+        pass  # already broken: nothing more to release

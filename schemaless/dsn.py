@@ -1,0 +1,110 @@
+"""Server addresses and credentials.
+
+A server is written ``host:port`` or ``mysql://user:password@host:port``.  User and
+password may also come from keyword arguments, the ``SCHEMALESS_USER`` and
+``SCHEMALESS_PASSWORD`` environment variables, or a MySQL option file.  A password
+is never part of a ``repr``, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+
+from .errors import CatalogError
+
+__all__ = ["Address", "Credentials", "parse_address"]
+
+DEFAULT_PORT = 3306
+
+
+@dataclass(frozen=True, order=True)
+class Address:
+    """Where one MySQL server listens."""
+
+    host: str
+    port: int = DEFAULT_PORT
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Who to connect as; the password never appears in ``repr``."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    option_file: str | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        user: str | None = None,
+        password: str | None = None,
+        option_file: str | None = None,
+    ) -> Credentials:
+        """Explicit values first, then the environment, then the option file."""
+        return cls(
+            user=user if user is not None else os.environ.get("SCHEMALESS_USER"),
+            password=password if password is not None else os.environ.get("SCHEMALESS_PASSWORD"),
+            option_file=option_file or os.environ.get("SCHEMALESS_OPTION_FILE"),
+        )
+
+    def merged(self, other: Credentials) -> Credentials:
+        """These credentials with gaps filled from ``other``."""
+        return Credentials(
+            user=self.user if self.user is not None else other.user,
+            password=self.password if self.password is not None else other.password,
+            option_file=self.option_file or other.option_file,
+        )
+
+    def connect_kwargs(self) -> dict[str, str]:
+        """Keyword arguments for ``MySQLdb.connect``."""
+        kwargs: dict[str, str] = {}
+        if self.option_file:
+            kwargs["read_default_file"] = self.option_file
+            kwargs["read_default_group"] = "client"
+        if self.user is not None:
+            kwargs["user"] = self.user
+        if self.password is not None:
+            kwargs["password"] = self.password
+        return kwargs
+
+
+def parse_address(spec: str) -> tuple[Address, Credentials]:
+    """Parse ``host:port`` or ``mysql://user:password@host:port``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise CatalogError(f"invalid server address {type(spec).__name__!s}: expected host:port")
+    text = spec.strip()
+    if "://" in text:
+        parts = urlsplit(text)
+        if parts.scheme not in ("mysql", "mariadb"):
+            raise CatalogError(f"invalid server address scheme {parts.scheme!r}: use mysql://")
+        try:
+            port = parts.port or DEFAULT_PORT
+        except ValueError:
+            raise CatalogError(f"invalid port in server address {_redact(text)!r}") from None
+        if not parts.hostname:
+            raise CatalogError(f"missing host in server address {_redact(text)!r}")
+        creds = Credentials(
+            user=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password is not None else None,
+        )
+        return Address(parts.hostname, port), creds
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = text, str(DEFAULT_PORT)
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise CatalogError(f"invalid server address {text!r}: expected host:port")
+    return Address(host, int(port_text)), Credentials()
+
+
+def _redact(text: str) -> str:
+    """The address with any password replaced by ``***``."""
+    parts = urlsplit(text)
+    if parts.password is None:
+        return text
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,102 @@
+"""The error hierarchy: one root, retryable failures apart from permanent ones.
+
+Every driver error is translated into one of these in ``schemaless.connection``;
+the original is kept as ``__cause__``.  Messages say what was wrong and where, and
+never contain credentials.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CatalogError",
+    "ConflictError",
+    "CorruptEntity",
+    "EntityTooLarge",
+    "IndexDefinitionError",
+    "IndexNotReady",
+    "InvalidEntity",
+    "InvalidId",
+    "InvalidQuery",
+    "OutcomeUnknown",
+    "PermissionDenied",
+    "SchemalessError",
+    "ServerError",
+    "ShardTimeout",
+    "ShardUnavailable",
+]
+
+
+class SchemalessError(Exception):
+    """Root of every error raised by schemaless."""
+
+    #: True when the same call may succeed if simply made again later.
+    retryable: bool = False
+
+
+# -- permanent: the caller's input or the stored data is wrong -----------------------
+
+
+class InvalidId(SchemalessError, ValueError):
+    """An entity id that is not 16 bytes (``bytes`` or ``uuid.UUID``)."""
+
+
+class InvalidEntity(SchemalessError, ValueError):
+    """An entity the codec or an index cannot store as given; nothing was written."""
+
+
+class EntityTooLarge(InvalidEntity):
+    """An encoded body above the size limit or the server's max_allowed_packet."""
+
+
+class IndexDefinitionError(SchemalessError, ValueError):
+    """A bad or conflicting index definition (name, property, type)."""
+
+
+class InvalidQuery(SchemalessError, ValueError):
+    """A query that the index cannot answer, or a bad cursor."""
+
+
+class IndexNotReady(SchemalessError):
+    """A query on an index that is still building (or dropped) without opting in."""
+
+
+class ConflictError(SchemalessError):
+    """An optimistic-concurrency check failed: the entity changed since it was read."""
+
+    def __init__(self, message: str, *, current_version: int | None = None) -> None:
+        super().__init__(message)
+        self.current_version = current_version
+
+
+class CorruptEntity(SchemalessError):
+    """A stored body that cannot be decoded (corrupt, truncated, unknown format)."""
+
+
+class CatalogError(SchemalessError):
+    """The catalog is missing, inconsistent, or refuses a change."""
+
+
+class PermissionDenied(SchemalessError):
+    """The database user lacks a privilege the operation needs."""
+
+
+class ServerError(SchemalessError):
+    """Any other error reported by a server."""
+
+
+# -- transient: the same call may succeed later --------------------------------------
+
+
+class ShardUnavailable(SchemalessError):
+    """A server could not be reached or stopped answering; nothing was committed."""
+
+    retryable = True
+
+
+class ShardTimeout(ShardUnavailable):
+    """A server did not answer within the configured timeout."""
+
+
+class OutcomeUnknown(ShardUnavailable):
+    """The connection was lost after a commit was sent: the write may or may not have
+    happened.  Read the entity back, or retry with the same ``expect_version``."""

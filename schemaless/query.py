@@ -1,0 +1,344 @@
+"""The query engine: plan, route, scan index tables, fetch, re-filter, page.
+
+An index row is a hint, never the truth: every candidate entity is fetched and kept
+only if its stored body produces that very row, the row matches the query, and it
+is the entity's first matching row in query order (so an entity with several
+matching rows of a multi-valued index appears once).  Short pages continue from the
+cursor until full or the index is exhausted.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from .errors import InvalidEntity, InvalidQuery
+from .hashing import shard_of
+from .index import Index, key_encode
+from .names import quote
+from .schema import shard_db
+
+if TYPE_CHECKING:
+    from .store import DataStore, Entity
+
+__all__ = ["Page", "Query", "QueryEngine"]
+
+MAX_LIMIT = 1000
+_OPS = {"gt": (">", False), "gte": (">=", True), "lt": ("<", False), "lte": ("<=", True)}
+_CURSOR_VERSION = 1
+_MAX_CURSOR = 16384
+_PY_TYPES: dict[str, type] = {"int": int, "float": float, "bool": int}
+
+
+class Page(list["Entity"]):
+    """A list of entities, with ``cursor`` for the next page (None at the end) and
+    ``missing_shards``: logical shards that did not answer (only with partial=True)."""
+
+    def __init__(
+        self, items: list[Entity], cursor: str | None, missing_shards: tuple[int, ...] = ()
+    ) -> None:
+        super().__init__(items)
+        self.cursor = cursor
+        self.missing_shards = missing_shards
+
+
+@dataclass(frozen=True)
+class Query:
+    """A planned query: equality prefix, optional range, direction, page size."""
+
+    index: Index
+    eq: tuple[Any, ...]  # coerced values of the first len(eq) properties
+    lower: tuple[Any, bool] | None  # (coerced value, inclusive) on properties[len(eq)]
+    upper: tuple[Any, bool] | None
+    bounds: tuple[bytes, bytes] | None  # auto columns: keep the range within one type
+    descending: bool
+    limit: int
+    partial: bool = False
+
+    @property
+    def fingerprint(self) -> bytes:
+        """Identifies the query a cursor belongs to."""
+        data = msgpack.packb(
+            [json.dumps(self.index.to_dict(), sort_keys=True), list(self.eq),
+             list(self.lower or ()), list(self.upper or ()), self.descending],
+            use_bin_type=True,
+        )
+        return hashlib.blake2b(data, digest_size=8).digest()
+
+    def shard(self, n_shards: int) -> int | None:
+        """The one logical shard this query touches, if it fixes ``shard_on``."""
+        pos = self.index.shard_pos
+        if pos < len(self.eq):
+            return shard_of(key_encode(self.eq[pos]), n_shards)
+        return None
+
+    def matches(self, row: tuple[Any, ...]) -> bool:
+        """Whether an index row (coerced values) satisfies the query."""
+        k = len(self.eq)
+        if row[:k] != self.eq:
+            return False
+        if self.lower is None and self.upper is None:
+            return True
+        value = row[k]
+        if self.bounds is not None and not self.bounds[0] <= value < self.bounds[1]:
+            return False
+        if self.lower is not None:
+            low, inclusive = self.lower
+            if value < low or (value == low and not inclusive):
+                return False
+        if self.upper is not None:
+            high, inclusive = self.upper
+            if value > high or (value == high and not inclusive):
+                return False
+        return True
+
+
+class QueryEngine:
+    """Runs queries for one datastore."""
+
+    def __init__(self, store: DataStore) -> None:
+        self.store = store
+
+    # -- planning ------------------------------------------------------------------------
+
+    def plan(
+        self,
+        index: Index | str,
+        conditions: Mapping[str, Any],
+        order: str,
+        limit: int,
+        include_building: bool,
+        partial: bool = False,
+    ) -> Query:
+        """Check the conditions against the index and coerce their values."""
+        idx = self.store.resolve_index(index, include_building)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+            raise InvalidQuery(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
+        eq: dict[str, Any] = {}
+        ranges: dict[str, dict[str, Any]] = {}
+        for key, value in conditions.items():
+            prop, _, op = key.partition("__")
+            if prop not in idx.properties:
+                raise InvalidQuery(
+                    f"index {idx.name!r} has no property {prop!r} "
+                    f"(its properties: {', '.join(idx.properties)})"
+                )
+            if not op:
+                eq[prop] = idx.coerce_query_value(prop, value)
+            elif op == "between":
+                if not isinstance(value, (tuple, list)) or len(value) != 2:
+                    raise InvalidQuery(f"{key} takes a pair (low, high)")
+                ranges.setdefault(prop, {})["gte"] = idx.coerce_query_value(prop, value[0])
+                ranges.setdefault(prop, {})["lte"] = idx.coerce_query_value(prop, value[1])
+            elif op in _OPS:
+                ranges.setdefault(prop, {})[op] = idx.coerce_query_value(prop, value)
+            else:
+                raise InvalidQuery(
+                    f"unknown operator {op!r} in {key!r}: use gt, gte, lt, lte or between"
+                )
+        k = len(eq)
+        if set(eq) != set(idx.properties[:k]):
+            raise InvalidQuery(
+                f"equality conditions must fix a prefix of index {idx.name!r} "
+                f"({', '.join(idx.properties)}); got {', '.join(eq) or 'none'}"
+            )
+        lower = upper = bounds = None
+        if ranges:
+            (prop, ops), *others = ranges.items()
+            if others or k >= len(idx.properties) or prop != idx.properties[k]:
+                raise InvalidQuery(
+                    f"a range is allowed only on the property after the equality prefix "
+                    f"of index {idx.name!r} ({idx.properties[k] if k < len(idx.properties) else 'none'})"
+                )
+            if "gt" in ops and "gte" in ops or "lt" in ops and "lte" in ops:
+                raise InvalidQuery(f"two lower or two upper bounds on {prop!r}")
+            for op in ("gt", "gte"):
+                if op in ops:
+                    lower = (ops[op], _OPS[op][1])
+            for op in ("lt", "lte"):
+                if op in ops:
+                    upper = (ops[op], _OPS[op][1])
+            some = (lower or upper)
+            assert some is not None
+            bounds = idx.types[k].tag_bounds(some[0])
+            if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
+                raise InvalidQuery(f"range bounds on {prop!r} are of different types")
+        descending = self._direction(idx, k, order)
+        return Query(idx, tuple(eq[p] for p in idx.properties[:k]), lower, upper, bounds,
+                     descending, limit, partial)
+
+    @staticmethod
+    def _direction(idx: Index, k: int, order: str) -> bool:
+        if order in ("asc", "desc"):
+            return order == "desc"
+        if isinstance(order, str):
+            prop = order.lstrip("+-")
+            expected = idx.properties[k] if k < len(idx.properties) else None
+            if prop == expected:
+                return order.startswith("-")
+        raise InvalidQuery(
+            f"order must be 'asc', 'desc' or [-]<the first property after the equality "
+            f"prefix> of index {idx.name!r}; got {order!r}"
+        )
+
+    # -- running -------------------------------------------------------------------------
+
+    def page(self, q: Query, cursor: str | None) -> Page:
+        """One page of at most ``q.limit`` matching entities."""
+        position = self._decode_cursor(q, cursor) if cursor else None
+        out: list[Entity] = []
+        missing: set[int] = set()
+        while True:
+            want = q.limit - len(out)
+            batch, exhausted, gone = self._scan(q, position, want + max(4, want // 4))
+            missing |= gone
+            entities = self.store.fetch({row[-1] for row in batch}) if batch else {}
+            for row in batch:
+                position = row
+                entity = entities.get(row[-1])
+                if entity is not None and self._keep(q, row, entity):
+                    out.append(entity)
+                    if len(out) == q.limit:
+                        more = not exhausted or row is not batch[-1]
+                        return Page(out, self._encode_cursor(q, row) if more else None,
+                                    tuple(sorted(missing)))
+            if exhausted:
+                return Page(out, None, tuple(sorted(missing)))
+
+    def iterate(self, q: Query) -> Iterator[Entity]:
+        """Every matching entity, page by page."""
+        cursor: str | None = None
+        while True:
+            page = self.page(q, cursor)
+            yield from page
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    def _keep(self, q: Query, row: tuple[Any, ...], entity: Entity) -> bool:
+        """The re-filter: the stored entity produces this row, and it is its first match."""
+        try:
+            produced = q.index.rows(entity)
+        except InvalidEntity:
+            return False
+        values = row[:-1]
+        if values not in produced or not q.matches(values):
+            return False
+        k = len(q.eq)
+        matching = [r[k:] for r in produced if q.matches(r)]
+        first = max(matching) if q.descending else min(matching)
+        return first == values[k:]
+
+    def _scan(
+        self, q: Query, after: tuple[Any, ...] | None, n: int
+    ) -> tuple[list[tuple[Any, ...]], bool, set[int]]:
+        """The first ``n`` index rows after ``after`` in query order, merged over shards.
+
+        Returns (rows as (values..., entity_id), whether the index is exhausted, shards
+        that did not answer).
+        """
+        cluster = self.store.cluster
+        topo = cluster.current()
+        only = q.shard(topo.n_shards)
+        shards = [only] if only is not None else list(range(topo.n_shards))
+        by_server: dict[int, list[int]] = {}
+        for shard in shards:
+            by_server.setdefault(topo.shard_servers[shard], []).append(shard)
+        where, params = self._where(q, after)
+        cols = ", ".join(quote(c) for c in q.index.columns)
+        k = len(q.eq)
+        direction = " DESC" if q.descending else ""
+        order = ", ".join(f"{quote(c)}{direction}" for c in (*q.index.columns[k:], "entity_id"))
+        calls: dict[int, Callable[[], Any]] = {}
+        for sid, group in by_server.items():
+            parts = [
+                f"(SELECT {cols}, `entity_id` FROM {quote(shard_db(topo.prefix, s), q.index.table)}"
+                f" WHERE {where} ORDER BY {order} LIMIT {int(n)})"
+                for s in group
+            ]
+            server = cluster.server(topo.servers[sid])
+            calls[sid] = _call(server, " UNION ALL ".join(parts), params * len(group))
+        if q.partial:
+            results, errors = cluster.fanout_partial(calls)
+            gone = {s for sid in errors for s in by_server[sid]}
+        else:
+            results, gone = cluster.fanout(calls), set()
+        rows: list[tuple[Any, ...]] = []
+        exhausted = True
+        for sid, result in results.items():
+            got = [tuple(r) for r in result[0]]
+            rows += got
+            if len(got) >= n:
+                exhausted = False  # some shard may hold more
+        rows.sort(key=lambda r: r[k:], reverse=q.descending)
+        if len(rows) > n:
+            rows, exhausted = rows[:n], False
+        return rows, exhausted, gone
+
+    def _where(self, q: Query, after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
+        cols = q.index.columns
+        k = len(q.eq)
+        clauses = [f"{quote(c)} = %s" for c in cols[:k]] or ["TRUE"]
+        params: list[Any] = list(q.eq)
+        if k < len(cols):
+            col = quote(cols[k])
+            if q.bounds is not None:
+                clauses.append(f"{col} >= %s AND {col} < %s")
+                params += list(q.bounds)
+            if q.lower is not None:
+                clauses.append(f"{col} {'>=' if q.lower[1] else '>'} %s")
+                params.append(q.lower[0])
+            if q.upper is not None:
+                clauses.append(f"{col} {'<=' if q.upper[1] else '<'} %s")
+                params.append(q.upper[0])
+        if after is not None:
+            keyset = [quote(c) for c in (*cols[k:], "entity_id")]
+            values = list(after[k:])
+            op = "<" if q.descending else ">"
+            ors = []
+            for i, col in enumerate(keyset):
+                ands = [f"{c} = %s" for c in keyset[:i]] + [f"{col} {op} %s"]
+                ors.append("(" + " AND ".join(ands) + ")")
+                params += values[:i] + [values[i]]
+            clauses.append("(" + " OR ".join(ors) + ")")
+        return " AND ".join(clauses), params
+
+    # -- cursors -------------------------------------------------------------------------
+
+    def _encode_cursor(self, q: Query, row: tuple[Any, ...]) -> str:
+        data = msgpack.packb([_CURSOR_VERSION, q.fingerprint, list(row)], use_bin_type=True)
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    def _decode_cursor(self, q: Query, cursor: str) -> tuple[Any, ...]:
+        """Parse and check an opaque cursor; anything unexpected is InvalidQuery."""
+        if not isinstance(cursor, str) or len(cursor) > _MAX_CURSOR:
+            raise InvalidQuery("invalid cursor")
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            version, fingerprint, row = msgpack.unpackb(raw, raw=False)
+        except (ValueError, TypeError, binascii.Error, msgpack.UnpackException) as exc:
+            raise InvalidQuery("invalid cursor") from exc
+        if version != _CURSOR_VERSION or fingerprint != q.fingerprint:
+            raise InvalidQuery("cursor belongs to another query")
+        types = q.index.types
+        if not isinstance(row, list) or len(row) != len(types) + 1:
+            raise InvalidQuery("invalid cursor")
+        for value, ctype in zip(row, types, strict=False):
+            base = ctype.name.partition("(")[0]
+            expected = _PY_TYPES.get(base, str if base == "str" else bytes)
+            if type(value) is not expected:
+                raise InvalidQuery("invalid cursor")
+        if not isinstance(row[-1], bytes) or len(row[-1]) != 16:
+            raise InvalidQuery("invalid cursor")
+        return tuple(row)
+
+
+def _call(server: Any, sql: str, params: list[Any]) -> Callable[[], Any]:
+    return lambda: server.run(sql, params)

@@ -1,0 +1,88 @@
+"""DDL of the catalog database and of each logical shard's ``entities`` table."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import CatalogError
+from .names import quote
+
+__all__ = ["CATALOG_TABLES", "check_prefix", "entities_table_sql", "shard_db"]
+
+_PREFIX = re.compile(r"[a-z][a-z0-9_]{0,39}\Z")
+
+
+def check_prefix(prefix: object) -> str:
+    """A datastore prefix: lowercase letters, digits, '_' (names its databases)."""
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        raise CatalogError(
+            f"invalid datastore prefix {prefix!r}: lowercase letters, digits and '_', "
+            "starting with a letter, at most 40"
+        )
+    return prefix
+
+
+def shard_db(prefix: str, shard: int) -> str:
+    """The database of one logical shard: ``<prefix>_0000``."""
+    return f"{prefix}_{shard:04d}"
+
+
+def entities_table_sql(db: str) -> str:
+    """The entities table of one logical shard (a NULL body is a tombstone)."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'entities')} ("
+        " `added_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,"
+        " `id` BINARY(16) NOT NULL,"
+        " `version` BIGINT UNSIGNED NOT NULL,"
+        " `updated` BIGINT UNSIGNED NOT NULL,"
+        " `body` MEDIUMBLOB NULL,"
+        " PRIMARY KEY (`added_id`),"
+        " UNIQUE KEY `by_id` (`id`),"
+        " KEY `by_updated` (`updated`)"
+        ") ENGINE=InnoDB"
+    )
+
+
+#: Catalog tables, created in ``<prefix>_catalog`` on the first server.
+CATALOG_TABLES = {
+    "meta": (
+        "`name` VARCHAR(64) NOT NULL PRIMARY KEY,"
+        " `value` VARCHAR(255) NOT NULL"
+    ),
+    "servers": (
+        "`server_id` INT UNSIGNED NOT NULL PRIMARY KEY,"
+        " `host` VARCHAR(255) NOT NULL,"
+        " `port` INT UNSIGNED NOT NULL,"
+        " UNIQUE KEY `by_address` (`host`, `port`)"
+    ),
+    "shards": (
+        "`shard` INT UNSIGNED NOT NULL PRIMARY KEY,"
+        " `server_id` INT UNSIGNED NOT NULL"
+    ),
+    "indexes": (
+        "`name` VARCHAR(64) NOT NULL PRIMARY KEY,"
+        " `definition` TEXT NOT NULL,"
+        " `state` VARCHAR(16) NOT NULL,"
+        " `created` BIGINT UNSIGNED NOT NULL,"
+        " `changed` BIGINT UNSIGNED NOT NULL"
+    ),
+    "checkpoints": (
+        "`job` VARCHAR(128) NOT NULL,"
+        " `shard` INT UNSIGNED NOT NULL,"
+        " `position` BIGINT UNSIGNED NOT NULL,"
+        " `done` TINYINT NOT NULL DEFAULT 0,"
+        " `rows_done` BIGINT UNSIGNED NOT NULL DEFAULT 0,"
+        " `updated` BIGINT UNSIGNED NOT NULL,"
+        " PRIMARY KEY (`job`, `shard`)"
+    ),
+    "dictionaries": (
+        "`dict_id` INT UNSIGNED NOT NULL PRIMARY KEY,"
+        " `data` MEDIUMBLOB NOT NULL,"
+        " `created` BIGINT UNSIGNED NOT NULL"
+    ),
+    "status": (
+        "`name` VARCHAR(128) NOT NULL PRIMARY KEY,"
+        " `heartbeat` BIGINT UNSIGNED NOT NULL,"
+        " `figures` TEXT NOT NULL"
+    ),
+}

@@ -1,0 +1,622 @@
+"""The datastore: put, get, delete, update and their batch forms.
+
+Writes follow the protocol of docs/architecture.md: index rows first (one round trip
+per server, servers in parallel), then the entity (one round trip, lock held only
+while the server runs the batch), then the old body's rows that the new body no
+longer produces, deleted only where ``entity_version < V``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from .catalog import IndexInfo, Topology
+from .clock import VersionClock
+from .cluster import Cluster
+from .codec import Codec
+from .connection import ConnectOptions, Retry, Tracer
+from .dsn import Address, Credentials, parse_address
+from .errors import (
+    ConflictError,
+    CorruptEntity,
+    IndexDefinitionError,
+    IndexNotReady,
+    InvalidEntity,
+    InvalidQuery,
+)
+from .hashing import shard_of
+from .ids import id_hex, new_id, to_id
+from .index import Index
+from .query import Page, QueryEngine
+from .schema import shard_db
+from .writes import BLIND, CREATE, EntityWrite, IndexRow, delete_rows_sql, entity_batch_sql
+from .writes import upsert_rows_sql
+
+__all__ = ["DataStore", "Entity"]
+
+log = logging.getLogger(__name__)
+
+_BLIND_ATTEMPTS = 8
+
+
+class Entity(dict[str, Any]):
+    """A stored entity: a plain dict that also knows its ``version``."""
+
+    __slots__ = ("version",)
+
+    def __init__(self, data: Mapping[str, Any], version: int) -> None:
+        super().__init__(data)
+        self.version = version
+
+    @property
+    def id(self) -> bytes:
+        """The entity's 16-byte id."""
+        return to_id(self["id"])
+
+    def __repr__(self) -> str:
+        return f"Entity({dict.__repr__(self)}, version={self.version})"
+
+
+class DataStore:
+    """Schemaless entities on sharded MySQL/MariaDB servers.
+
+    ``DataStore(mysql_shards=["127.0.0.1:3306", "127.0.0.1:3307"], indexes=[...])``
+    opens the datastore whose catalog is on the first server, initialising one with
+    ``shards`` logical shards (default 64) if there is none yet.
+    """
+
+    def __init__(
+        self,
+        mysql_shards: Sequence[str] = (),
+        indexes: Sequence[Index] = (),
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        option_file: str | None = None,
+        prefix: str = "schemaless",
+        shards: int | None = None,
+        create: bool = True,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+        write_timeout: float = 30.0,
+        pool_size: int = 16,
+        refresh_interval: float = 5.0,
+        retry: Retry | None = None,
+        ssl: dict[str, str] | None = None,
+        max_body_bytes: int = 4 * 1024 * 1024,
+        tracer: Tracer | None = None,
+    ) -> None:
+        if isinstance(mysql_shards, str):
+            mysql_shards = [mysql_shards]
+        parsed = [parse_address(spec) for spec in mysql_shards]
+        creds = Credentials.resolve(user, password, option_file)
+        if parsed:
+            creds = parsed[0][1].merged(creds)
+        options = ConnectOptions(
+            credentials=creds,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            write_timeout=write_timeout,
+            pool_size=pool_size,
+            ssl=ssl,
+            retry=retry or Retry(),
+        )
+        addresses: list[Address] = [address for address, _ in parsed]
+        self.cluster = Cluster(
+            addresses,
+            options,
+            prefix=prefix,
+            create=create,
+            n_shards=shards,
+            refresh_interval=refresh_interval,
+            tracer=tracer,
+            codec=Codec(max_body_bytes=max_body_bytes),
+        )
+        self.codec = self.cluster.codec
+        self.clock = VersionClock()
+        self._query = QueryEngine(self)
+        for index in indexes:
+            self.declare_index(index)
+
+    def __repr__(self) -> str:
+        topo = self.cluster.topology
+        return (
+            f"DataStore(prefix={topo.prefix!r}, shards={topo.n_shards}, "
+            f"servers={[str(a) for a in topo.servers.values()]})"
+        )
+
+    def __enter__(self) -> DataStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection."""
+        self.cluster.close()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def get(self, entity_id: bytes | Any) -> Entity | None:
+        """The entity with this id, or None."""
+        return self.get_many([entity_id])[0]
+
+    def get_many(self, ids: Iterable[bytes | Any]) -> list[Entity | None]:
+        """The entities with these ids, in order (None where absent).
+
+        One statement per server, servers in parallel.
+        """
+        keys = [to_id(i) for i in ids]
+        found = self.fetch(set(keys))
+        return [found.get(k) for k in keys]
+
+    def fetch(self, ids: set[bytes]) -> dict[bytes, Entity]:
+        """Internal: live entities by id, one statement per server."""
+        if not ids:
+            return {}
+        topo = self.cluster.current()
+        by_server: dict[int, dict[int, list[bytes]]] = {}
+        for key in ids:
+            shard = self.cluster.shard_of_id(key)
+            by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(key)
+        calls = {
+            sid: _read_call(self, topo, sid, shards) for sid, shards in by_server.items()
+        }
+        out: dict[bytes, Entity] = {}
+        for rows in self.cluster.fanout(calls).values():
+            out.update(rows)
+        return out
+
+    def decode(self, entity_id: bytes, shard: int, version: int, body: bytes) -> Entity:
+        """Internal: decode a stored body, naming the entity and shard on failure."""
+        try:
+            return Entity(self.codec.decode(body), int(version))
+        except CorruptEntity as exc:
+            raise CorruptEntity(
+                f"entity {id_hex(entity_id)} on logical shard {shard} "
+                f"({shard_db(self.cluster.topology.prefix, shard)}): {exc}"
+            ) from exc
+
+    # -- writes --------------------------------------------------------------------------
+
+    def put(self, entity: Mapping[str, Any], *, expect_version: int | None = None) -> int:
+        """Store an entity; return its new version.
+
+        An entity without an ``id`` gets a new one (written into the dict).
+        ``expect_version``: the version read earlier (0: the entity must not exist);
+        if the stored version differs, raise ``ConflictError`` and write nothing
+        that a reader could see.
+        """
+        if expect_version is not None and (
+            not isinstance(expect_version, int) or expect_version < 0
+        ):
+            raise InvalidEntity(f"expect_version must be an int >= 0, got {expect_version!r}")
+        mode: str | int = BLIND if expect_version is None else expect_version or CREATE
+        return self._write([entity], mode)[0]
+
+    def put_many(self, entities: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Store many entities (last writer wins); return their new versions in order.
+
+        Each step is one statement batch per server, servers in parallel.
+        """
+        return self._write(list(entities), BLIND)
+
+    def delete(self, entity_id: bytes | Any, *, expect_version: int | None = None) -> bool:
+        """Delete an entity; True if it existed.  See ``put`` for ``expect_version``."""
+        if expect_version is not None and (
+            not isinstance(expect_version, int) or expect_version < 1
+        ):
+            raise InvalidEntity(f"expect_version must be an int >= 1, got {expect_version!r}")
+        mode: str | int = BLIND if expect_version is None else expect_version
+        return self._delete([to_id(entity_id)], mode) == 1
+
+    def delete_many(self, ids: Iterable[bytes | Any]) -> int:
+        """Delete many entities; return how many existed."""
+        keys = list(dict.fromkeys(to_id(i) for i in ids))
+        return self._delete(keys, BLIND) if keys else 0
+
+    def update(
+        self,
+        entity_id: bytes | Any,
+        fn: Callable[[Entity | None], Mapping[str, Any]],
+        *,
+        retries: int = 10,
+    ) -> Entity:
+        """Read-modify-write: store ``fn(current)``; on a conflict call ``fn`` again.
+
+        ``fn`` gets the current entity (a copy, or None if absent) and returns the new
+        one.  After ``retries`` conflicts, ``ConflictError`` is raised.
+        """
+        key = to_id(entity_id)
+        for _ in range(max(1, retries)):
+            current = self.get(key)
+            version = current.version if current is not None else 0
+            new = dict(fn(Entity(current, version) if current is not None else None))
+            if to_id(new.setdefault("id", key)) != key:
+                raise InvalidEntity("update() must not change the entity's id")
+            try:
+                stored = self.put(new, expect_version=version)
+            except ConflictError:
+                continue
+            return Entity(new, stored)
+        raise ConflictError(
+            f"entity {id_hex(key)}: still conflicting after {retries} attempts"
+        )
+
+    # -- the protocol --------------------------------------------------------------------
+
+    def _write(self, entities: list[Mapping[str, Any]], mode: str | int) -> list[int]:
+        """Validate everything, then run steps 1-3; return the versions."""
+        if not entities:
+            return []
+        topo = self.cluster.current()
+        indexes = topo.maintained()
+        prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]] = []
+        seen: set[bytes] = set()
+        for entity in entities:
+            if not isinstance(entity, Mapping):
+                raise InvalidEntity(f"an entity must be a dict, got {type(entity).__name__}")
+            if "id" not in entity:
+                if not isinstance(entity, dict):
+                    raise InvalidEntity("an entity without 'id' must be a dict to receive one")
+                entity["id"] = new_id()
+            key = to_id(entity["id"])
+            if key in seen:
+                raise InvalidEntity(f"entity {id_hex(key)} appears twice in one put_many")
+            seen.add(key)
+            body = self.codec.encode(entity)
+            rows = {index.name: index.rows(entity) for index in indexes}
+            prepared.append((key, self.cluster.shard_of_id(key), body, rows))
+        versions: dict[bytes, int] = {}
+        pending = prepared
+        for _ in range(_BLIND_ATTEMPTS):
+            pending = self._attempt(topo, indexes, pending, mode, versions)
+            if not pending:
+                return [versions[p[0]] for p in prepared]
+        raise ConflictError(
+            f"entity {id_hex(pending[0][0])}: stored version kept moving ahead "
+            f"after {_BLIND_ATTEMPTS} attempts"
+        )
+
+    def _attempt(
+        self,
+        topo: Topology,
+        indexes: list[Index],
+        prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]],
+        mode: str | int,
+        versions: dict[bytes, int],
+    ) -> list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]:
+        """One pass of steps 1-3; return the entities to write again with a new V."""
+        dbs = [shard_db(topo.prefix, s) for s in range(topo.n_shards)]
+        by_name = {index.name: index for index in indexes}
+        now = self.clock.next()
+        writes: list[EntityWrite] = []
+        new_rows: list[IndexRow] = []
+        for key, shard, body, rows in prepared:
+            if mode == BLIND:
+                version = self.clock.next()
+            elif mode == CREATE:
+                version = max(versions.get(key, 0) + 1, 1)
+            else:
+                assert isinstance(mode, int)
+                version = mode + 1
+            versions[key] = version
+            writes.append(EntityWrite(dbs[shard], key, version, now, body, mode, bool(indexes)))
+            for name, values in rows.items():
+                index = by_name[name]
+                for row in values:
+                    target = self._row_shard(topo, index, row)
+                    new_rows.append(IndexRow(index, target, row, key, version))
+        self._run_rows(topo, new_rows, dbs, upsert_rows_sql)
+        outcomes = self._run_entities(topo, writes)
+        again = []
+        stale_rows: list[IndexRow] = []
+        for key, shard, body, rows in prepared:
+            applied, old_version, old_body, stored = outcomes[key]
+            if applied:
+                if old_body is not None:
+                    stale_rows += self._stale_rows(
+                        topo, by_name, key, shard, old_version, old_body, rows, versions[key]
+                    )
+                continue
+            if stored is not None:
+                self.clock.observe(stored)
+            if mode == BLIND:
+                again.append((key, shard, body, rows))
+            elif mode == CREATE and old_body is None and stored is not None:
+                versions[key] = stored  # a tombstone: create above its version
+                again.append((key, shard, body, rows))
+            else:
+                current = old_version if old_body is not None or mode == CREATE else None
+                raise ConflictError(
+                    f"entity {id_hex(key)}: expected version "
+                    f"{0 if mode == CREATE else mode}, stored version is "
+                    f"{current if current is not None else 'absent'}",
+                    current_version=current,
+                )
+        if stale_rows:
+            self._run_rows(topo, stale_rows, dbs, delete_rows_sql)
+        return again
+
+    def _stale_rows(
+        self,
+        topo: Topology,
+        by_name: dict[str, Index],
+        key: bytes,
+        shard: int,
+        old_version: int | None,
+        old_body: bytes,
+        new_rows: dict[str, set[tuple[Any, ...]]],
+        version: int,
+    ) -> list[IndexRow]:
+        """Rows the old body produced that the new one does not (step 3)."""
+        try:
+            old = self.decode(key, shard, old_version or 0, old_body)
+        except CorruptEntity:
+            log.warning("entity %s: old body undecodable; stale rows left to the Cleaner",
+                        id_hex(key))
+            return []
+        out = []
+        for name, index in by_name.items():
+            try:
+                old_rows = index.rows(old)
+            except InvalidEntity:
+                continue  # never indexed: nothing to remove
+            for row in old_rows - new_rows.get(name, set()):
+                out.append(IndexRow(index, self._row_shard(topo, index, row), row, key, version))
+        return out
+
+    def _delete(self, keys: list[bytes], mode: str | int) -> int:
+        topo = self.cluster.current()
+        indexes = topo.maintained()
+        by_name = {index.name: index for index in indexes}
+        dbs = [shard_db(topo.prefix, s) for s in range(topo.n_shards)]
+        now = self.clock.next()
+        writes = []
+        shards = {}
+        for key in keys:
+            shards[key] = shard = self.cluster.shard_of_id(key)
+            writes.append(
+                EntityWrite(dbs[shard], key, self.clock.next(), now, None, mode, bool(indexes))
+            )
+        outcomes = self._run_entities(topo, writes)
+        deleted = 0
+        stale: list[IndexRow] = []
+        for key in keys:
+            applied, old_version, old_body, stored = outcomes[key]
+            if not applied:
+                if isinstance(mode, int) and old_body is not None or (
+                    isinstance(mode, int) and old_version is not None
+                ):
+                    raise ConflictError(
+                        f"entity {id_hex(key)}: expected version {mode}, stored version "
+                        f"is {old_version}",
+                        current_version=old_version,
+                    )
+                continue
+            deleted += 1
+            if stored is not None:
+                self.clock.observe(stored)
+            if old_body is not None and stored is not None:
+                stale += self._stale_rows(
+                    topo, by_name, key, shards[key], old_version, old_body, {}, stored
+                )
+        if stale:
+            self._run_rows(topo, stale, dbs, delete_rows_sql)
+        return deleted
+
+    def _row_shard(self, topo: Topology, index: Index, row: tuple[Any, ...]) -> int:
+        return shard_of(index.shard_key(row), topo.n_shards)
+
+    def _run_rows(
+        self,
+        topo: Topology,
+        rows: list[IndexRow],
+        dbs: list[str],
+        build: Callable[[Iterable[IndexRow], Sequence[str]], tuple[str, list[Any]]],
+    ) -> None:
+        """Steps 1 and 3: one idempotent batch per server, servers in parallel."""
+        if not rows:
+            return
+        by_server: dict[int, list[IndexRow]] = {}
+        for row in rows:
+            by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
+        servers = self.cluster.all_servers(topo)
+
+        def call(sid: int, group: list[IndexRow]) -> Callable[[], object]:
+            sql, params = build(group, dbs)
+            return lambda: servers[sid].run(sql, params)
+
+        self.cluster.fanout({sid: call(sid, group) for sid, group in by_server.items()})
+
+    def _run_entities(
+        self, topo: Topology, writes: list[EntityWrite]
+    ) -> dict[bytes, tuple[bool, int | None, bytes | None, int | None]]:
+        """Step 2: ``id -> (applied, old version, old body, stored version after)``."""
+        by_server: dict[int, list[EntityWrite]] = {}
+        shard_index = {shard_db(topo.prefix, s): s for s in range(topo.n_shards)}
+        for w in writes:
+            by_server.setdefault(topo.shard_servers[shard_index[w.db]], []).append(w)
+        servers = self.cluster.all_servers(topo)
+
+        def call(sid: int, group: list[EntityWrite]) -> Callable[[], Any]:
+            sql, params = entity_batch_sql(group)
+            return lambda: servers[sid].run(sql, params, commits=True, idempotent=False)
+
+        results = self.cluster.fanout({sid: call(sid, g) for sid, g in by_server.items()})
+        out = {}
+        for sid, group in by_server.items():
+            sets = results[sid]
+            ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
+            for n, w in enumerate(ordered):
+                old = sets[2 * n]
+                count, stored = sets[2 * n + 1][0]
+                old_version = int(old[0][0]) if old else None
+                old_body = old[0][1] if old and w.want_body else None
+                if old and not w.want_body:
+                    old_body = None
+                applied = int(count) > 0
+                out[w.entity_id] = (
+                    applied,
+                    old_version,
+                    bytes(old_body) if old_body is not None else None,
+                    int(stored) if stored is not None else None,
+                )
+        return out
+
+    # -- indexes and queries -------------------------------------------------------------
+
+    def declare_index(self, index: Index) -> str:
+        """Create an index's tables and record it; return its state.
+
+        On a datastore with no entities the index is ``ready`` at once; otherwise it is
+        ``building`` until ``cleaner --index=NAME`` has backfilled it.  Declaring the
+        same definition again is a no-op; a different one under the name is an error.
+        """
+        if not isinstance(index, Index):
+            raise IndexDefinitionError(f"expected an Index, got {type(index).__name__}")
+        topo = self.cluster.refresh()
+        existing = topo.indexes.get(index.name)
+        if existing is not None:
+            if existing.index != index:
+                raise IndexDefinitionError(
+                    f"index {index.name!r} already exists with a different definition: "
+                    f"{existing.index!r}; drop and purge it first"
+                )
+            if existing.state == "dropped":
+                raise IndexDefinitionError(
+                    f"index {index.name!r} was dropped; purge it before declaring it again"
+                )
+            return existing.state
+        self.cluster.create_tables(topo, [index])
+        info = self.cluster.catalog.record_index(index, "building")
+        if info.state == "building" and self._empty(topo):
+            self.cluster.catalog.set_index_state(index.name, "ready", expect="building")
+        return self.cluster.refresh().indexes[index.name].state
+
+    def drop_index(self, name: str) -> None:
+        """Stop maintaining an index (writers stop after their next catalog refresh)."""
+        self._index_info(name)
+        self.cluster.catalog.set_index_state(name, "dropped")
+        self.cluster.refresh()
+
+    def purge_index(self, name: str) -> None:
+        """Remove a dropped index's tables from every shard and forget it."""
+        info = self._index_info(name)
+        if info.state != "dropped":
+            raise IndexDefinitionError(f"index {name!r} is {info.state}: drop it before purging")
+        self.cluster.drop_tables(self.cluster.current(), info.index)
+        self.cluster.catalog.forget_index(name)
+        self.cluster.refresh()
+
+    def indexes(self) -> dict[str, IndexInfo]:
+        """Every index in the catalog with its state."""
+        return dict(self.cluster.current().indexes)
+
+    def _index_info(self, name: str) -> IndexInfo:
+        info = self.cluster.refresh().indexes.get(name)
+        if info is None:
+            raise IndexDefinitionError(f"no index named {name!r}")
+        return info
+
+    def _empty(self, topo: Topology) -> bool:
+        """Whether no logical shard holds any entity row (tombstones included)."""
+        servers = self.cluster.all_servers(topo)
+        calls = {}
+        for sid, server in servers.items():
+            parts = [
+                f"(SELECT 1 FROM `{shard_db(topo.prefix, s)}`.`entities` LIMIT 1)"
+                for s in topo.shards_of(sid)
+            ]
+            if parts:
+                sql = " UNION ALL ".join(parts) + " LIMIT 1"
+                calls[sid] = _sql_call(server, sql)
+        return all(not rows[0] for rows in self.cluster.fanout(calls).values())
+
+    def query(
+        self,
+        index: Index | str,
+        *,
+        order: str = "asc",
+        limit: int = 20,
+        cursor: str | None = None,
+        include_building: bool = False,
+        partial: bool = False,
+        **conditions: Any,
+    ) -> Page:
+        """One page of entities matching ``conditions`` on an index, in index order.
+
+        Conditions are ``prop=value`` (equality; "contains" for a multi-valued
+        property) on a prefix of the index's properties, then at most one range on the
+        next property: ``prop__gt``, ``__gte``, ``__lt``, ``__lte``, ``__between=(lo,
+        hi)``.  ``order`` is "asc" or "desc" (or "-prop"); the returned list's
+        ``cursor`` fetches the next page (None when there is no more).  With
+        ``partial=True`` unreachable servers are skipped and named in the page's
+        ``missing_shards`` instead of raising ``ShardUnavailable``.
+        """
+        q = self._query.plan(index, conditions, order, limit, include_building, partial)
+        return self._query.page(q, cursor)
+
+    def iter(
+        self,
+        index: Index | str,
+        *,
+        order: str = "asc",
+        page_size: int = 100,
+        include_building: bool = False,
+        **conditions: Any,
+    ) -> Iterator[Entity]:
+        """Every matching entity, fetched page by page."""
+        q = self._query.plan(index, conditions, order, page_size, include_building)
+        return self._query.iterate(q)
+
+    def resolve_index(self, index: Index | str, include_building: bool) -> Index:
+        """Internal: the catalog's definition of an index usable by a query."""
+        name = index.name if isinstance(index, Index) else index
+        if not isinstance(name, str):
+            raise InvalidQuery(f"expected an Index or an index name, got {type(name).__name__}")
+        info = self.cluster.current().indexes.get(name)
+        if info is None:
+            info = self.cluster.refresh().indexes.get(name)
+        if info is None:
+            raise InvalidQuery(f"no index named {name!r}")
+        if isinstance(index, Index) and index != info.index:
+            raise InvalidQuery(f"index {name!r} in the catalog differs from the one given")
+        if info.state == "dropped" or (info.state == "building" and not include_building):
+            raise IndexNotReady(
+                f"index {name!r} is {info.state}"
+                + ("; run `cleaner --index=" + name + "` or pass include_building=True"
+                   if info.state == "building" else "")
+            )
+        return info.index
+
+
+def _sql_call(server: Any, sql: str) -> Callable[[], Any]:
+    return lambda: server.run(sql)
+
+
+def _read_call(
+    store: DataStore, topo: Topology, sid: int, shards: dict[int, list[bytes]]
+) -> Callable[[], dict[bytes, Entity]]:
+    parts = []
+    params: list[Any] = []
+    for shard, keys in sorted(shards.items()):
+        marks = ", ".join(["%s"] * len(keys))
+        parts.append(
+            f"SELECT `id`, `version`, `body`, {shard} FROM `{shard_db(topo.prefix, shard)}`"
+            f".`entities` WHERE `id` IN ({marks}) AND `body` IS NOT NULL"
+        )
+        params.extend(keys)
+    sql = " UNION ALL ".join(parts)
+    server = store.cluster.server(topo.servers[sid])
+
+    def run() -> dict[bytes, Entity]:
+        rows = server.run(sql, params)[0]
+        return {
+            bytes(r[0]): store.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
+            for r in rows
+        }
+
+    return run

@@ -90,9 +90,7 @@ class Catalog:
             return False
         return bool(self.server.run(f"SELECT 1 FROM {self._t('meta')} WHERE name = 'shards'")[0])
 
-    def create(
-        self, addresses: Sequence[Address], n_shards: int, refresh_interval: float
-    ) -> bool:
+    def create(self, addresses: Sequence[Address], n_shards: int, refresh_interval: float) -> bool:
         """Create the catalog and the shard map if absent; True if this call created it.
 
         Safe to run concurrently: the first writer of the map wins, the others find it.
@@ -220,8 +218,7 @@ class Catalog:
     def checkpoints(self, job: str) -> dict[int, tuple[int, bool, int]]:
         """``shard -> (position, done, rows_done)`` for a job."""
         out = self.server.run(
-            f"SELECT shard, position, done, rows_done FROM {self._t('checkpoints')}"
-            " WHERE job = %s",
+            f"SELECT shard, position, done, rows_done FROM {self._t('checkpoints')} WHERE job = %s",
             (job,),
         )
         return {int(s): (int(p), bool(d), int(n)) for s, p, d, n in out[0]}
@@ -284,3 +281,34 @@ class Catalog:
             idempotent=False,
         )
         return int(out[0][0][0])
+
+    # -- cleaner support ----------------------------------------------------------------
+
+    def cursors(self, job: str) -> dict[int, tuple[int, bytes | None, bool, int]]:
+        """``shard -> (position, cursor, done, rows_done)`` for a job that keeps a cursor."""
+        out = self.server.run(
+            f"SELECT shard, position, `cursor`, done, rows_done FROM {self._t('checkpoints')}"
+            " WHERE job = %s",
+            (job,),
+        )
+        return {
+            int(s): (int(p), bytes(c) if c is not None else None, bool(d), int(n))
+            for s, p, c, d, n in out[0]
+        }
+
+    def save_cursor(
+        self, job: str, shard: int, position: int, cursor: bytes | None, done: bool, rows: int
+    ) -> None:
+        """Record a keyset cursor within round ``position``; an older round never wins."""
+        self.server.run(
+            f"INSERT INTO {self._t('checkpoints')}"
+            " (job, shard, position, `cursor`, done, rows_done, updated)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            " ON DUPLICATE KEY UPDATE"
+            " `cursor` = IF(VALUES(position) >= position, VALUES(`cursor`), `cursor`),"
+            " rows_done = IF(VALUES(position) >= position, VALUES(rows_done), rows_done),"
+            " done = IF(VALUES(position) >= position, VALUES(done), done),"
+            " updated = VALUES(updated),"
+            " position = GREATEST(position, VALUES(position))",
+            (job, shard, position, cursor, int(done), rows, now_us()),
+        )

@@ -205,8 +205,12 @@ class Cluster:
         )
         self.create_tables(draft, [])
         if self.catalog.create(addresses, n_shards, refresh):
-            log.info("initialised datastore %r: %d logical shards on %d servers",
-                     self.catalog.prefix, n_shards, len(addresses))
+            log.info(
+                "initialised datastore %r: %d logical shards on %d servers",
+                self.catalog.prefix,
+                n_shards,
+                len(addresses),
+            )
 
     def _sync_codec(self, topo: Topology) -> None:
         for dict_id in topo.dictionary_ids:

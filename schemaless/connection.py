@@ -9,6 +9,7 @@ retries (only when nothing can have been committed twice).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -251,7 +252,7 @@ class Server:
         code = _code(exc)
         text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
         where = f"{self.name}: {text} (MySQL error {code})"
-        if code in _UNREACHABLE or isinstance(exc, MySQLdb.OperationalError) and code >= 2000:
+        if code in _UNREACHABLE or (isinstance(exc, MySQLdb.OperationalError) and code >= 2000):
             timed_out = any(h in text.lower() for h in _TIMED_OUT_HINTS) or code == 2013
             if sent and commits and code in (2006, 2013):
                 return OutcomeUnknown(f"commit outcome unknown, connection lost: {where}")
@@ -263,7 +264,9 @@ class Server:
         if code in _DENIED:
             return PermissionDenied(f"permission denied: {where}")
         if code in _MISSING:
-            return CatalogError(f"missing database or table (is the datastore initialised?): {where}")
+            return CatalogError(
+                f"missing database or table (is the datastore initialised?): {where}"
+            )
         if code in _TOO_LARGE:
             return EntityTooLarge(f"statement too large for the server: {where}")
         if code in _BAD_VALUE:
@@ -286,7 +289,5 @@ def _code(exc: MySQLdb.Error) -> int:
 
 
 def _close_quietly(db: Any) -> None:
-    try:
+    with contextlib.suppress(MySQLdb.Error):  # already broken: nothing more to release
         db.close()
-    except MySQLdb.Error:
-        pass  # already broken: nothing more to release

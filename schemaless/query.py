@@ -66,8 +66,13 @@ class Query:
     def fingerprint(self) -> bytes:
         """Identifies the query a cursor belongs to."""
         data = msgpack.packb(
-            [json.dumps(self.index.to_dict(), sort_keys=True), list(self.eq),
-             list(self.lower or ()), list(self.upper or ()), self.descending],
+            [
+                json.dumps(self.index.to_dict(), sort_keys=True),
+                list(self.eq),
+                list(self.lower or ()),
+                list(self.upper or ()),
+                self.descending,
+            ],
             use_bin_type=True,
         )
         return hashlib.blake2b(data, digest_size=8).digest()
@@ -153,11 +158,12 @@ class QueryEngine:
         if ranges:
             (prop, ops), *others = ranges.items()
             if others or k >= len(idx.properties) or prop != idx.properties[k]:
+                after = idx.properties[k] if k < len(idx.properties) else "none"
                 raise InvalidQuery(
-                    f"a range is allowed only on the property after the equality prefix "
-                    f"of index {idx.name!r} ({idx.properties[k] if k < len(idx.properties) else 'none'})"
+                    "a range is allowed only on the property after the equality prefix "
+                    f"of index {idx.name!r} ({after})"
                 )
-            if "gt" in ops and "gte" in ops or "lt" in ops and "lte" in ops:
+            if ("gt" in ops and "gte" in ops) or ("lt" in ops and "lte" in ops):
                 raise InvalidQuery(f"two lower or two upper bounds on {prop!r}")
             for op in ("gt", "gte"):
                 if op in ops:
@@ -165,14 +171,22 @@ class QueryEngine:
             for op in ("lt", "lte"):
                 if op in ops:
                     upper = (ops[op], _OPS[op][1])
-            some = (lower or upper)
+            some = lower or upper
             assert some is not None
             bounds = idx.types[k].tag_bounds(some[0])
             if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
                 raise InvalidQuery(f"range bounds on {prop!r} are of different types")
         descending = self._direction(idx, k, order)
-        return Query(idx, tuple(eq[p] for p in idx.properties[:k]), lower, upper, bounds,
-                     descending, limit, partial)
+        return Query(
+            idx,
+            tuple(eq[p] for p in idx.properties[:k]),
+            lower,
+            upper,
+            bounds,
+            descending,
+            limit,
+            partial,
+        )
 
     @staticmethod
     def _direction(idx: Index, k: int, order: str) -> bool:
@@ -207,8 +221,11 @@ class QueryEngine:
                     out.append(entity)
                     if len(out) == q.limit:
                         more = not exhausted or row is not batch[-1]
-                        return Page(out, self._encode_cursor(q, row) if more else None,
-                                    tuple(sorted(missing)))
+                        return Page(
+                            out,
+                            self._encode_cursor(q, row) if more else None,
+                            tuple(sorted(missing)),
+                        )
             if exhausted:
                 return Page(out, None, tuple(sorted(missing)))
 
@@ -272,7 +289,7 @@ class QueryEngine:
             results, gone = cluster.fanout(calls), set()
         rows: list[tuple[Any, ...]] = []
         exhausted = True
-        for sid, result in results.items():
+        for result in results.values():
             got = [tuple(r) for r in result[0]]
             rows += got
             if len(got) >= n:
@@ -306,7 +323,7 @@ class QueryEngine:
             for i, col in enumerate(keyset):
                 ands = [f"{c} = %s" for c in keyset[:i]] + [f"{col} {op} %s"]
                 ors.append("(" + " AND ".join(ands) + ")")
-                params += values[:i] + [values[i]]
+                params += [*values[:i], values[i]]
             clauses.append("(" + " OR ".join(ors) + ")")
         return " AND ".join(clauses), params
 

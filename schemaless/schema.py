@@ -72,6 +72,7 @@ CATALOG_TABLES = {
         " `position` BIGINT UNSIGNED NOT NULL,"
         " `done` TINYINT NOT NULL DEFAULT 0,"
         " `rows_done` BIGINT UNSIGNED NOT NULL DEFAULT 0,"
+        " `cursor` BLOB NULL,"
         " `updated` BIGINT UNSIGNED NOT NULL,"
         " PRIMARY KEY (`job`, `shard`)"
     ),

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from . import failpoints
 from .catalog import IndexInfo, Topology
 from .clock import VersionClock
 from .cluster import Cluster
@@ -29,10 +31,18 @@ from .errors import (
 from .hashing import shard_of
 from .ids import id_hex, new_id, to_id
 from .index import Index
+from .names import quote
 from .query import Page, QueryEngine
 from .schema import shard_db
-from .writes import BLIND, CREATE, EntityWrite, IndexRow, delete_rows_sql, entity_batch_sql
-from .writes import upsert_rows_sql
+from .writes import (
+    BLIND,
+    CREATE,
+    EntityWrite,
+    IndexRow,
+    delete_rows_sql,
+    entity_batch_sql,
+    upsert_rows_sql,
+)
 
 __all__ = ["DataStore", "Entity"]
 
@@ -57,6 +67,27 @@ class Entity(dict[str, Any]):
 
     def __repr__(self) -> str:
         return f"Entity({dict.__repr__(self)}, version={self.version})"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What step 2 did to one entity."""
+
+    applied: bool
+    old_version: int | None  # None: no row at all
+    alive: bool  # the old row was a live entity (not a tombstone)
+    old_body: bytes | None  # returned only when indexes are maintained
+    stored: int | None  # the version stored after the batch
+
+
+def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
+    current = out.old_version if out.alive else None
+    expected = 0 if mode == CREATE else mode
+    return ConflictError(
+        f"entity {id_hex(key)}: expected version {expected}, stored version is "
+        f"{current if current is not None else 'absent'}",
+        current_version=current,
+    )
 
 
 class DataStore:
@@ -161,9 +192,7 @@ class DataStore:
         for key in ids:
             shard = self.cluster.shard_of_id(key)
             by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(key)
-        calls = {
-            sid: _read_call(self, topo, sid, shards) for sid, shards in by_server.items()
-        }
+        calls = {sid: _read_call(self, topo, sid, shards) for sid, shards in by_server.items()}
         out: dict[bytes, Entity] = {}
         for rows in self.cluster.fanout(calls).values():
             out.update(rows)
@@ -234,6 +263,7 @@ class DataStore:
             current = self.get(key)
             version = current.version if current is not None else 0
             new = dict(fn(Entity(current, version) if current is not None else None))
+            failpoints.hit("update.before_put")
             if to_id(new.setdefault("id", key)) != key:
                 raise InvalidEntity("update() must not change the entity's id")
             try:
@@ -241,9 +271,7 @@ class DataStore:
             except ConflictError:
                 continue
             return Entity(new, stored)
-        raise ConflictError(
-            f"entity {id_hex(key)}: still conflicting after {retries} attempts"
-        )
+        raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -309,35 +337,33 @@ class DataStore:
                 for row in values:
                     target = self._row_shard(topo, index, row)
                     new_rows.append(IndexRow(index, target, row, key, version))
+        failpoints.hit("put.before_index_rows")
         self._run_rows(topo, new_rows, dbs, upsert_rows_sql)
+        failpoints.hit("put.after_index_rows")
         outcomes = self._run_entities(topo, writes)
+        failpoints.hit("put.after_entity")
         again = []
         stale_rows: list[IndexRow] = []
         for key, shard, body, rows in prepared:
-            applied, old_version, old_body, stored = outcomes[key]
-            if applied:
-                if old_body is not None:
+            out = outcomes[key]
+            if out.applied:
+                if out.old_body is not None:
                     stale_rows += self._stale_rows(
-                        topo, by_name, key, shard, old_version, old_body, rows, versions[key]
+                        topo, by_name, key, shard, out.old_body, rows, versions[key]
                     )
                 continue
-            if stored is not None:
-                self.clock.observe(stored)
+            if out.stored is not None:
+                self.clock.observe(out.stored)
             if mode == BLIND:
                 again.append((key, shard, body, rows))
-            elif mode == CREATE and old_body is None and stored is not None:
-                versions[key] = stored  # a tombstone: create above its version
+            elif mode == CREATE and not out.alive and out.stored is not None:
+                versions[key] = out.stored  # a tombstone: create above its version
                 again.append((key, shard, body, rows))
             else:
-                current = old_version if old_body is not None or mode == CREATE else None
-                raise ConflictError(
-                    f"entity {id_hex(key)}: expected version "
-                    f"{0 if mode == CREATE else mode}, stored version is "
-                    f"{current if current is not None else 'absent'}",
-                    current_version=current,
-                )
+                raise _conflict(key, mode, out)
         if stale_rows:
             self._run_rows(topo, stale_rows, dbs, delete_rows_sql)
+            failpoints.hit("put.after_stale_rows")
         return again
 
     def _stale_rows(
@@ -346,17 +372,17 @@ class DataStore:
         by_name: dict[str, Index],
         key: bytes,
         shard: int,
-        old_version: int | None,
         old_body: bytes,
         new_rows: dict[str, set[tuple[Any, ...]]],
         version: int,
     ) -> list[IndexRow]:
         """Rows the old body produced that the new one does not (step 3)."""
         try:
-            old = self.decode(key, shard, old_version or 0, old_body)
+            old = self.decode(key, shard, 0, old_body)
         except CorruptEntity:
-            log.warning("entity %s: old body undecodable; stale rows left to the Cleaner",
-                        id_hex(key))
+            log.warning(
+                "entity %s: old body undecodable; stale rows left to the Cleaner", id_hex(key)
+            )
             return []
         out = []
         for name, index in by_name.items():
@@ -381,28 +407,24 @@ class DataStore:
             writes.append(
                 EntityWrite(dbs[shard], key, self.clock.next(), now, None, mode, bool(indexes))
             )
+        failpoints.hit("delete.before_entity")
         outcomes = self._run_entities(topo, writes)
+        failpoints.hit("delete.after_entity")
         deleted = 0
         stale: list[IndexRow] = []
         for key in keys:
-            applied, old_version, old_body, stored = outcomes[key]
-            if not applied:
-                if isinstance(mode, int) and old_body is not None or (
-                    isinstance(mode, int) and old_version is not None
-                ):
-                    raise ConflictError(
-                        f"entity {id_hex(key)}: expected version {mode}, stored version "
-                        f"is {old_version}",
-                        current_version=old_version,
-                    )
+            out = outcomes[key]
+            if not out.applied:
+                if isinstance(mode, int):
+                    raise _conflict(key, mode, out)
                 continue
             deleted += 1
-            if stored is not None:
-                self.clock.observe(stored)
-            if old_body is not None and stored is not None:
-                stale += self._stale_rows(
-                    topo, by_name, key, shards[key], old_version, old_body, {}, stored
-                )
+            if out.stored is not None:
+                self.clock.observe(out.stored)
+                if out.old_body is not None:
+                    stale += self._stale_rows(
+                        topo, by_name, key, shards[key], out.old_body, {}, out.stored
+                    )
         if stale:
             self._run_rows(topo, stale, dbs, delete_rows_sql)
         return deleted
@@ -431,10 +453,8 @@ class DataStore:
 
         self.cluster.fanout({sid: call(sid, group) for sid, group in by_server.items()})
 
-    def _run_entities(
-        self, topo: Topology, writes: list[EntityWrite]
-    ) -> dict[bytes, tuple[bool, int | None, bytes | None, int | None]]:
-        """Step 2: ``id -> (applied, old version, old body, stored version after)``."""
+    def _run_entities(self, topo: Topology, writes: list[EntityWrite]) -> dict[bytes, Outcome]:
+        """Step 2: what happened to each entity."""
         by_server: dict[int, list[EntityWrite]] = {}
         shard_index = {shard_db(topo.prefix, s): s for s in range(topo.n_shards)}
         for w in writes:
@@ -454,15 +474,14 @@ class DataStore:
                 old = sets[2 * n]
                 count, stored = sets[2 * n + 1][0]
                 old_version = int(old[0][0]) if old else None
-                old_body = old[0][1] if old and w.want_body else None
-                if old and not w.want_body:
-                    old_body = None
-                applied = int(count) > 0
-                out[w.entity_id] = (
-                    applied,
-                    old_version,
-                    bytes(old_body) if old_body is not None else None,
-                    int(stored) if stored is not None else None,
+                alive = bool(old) and not old[0][1]
+                body = old[0][2] if alive and w.want_body else None
+                out[w.entity_id] = Outcome(
+                    applied=int(count) > 0,
+                    old_version=old_version,
+                    alive=alive,
+                    old_body=bytes(body) if body is not None else None,
+                    stored=int(stored) if stored is not None else None,
                 )
         return out
 
@@ -527,7 +546,7 @@ class DataStore:
         calls = {}
         for sid, server in servers.items():
             parts = [
-                f"(SELECT 1 FROM `{shard_db(topo.prefix, s)}`.`entities` LIMIT 1)"
+                f"(SELECT 1 FROM {quote(shard_db(topo.prefix, s), 'entities')} LIMIT 1)"
                 for s in topo.shards_of(sid)
             ]
             if parts:
@@ -587,8 +606,11 @@ class DataStore:
         if info.state == "dropped" or (info.state == "building" and not include_building):
             raise IndexNotReady(
                 f"index {name!r} is {info.state}"
-                + ("; run `cleaner --index=" + name + "` or pass include_building=True"
-                   if info.state == "building" else "")
+                + (
+                    "; run `cleaner --index=" + name + "` or pass include_building=True"
+                    if info.state == "building"
+                    else ""
+                )
             )
         return info.index
 
@@ -605,8 +627,9 @@ def _read_call(
     for shard, keys in sorted(shards.items()):
         marks = ", ".join(["%s"] * len(keys))
         parts.append(
-            f"SELECT `id`, `version`, `body`, {shard} FROM `{shard_db(topo.prefix, shard)}`"
-            f".`entities` WHERE `id` IN ({marks}) AND `body` IS NOT NULL"
+            f"SELECT `id`, `version`, `body`, {int(shard)}"
+            f" FROM {quote(shard_db(topo.prefix, shard), 'entities')}"
+            f" WHERE `id` IN ({marks}) AND `body` IS NOT NULL"
         )
         params.extend(keys)
     sql = " UNION ALL ".join(parts)
@@ -615,8 +638,7 @@ def _read_call(
     def run() -> dict[bytes, Entity]:
         rows = server.run(sql, params)[0]
         return {
-            bytes(r[0]): store.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
-            for r in rows
+            bytes(r[0]): store.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2])) for r in rows
         }
 
     return run

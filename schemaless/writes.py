@@ -97,7 +97,8 @@ def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
 def entity_batch_sql(writes: Sequence[EntityWrite]) -> tuple[str, list[Any]]:
     """Step 2: lock, write and report each entity, all in one transaction.
 
-    Result sets per entity, in order: the old ``(version[, body])`` row (0 or 1 row),
+    Result sets per entity, in order: the old ``(version, is_tombstone[, body])`` row
+    (0 or 1 row),
     then ``(ROW_COUNT(), version after)``.  The row lock lives only while the server
     runs this batch.  Entities are locked in id order so batches cannot deadlock.
     """
@@ -105,7 +106,7 @@ def entity_batch_sql(writes: Sequence[EntityWrite]) -> tuple[str, list[Any]]:
     params: list[Any] = []
     for w in sorted(writes, key=lambda w: (w.db, w.entity_id)):
         table = quote(w.db, "entities")
-        old_cols = "`version`, `body`" if w.want_body else "`version`"
+        old_cols = "`version`, `body` IS NULL" + (", `body`" if w.want_body else "")
         stmts.append(f"SELECT {old_cols} FROM {table} WHERE `id` = %s FOR UPDATE")
         params.append(w.entity_id)
         if w.body is None:

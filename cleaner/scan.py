@@ -1,0 +1,71 @@
+"""Reading whole logical shards in ``added_id`` order, and index tables by key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from schemaless.catalog import Topology
+from schemaless.index import Index
+from schemaless.names import quote
+from schemaless.schema import shard_db
+from schemaless.store import DataStore
+
+__all__ = ["EntityRow", "entity_batches", "index_rows"]
+
+#: (added_id, id, version, body or None for a tombstone)
+EntityRow = tuple[int, bytes, int, bytes | None]
+
+
+def entity_batches(
+    store: DataStore, topo: Topology, shard: int, after: int = 0, batch: int = 1000
+) -> Iterator[list[EntityRow]]:
+    """Every entity row of a shard with ``added_id > after``, in batches."""
+    server = store.cluster.server_of_shard(topo, shard)
+    table = quote(shard_db(topo.prefix, shard), "entities")
+    while True:
+        rows = server.run(
+            f"SELECT `added_id`, `id`, `version`, `body` FROM {table}"
+            " WHERE `added_id` > %s ORDER BY `added_id` LIMIT %s",
+            (after, batch),
+        )[0]
+        if not rows:
+            return
+        out: list[EntityRow] = [
+            (int(a), bytes(i), int(v), bytes(b) if b is not None else None) for a, i, v, b in rows
+        ]
+        yield out
+        after = out[-1][0]
+        if len(out) < batch:
+            return
+
+
+def index_rows(
+    store: DataStore, topo: Topology, shard: int, index: Index, batch: int = 5000
+) -> Iterator[tuple[tuple[Any, ...], bytes, int]]:
+    """Every row of one index table on one shard: ``(values, entity_id, version)``."""
+    server = store.cluster.server_of_shard(topo, shard)
+    table = quote(shard_db(topo.prefix, shard), index.table)
+    cols = [quote(c) for c in (*index.columns, "entity_id")]
+    keys = ", ".join(cols)
+    after: tuple[Any, ...] | None = None
+    while True:
+        params: list[Any] = []
+        where = "TRUE"
+        if after is not None:
+            ors = []
+            for i, col in enumerate(cols):
+                ands = [f"{c} = %s" for c in cols[:i]] + [f"{col} > %s"]
+                ors.append("(" + " AND ".join(ands) + ")")
+                params += list(after[:i]) + [after[i]]
+            where = " OR ".join(ors)
+        rows = server.run(
+            f"SELECT {keys}, `entity_version` FROM {table} WHERE {where}"
+            f" ORDER BY {keys} LIMIT {int(batch)}",
+            params,
+        )[0]
+        for row in rows:
+            yield tuple(row[:-2]), bytes(row[-2]), int(row[-1])
+        if len(rows) < batch:
+            return
+        after = tuple(rows[-1][:-1])

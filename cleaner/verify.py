@@ -1,0 +1,108 @@
+"""The oracle: recompute every index row from the entities and compare.
+
+Decodes every live entity on every shard, computes the rows each index should hold,
+and diffs them with the index tables: rows ``missing`` (a committed entity the index
+would miss), ``extra`` (orphans: rows no live entity produces) and ``behind`` (a row
+the entity produces whose ``entity_version`` is below the entity's version).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemaless.errors import CorruptEntity, InvalidEntity
+from schemaless.hashing import shard_of
+from schemaless.index import Index
+from schemaless.store import DataStore
+
+from .scan import entity_batches, index_rows
+
+__all__ = ["Diff", "RowKey", "diff_indexes", "expected_rows"]
+
+#: (logical shard, values, entity_id)
+RowKey = tuple[int, tuple[Any, ...], bytes]
+
+
+@dataclass
+class Diff:
+    """What one index holds that it should not, and what it lacks."""
+
+    missing: dict[RowKey, int] = field(default_factory=dict)  # -> entity version
+    extra: dict[RowKey, int] = field(default_factory=dict)  # -> entity_version in the row
+    behind: dict[RowKey, tuple[int, int]] = field(default_factory=dict)  # -> (row, entity)
+    unindexable: list[bytes] = field(default_factory=list)  # entities whose values don't fit
+
+    @property
+    def clean(self) -> bool:
+        """No missing, extra or behind rows."""
+        return not (self.missing or self.extra or self.behind)
+
+    def summary(self) -> dict[str, int]:
+        """Counts, for reports."""
+        return {
+            "missing": len(self.missing),
+            "extra": len(self.extra),
+            "behind": len(self.behind),
+            "unindexable": len(self.unindexable),
+        }
+
+
+def expected_rows(
+    store: DataStore, indexes: Iterable[Index]
+) -> tuple[dict[str, dict[RowKey, int]], dict[str, list[bytes]], list[bytes]]:
+    """Rows every index should hold (-> entity version), the entities that cannot be
+    indexed per index, and the ids whose bodies cannot be decoded."""
+    topo = store.cluster.current()
+    indexes = list(indexes)
+    expected: dict[str, dict[RowKey, int]] = {i.name: {} for i in indexes}
+    unindexable: dict[str, list[bytes]] = {i.name: [] for i in indexes}
+    corrupt: list[bytes] = []
+    for shard in range(topo.n_shards):
+        for batch in entity_batches(store, topo, shard):
+            for _, key, version, body in batch:
+                if body is None:
+                    continue
+                try:
+                    entity = store.decode(key, shard, version, body)
+                except CorruptEntity:
+                    corrupt.append(key)
+                    continue
+                for index in indexes:
+                    try:
+                        rows = index.rows(entity)
+                    except InvalidEntity:
+                        unindexable[index.name].append(key)
+                        continue
+                    for row in rows:
+                        target = shard_of(index.shard_key(row), topo.n_shards)
+                        expected[index.name][(target, row, key)] = version
+    return expected, unindexable, corrupt
+
+
+def diff_indexes(store: DataStore, names: Iterable[str] | None = None) -> dict[str, Diff]:
+    """Compare the named indexes (default: all maintained ones) with the entities."""
+    topo = store.cluster.refresh()
+    wanted = set(names) if names is not None else None
+    indexes = [
+        info.index
+        for name, info in topo.indexes.items()
+        if info.state != "dropped" and (wanted is None or name in wanted)
+    ]
+    expected, unindexable, _ = expected_rows(store, indexes)
+    out: dict[str, Diff] = {}
+    for index in indexes:
+        want = dict(expected[index.name])
+        diff = Diff(unindexable=unindexable[index.name])
+        for shard in range(topo.n_shards):
+            for values, key, row_version in index_rows(store, topo, shard, index):
+                rk = (shard, values, key)
+                entity_version = want.pop(rk, None)
+                if entity_version is None:
+                    diff.extra[rk] = row_version
+                elif row_version < entity_version:
+                    diff.behind[rk] = (row_version, entity_version)
+        diff.missing = want
+        out[index.name] = diff
+    return out

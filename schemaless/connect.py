@@ -1,0 +1,46 @@
+"""Opening a datastore the way the CLI and the Cleaner do.
+
+From ``--url`` or ``$SCHEMALESS_URL`` (the catalog server's DSN; user and password
+also from ``$SCHEMALESS_USER``/``$SCHEMALESS_PASSWORD``), else the local cluster
+(``$SCHEMALESS_LOCAL_DIR`` or ``./.schemaless-local``) with its option file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import CatalogError
+from .local import LocalCluster
+from .store import DataStore
+
+__all__ = ["DEFAULT_PREFIX", "open_store"]
+
+DEFAULT_PREFIX = "schemaless"
+
+
+def open_store(
+    url: str | None = None,
+    *,
+    servers: Sequence[str] = (),
+    prefix: str | None = None,
+    create: bool = False,
+    local_dir: str | None = None,
+    **kwargs: Any,
+) -> DataStore:
+    """A DataStore from a URL, a list of servers (for init), or the local cluster."""
+    prefix = prefix or os.environ.get("SCHEMALESS_PREFIX") or DEFAULT_PREFIX
+    url = url or os.environ.get("SCHEMALESS_URL")
+    if servers:
+        return DataStore(list(servers), prefix=prefix, create=create, **kwargs)
+    if url:
+        return DataStore([url], prefix=prefix, create=create, **kwargs)
+    cluster = LocalCluster(local_dir)
+    if not cluster.servers or not all(s.running() for s in cluster.servers):
+        raise CatalogError(
+            "no --url or SCHEMALESS_URL given and the local cluster "
+            f"({cluster.base_dir}) is not running: run `schemaless local up`"
+        )
+    kwargs.setdefault("option_file", str(cluster.option_file))
+    return DataStore(cluster.addresses, prefix=prefix, create=create, **kwargs)

@@ -1,0 +1,78 @@
+"""Shared fixtures: a real local MariaDB cluster for the whole test session."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemaless import DataStore, Index
+from schemaless.local import LocalCluster
+from schemaless.names import quote
+from schemaless.schema import shard_db
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[LocalCluster]:
+    """Two running servers (not durable: faster).
+
+    Base dir: ``$SCHEMALESS_TEST_DIR`` or ``<repo>/.pytest-cluster``.  A cluster that
+    was already running is left running; one started here is stopped at the end,
+    unless another test session still uses it (a shared lock on ``.sessions``).
+    """
+    base = Path(os.environ.get("SCHEMALESS_TEST_DIR") or REPO / ".pytest-cluster")
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".sessions", "a") as sessions:
+        fcntl.flock(sessions, fcntl.LOCK_SH)
+        cluster = LocalCluster(base, servers=2, durable=False)
+        already = {s.index for s in cluster.servers if s.running()}
+        cluster.up()
+        yield cluster
+        if any(s.index not in already for s in cluster.servers):
+            try:
+                fcntl.flock(sessions, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # another session is still using it
+            cluster.down()
+
+
+@pytest.fixture
+def make_store(local_cluster: LocalCluster) -> Iterator[Callable[..., DataStore]]:
+    """A factory of datastores, each with its own prefix (8 logical shards, a short
+    catalog refresh interval); their databases are dropped afterwards."""
+    stores: list[DataStore] = []
+
+    def make(indexes: Sequence[Index] = (), shards: int = 8, **kwargs: Any) -> DataStore:
+        kwargs.setdefault("refresh_interval", 0.2)
+        kwargs.setdefault("option_file", str(local_cluster.option_file))
+        store = DataStore(
+            local_cluster.addresses,
+            indexes,
+            prefix="t_" + uuid.uuid4().hex[:12],
+            shards=shards,
+            **kwargs,
+        )
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        drop_datastore(store)
+
+
+def drop_datastore(store: DataStore) -> None:
+    """Drop every database of a datastore and close it."""
+    topo = store.cluster.refresh()
+    for sid, server in store.cluster.all_servers(topo).items():
+        dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
+        if sid == 0:
+            dbs.append(f"{topo.prefix}_catalog")
+        server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
+    store.close()

@@ -1,0 +1,289 @@
+"""Indexes and queries against the real cluster, checked by the brute-force oracle."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+from schemaless.cleaner.verify import diff_indexes
+
+from schemaless import (
+    DataStore,
+    Index,
+    IndexDefinitionError,
+    IndexNotReady,
+    InvalidEntity,
+    InvalidQuery,
+    new_id,
+)
+from schemaless.hashing import shard_of
+from schemaless.names import quote
+from schemaless.schema import shard_db
+
+BY_USER = Index("by_user", {"user": "int", "published": "int"}, shard_on="user")
+BY_TIME = Index("by_time", {"published": "int"})
+BY_TAG = Index("by_tag", {"tags": "str(16)", "published": "int"}, shard_on="tags", multi="tags")
+BY_TITLE = Index("by_title", ["title"])  # untyped: auto
+
+
+def brute(store: DataStore, pred: Any) -> list[dict[str, Any]]:
+    from schemaless.cleaner.scan import entity_batches
+
+    topo = store.cluster.current()
+    out = []
+    for shard in range(topo.n_shards):
+        for batch in entity_batches(store, topo, shard):
+            for _, key, version, body in batch:
+                if body is not None:
+                    entity = store.decode(key, shard, version, body)
+                    if pred(entity):
+                        out.append(entity)
+    return out
+
+
+def entity(user: int, published: int, tags: list[str] | None = None, **more: Any) -> dict[str, Any]:
+    e = {"id": new_id(), "user": user, "published": published, "title": f"t{published}", **more}
+    if tags is not None:
+        e["tags"] = tags
+    return e
+
+
+def test_round_trips_of_a_new_entity(make_store: Any) -> None:
+    calls: list[tuple[str, str]] = []
+    store = make_store(
+        indexes=[BY_USER, BY_TIME, BY_TAG], tracer=lambda s, sql, t: calls.append((s, sql))
+    )
+    calls.clear()
+    store.put(entity(1, 100, ["a", "b", "c"]))
+    step2 = [c for c in calls if c[1].startswith("START TRANSACTION")]
+    step1 = [c for c in calls if c[1].startswith("INSERT INTO")]
+    assert len(step2) == 1 and calls[-1] == step2[0]  # the entity write comes last
+    assert len(step1) == len({s for s, _ in step1}) <= 2  # at most one batch per server
+    assert len(calls) == len(step1) + 1  # two round trips in sequence, nothing else
+    calls.clear()
+    store.put(entity(1, 100))  # no tags: fewer rows, same shape
+    assert len(calls) <= 3
+
+
+def test_queries_use_one_shard_when_shard_on_is_fixed(make_store: Any) -> None:
+    calls: list[str] = []
+    store = make_store(indexes=[BY_USER], tracer=lambda s, sql, t: calls.append(sql))
+    store.put_many(entity(7, p) for p in range(30))
+    calls.clear()
+    page = store.query(BY_USER, user=7, limit=10, order="desc")
+    assert [e["published"] for e in page] == list(range(29, 19, -1))
+    assert sum(sql.count("index_by_user") for sql in calls) == 1
+
+
+def test_pagination_returns_every_match_exactly_once_across_shards(make_store: Any) -> None:
+    store = make_store(indexes=[BY_TIME])
+    entities = [entity(i % 5, random.randrange(1000)) for i in range(300)]
+    store.put_many(entities)
+    seen: list[bytes] = []
+    cursor = None
+    while True:
+        page = store.query(BY_TIME, published__gte=100, limit=37, cursor=cursor)
+        seen += [e["id"] for e in page]
+        keys = [(e["published"], e["id"]) for e in page]
+        assert keys == sorted(keys)
+        cursor = page.cursor
+        if cursor is None:
+            break
+    expected = {e["id"] for e in entities if e["published"] >= 100}
+    assert len(seen) == len(set(seen)) == len(expected)
+    assert set(seen) == expected
+
+
+def test_cursor_is_stable_when_entities_are_added_between_pages(make_store: Any) -> None:
+    store = make_store(indexes=[BY_USER])
+    store.put_many(entity(1, p) for p in range(0, 100, 2))
+    first = store.query(BY_USER, user=1, limit=10)
+    assert [e["published"] for e in first] == list(range(0, 20, 2))
+    store.put_many([entity(1, 5), entity(1, 21), entity(1, 200)])  # before and after the cursor
+    second = store.query(BY_USER, user=1, limit=10, cursor=first.cursor)
+    assert [e["published"] for e in second] == [20, 21, 22, 24, 26, 28, 30, 32, 34, 36]
+
+
+def test_orphans_never_appear_and_pages_stay_full(make_store: Any) -> None:
+    store = make_store(indexes=[BY_USER])
+    live = [entity(3, p) for p in range(20)]
+    store.put_many(live)
+    topo = store.cluster.current()
+    shard = shard_of(BY_USER.shard_key((3, 0)), topo.n_shards)
+    table = quote(shard_db(topo.prefix, shard), BY_USER.table)
+    server = store.cluster.server_of_shard(topo, shard)
+    # Orphans: rows for absent entities, and rows with values the entity no longer has.
+    ghosts = [(3, p, new_id(), 1) for p in range(0, 40, 2)]
+    stale = [(3, e["published"] + 1000, e["id"], 1) for e in live]
+    server.run(
+        f"INSERT INTO {table} (p_user, p_published, entity_id, entity_version) VALUES "
+        + ", ".join(["(%s, %s, %s, %s)"] * (len(ghosts) + len(stale))),
+        [v for row in ghosts + stale for v in row],
+    )
+    page = store.query(BY_USER, user=3, limit=15)
+    assert [e["published"] for e in page] == list(range(15))  # full despite 8 ghosts among them
+    rest = store.query(BY_USER, user=3, limit=15, cursor=page.cursor)
+    assert [e["published"] for e in rest] == list(range(15, 20))
+    assert rest.cursor is None
+    assert store.query(BY_USER, user=3, published__gte=1000) == []
+
+
+def test_multi_valued_index_means_contains_and_returns_each_entity_once(make_store: Any) -> None:
+    store = make_store(indexes=[BY_TAG])
+    a = entity(1, 10, ["x", "y", "x"])
+    b = entity(1, 20, ["y"])
+    c = entity(1, 30, [])
+    store.put_many([a, b, c])
+    assert {e["published"] for e in store.query(BY_TAG, tags="y")} == {10, 20}
+    assert [e["published"] for e in store.query(BY_TAG, tags="x")] == [10]
+    # A scan over the whole multi-valued index must return an entity only once.
+    everything = list(store.iter(BY_TAG, page_size=1))
+    assert sorted(e["published"] for e in everything) == [10, 20]
+
+
+def test_compound_range_and_direction(make_store: Any) -> None:
+    store = make_store(indexes=[BY_USER])
+    store.put_many(entity(u, p) for u in (1, 2) for p in range(10))
+    got = store.query(BY_USER, user=2, published__between=(3, 6), order="-published")
+    assert [e["published"] for e in got] == [6, 5, 4, 3]
+    got = store.query(BY_USER, user=2, published__gt=3, published__lt=6)
+    assert [e["published"] for e in got] == [4, 5]
+    assert all(e["user"] == 2 for e in got)
+
+
+def test_auto_type_ranges_stay_within_one_type(make_store: Any) -> None:
+    store = make_store(indexes=[BY_TITLE])
+    store.put_many([entity(1, 1, title="abc"), entity(1, 2, title=5), entity(1, 3, title=b"abc")])
+    assert [e["title"] for e in store.query(BY_TITLE, title__gte="")] == ["abc"]
+    assert [e["title"] for e in store.query(BY_TITLE, title__gte=0)] == [5]
+    assert [e["published"] for e in store.query(BY_TITLE, title=b"abc")] == [3]
+
+
+def test_bad_queries_are_refused(make_store: Any) -> None:
+    store = make_store(indexes=[BY_USER, BY_TIME])
+    with pytest.raises(InvalidQuery, match="prefix"):
+        store.query(BY_USER, published=1)
+    with pytest.raises(InvalidQuery, match="range"):
+        store.query(BY_USER, user__gt=1, published__gt=1)
+    with pytest.raises(InvalidQuery, match="no property"):
+        store.query(BY_USER, nope=1)
+    with pytest.raises(InvalidQuery, match="operator"):
+        store.query(BY_USER, user=1, published__like=1)
+    with pytest.raises(InvalidQuery):
+        store.query(BY_USER, user="one")
+    with pytest.raises(InvalidQuery, match="limit"):
+        store.query(BY_USER, user=1, limit=0)
+    with pytest.raises(InvalidQuery, match="order"):
+        store.query(BY_USER, user=1, order="-user")
+    store.put_many(entity(1, p) for p in range(5))
+    page = store.query(BY_USER, user=1, limit=2)
+    with pytest.raises(InvalidQuery, match="another query"):
+        store.query(BY_USER, user=2, limit=2, cursor=page.cursor)
+    for junk in ["", "!!!", "AAAA", page.cursor[:12], "A" * 20000]:
+        with pytest.raises(InvalidQuery):
+            store.query(BY_USER, user=1, limit=2, cursor=junk or "x")
+
+
+def test_index_lifecycle(make_store: Any) -> None:
+    store = make_store(indexes=[BY_USER])
+    assert store.declare_index(BY_USER) == "ready"  # same definition: no-op
+    with pytest.raises(IndexDefinitionError, match="different definition"):
+        store.declare_index(Index("by_user", {"user": "str(10)"}))
+    store.put(entity(1, 1))
+    assert store.declare_index(BY_TIME) == "building"  # not empty any more
+    with pytest.raises(IndexNotReady, match="cleaner --index=by_time"):
+        store.query(BY_TIME, published=1)
+    assert len(store.query(BY_TIME, published=1, include_building=True)) == 0  # not backfilled
+    store.put(entity(1, 2))  # writers maintain a building index
+    assert len(store.query(BY_TIME, published=2, include_building=True)) == 1
+    store.drop_index("by_time")
+    with pytest.raises(IndexNotReady):
+        store.query(BY_TIME, published=2, include_building=True)
+    with pytest.raises(IndexDefinitionError, match="dropped"):
+        store.declare_index(BY_TIME)
+    store.purge_index("by_time")
+    assert "by_time" not in store.indexes()
+    assert store.declare_index(BY_TIME) == "building"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"user": "x"},
+        {"user": True},
+        {"user": 2**63},
+        {"user": 1, "published": 1.5},
+        {"user": [1, 2]},
+        {"tags": "not-a-list", "published": 1, "user": 1},
+        {"tags": ["this tag is far too long"], "published": 1, "user": 1},
+        {"tags": [1], "published": 1, "user": 1},
+    ],
+)
+def test_values_that_do_not_fit_their_column_are_refused(make_store: Any, bad: Any) -> None:
+    store = make_store(indexes=[BY_USER, BY_TAG])
+    with pytest.raises(InvalidEntity):
+        store.put({"id": new_id(), "published": 1, **bad})
+    assert brute(store, lambda e: True) == []
+    assert all(d.clean for d in diff_indexes(store).values())
+
+
+def test_oracle_after_concurrent_random_writes(make_store: Any) -> None:
+    """Threads put, update (values that change and change back) and delete; then no
+    query misses a match or returns a non-match, and the index equals the oracle."""
+    store = make_store(indexes=[BY_USER, BY_TIME, BY_TAG])
+    keys = [new_id() for _ in range(60)]
+    tags = ["a", "b", "c", "d"]
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            for _ in range(60):
+                key = rnd.choice(keys)
+                op = rnd.random()
+                if op < 0.15:
+                    store.delete(key)
+                elif op < 0.5:
+                    store.update(
+                        key,
+                        lambda e, key=key: {
+                            **(e or {"id": key}),
+                            "user": rnd.randrange(3),
+                            "published": rnd.choice([1, 2, 3]),  # changes back and forth
+                            "tags": rnd.sample(tags, rnd.randrange(3)),
+                        },
+                        retries=50,
+                    )
+                else:
+                    store.put(
+                        {
+                            "id": key,
+                            "user": rnd.randrange(3),
+                            "published": rnd.randrange(5),
+                            "tags": rnd.sample(tags, 2),
+                        }
+                    )
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for name, diff in diff_indexes(store).items():
+        assert diff.missing == {}, name  # the index is a superset, always
+        assert diff.behind == {}, name
+    for _ in range(25):
+        user, lo = random.randrange(3), random.randrange(5)
+        got = store.iter(BY_USER, page_size=3, user=user, published__gte=lo)
+        want = brute(store, lambda e, u=user, lo=lo: e.get("user") == u and e["published"] >= lo)
+        assert sorted(e["id"] for e in got) == sorted(e["id"] for e in want)
+        tag = random.choice(tags)
+        got_tag = store.query(BY_TAG, tags=tag, limit=1000)
+        assert sorted(e["id"] for e in got_tag) == sorted(
+            e["id"] for e in brute(store, lambda e, t=tag: t in e.get("tags", []))
+        )

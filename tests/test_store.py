@@ -1,0 +1,303 @@
+"""The datastore core against the real local cluster: round trips, batches, conflicts."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from schemaless import (
+    ConflictError,
+    DataStore,
+    EntityTooLarge,
+    Index,
+    InvalidEntity,
+    InvalidId,
+    new_id,
+)
+from schemaless.schema import shard_db
+
+
+def count_rows(store: DataStore) -> dict[str, int]:
+    """Rows in every entities and index table, summed over all shards."""
+    topo = store.cluster.refresh()
+    totals: dict[str, int] = {}
+    tables = ["entities"] + [i.index.table for i in topo.indexes.values()]
+    for shard in range(topo.n_shards):
+        server = store.cluster.server_of_shard(topo, shard)
+        db = shard_db(topo.prefix, shard)
+        sql = " UNION ALL ".join(f"SELECT '{t}', COUNT(*) FROM `{db}`.`{t}`" for t in tables)
+        for table, n in server.run(sql)[0]:
+            totals[table] = totals.get(table, 0) + int(n)
+    return totals
+
+
+def test_friendfeed_post_example(make_store: Any) -> None:
+    """The API of the 2009 post, as it was written there."""
+    user_id_index = Index(table="index_user_id", properties=["user_id"], shard_on="user_id")
+    store = make_store(indexes=[user_id_index])
+    entity = {
+        "id": bytes.fromhex("71f0c4d2291844cca2df6f486e96e37c"),
+        "user_id": bytes.fromhex("f48b0440ca0c4f66991c4d5f6a078eaf"),
+        "feed_id": bytes.fromhex("f48b0440ca0c4f66991c4d5f6a078eaf"),
+        "title": "We just launched a new backend system for FriendFeed!",
+        "link": "http://friendfeed.com/e/71f0c4d2-2918-44cc-a2df-6f486e96e37c",
+        "published": 1235697046,
+        "updated": 1235697046,
+    }
+    store.put(entity)
+    assert store.get(entity["id"]) == entity
+    found = user_id_index.get_all(store, user_id=entity["user_id"])
+    assert found == [entity]
+    # The post's second index, on a long URL, added later.
+    link_index = Index(table="index_link", properties=["link"], shard_on="link")
+    assert store.declare_index(link_index) == "building"
+    assert store.indexes()["link"].state == "building"
+
+
+def test_mysql_shards_constructor_initialises_a_new_datastore(local_cluster: Any) -> None:
+    prefix = "t_" + uuid.uuid4().hex[:10]
+    store = DataStore(
+        mysql_shards=local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=prefix,
+    )
+    try:
+        topo = store.cluster.topology
+        assert topo.n_shards == 64  # the documented default
+        assert sorted(set(topo.shard_servers)) == [0, 1]
+        again = DataStore(
+            mysql_shards=local_cluster.addresses[:1],
+            option_file=str(local_cluster.option_file),
+            prefix=prefix,
+        )
+        assert again.cluster.topology.shard_servers == topo.shard_servers  # init idempotent
+        again.close()
+    finally:
+        _drop(store)
+
+
+def _drop(store: DataStore) -> None:
+    topo = store.cluster.refresh()
+    for sid, server in store.cluster.all_servers(topo).items():
+        stmts = [
+            f"DROP DATABASE IF EXISTS `{shard_db(topo.prefix, s)}`" for s in topo.shards_of(sid)
+        ]
+        if sid == 0:
+            stmts.append(f"DROP DATABASE IF EXISTS `{topo.prefix}_catalog`")
+        server.run(";".join(stmts))
+    store.close()
+
+
+SAMPLES: list[Any] = [
+    None,
+    True,
+    False,
+    0,
+    -(2**63),
+    2**64 - 1,
+    1.5,
+    float("inf"),
+    "",
+    "héllo wörld ✓ 𝄞",
+    b"",
+    b"\x00\xff" * 10,
+    [],
+    [1, "two", [3.0, None]],
+    {},
+    {"nested": {"deeper": [{"x": 1}]}},
+    uuid.uuid4(),
+    datetime(2009, 2, 26, 12, 0, tzinfo=UTC),
+    datetime(2026, 11, 21, 18, 0, 1, 123456, tzinfo=timezone(timedelta(hours=-5))),
+]
+
+
+@pytest.mark.parametrize("value", SAMPLES, ids=lambda v: type(v).__name__)
+def test_every_supported_type_round_trips(make_store: Any, value: Any) -> None:
+    store = make_store()
+    entity = {"id": new_id(), "value": value}
+    version = store.put(entity)
+    got = store.get(entity["id"])
+    assert got == entity
+    assert got is not None and got.version == version
+    assert type(got["value"]) is type(value)
+
+
+def test_batches_span_both_servers(make_store: Any) -> None:
+    calls: list[str] = []
+    store = make_store(tracer=lambda server, sql, t: calls.append(server))
+    entities = [{"id": new_id(), "n": i} for i in range(200)]
+    calls.clear()
+    versions = store.put_many(entities)
+    assert len(versions) == 200 and all(v > 0 for v in versions)
+    assert sorted(calls) == sorted(set(calls)) and len(set(calls)) == 2  # one batch per server
+    ids = [e["id"] for e in entities] + [new_id()]
+    calls.clear()
+    got = store.get_many(ids)
+    assert len(calls) == 2
+    assert got[:-1] == entities and got[-1] is None
+    assert [g.version for g in got[:-1] if g is not None] == versions
+    per_server = {sid: 0 for sid in store.cluster.topology.servers}
+    for e in entities:
+        per_server[store.cluster.topology.shard_servers[store.cluster.shard_of_id(e["id"])]] += 1
+    assert all(n > 50 for n in per_server.values())
+    assert store.delete_many(ids) == 200
+    assert store.get_many(ids) == [None] * 201
+    assert store.delete_many(ids) == 0
+
+
+def test_entity_without_id_gets_a_time_ordered_one(make_store: Any) -> None:
+    store = make_store()
+    entity: dict[str, Any] = {"title": "no id"}
+    store.put(entity)
+    assert isinstance(entity["id"], bytes) and len(entity["id"]) == 16
+    assert entity["id"][6] >> 4 == 7  # UUIDv7
+    assert store.get(entity["id"]) == entity
+
+
+def test_uuid_and_bytes_ids_are_the_same_entity(make_store: Any) -> None:
+    store = make_store()
+    key = uuid.uuid4()
+    store.put({"id": key, "x": 1})
+    got = store.get(key.bytes)
+    assert got is not None and got["id"] == key
+
+
+def test_compare_and_set(make_store: Any) -> None:
+    store = make_store()
+    key = new_id()
+    v1 = store.put({"id": key, "n": 1}, expect_version=0)
+    with pytest.raises(ConflictError) as info:
+        store.put({"id": key, "n": 99}, expect_version=0)
+    assert info.value.current_version == v1
+    v2 = store.put({"id": key, "n": 2}, expect_version=v1)
+    assert v2 > v1
+    with pytest.raises(ConflictError):
+        store.put({"id": key, "n": 3}, expect_version=v1)
+    with pytest.raises(ConflictError):
+        store.delete(key, expect_version=v1)
+    got = store.get(key)
+    assert got == {"id": key, "n": 2} and got.version == v2
+    assert store.delete(key, expect_version=v2)
+    with pytest.raises(ConflictError):
+        store.put({"id": key, "n": 4}, expect_version=v2)  # deleted since
+    v3 = store.put({"id": key, "n": 5}, expect_version=0)  # create over the tombstone
+    assert v3 > v2
+    assert store.get(key) == {"id": key, "n": 5}
+
+
+def test_blind_put_after_delete_gets_a_higher_version(make_store: Any) -> None:
+    store = make_store()
+    key = new_id()
+    store.put({"id": key, "n": 1})
+    store.delete(key)
+    future = store.clock.next() + 10**9  # another client's clock far ahead
+    store.clock._last = 0  # this client's clock far behind
+    store.cluster.server_of_shard(store.cluster.topology, store.cluster.shard_of_id(key)).run(
+        f"UPDATE `{shard_db(store.cluster.topology.prefix, store.cluster.shard_of_id(key))}`"
+        ".`entities` SET version = %s WHERE id = %s",
+        (future, key),
+    )
+    version = store.put({"id": key, "n": 2})
+    assert version > future
+    assert store.get(key) == {"id": key, "n": 2}
+
+
+def test_concurrent_updates_lose_nothing(make_store: Any) -> None:
+    store = make_store()
+    key = new_id()
+    store.put({"id": key, "likes": 0})
+    done = []
+    lock = threading.Lock()
+
+    def like() -> None:
+        for _ in range(15):
+            store.update(
+                key, lambda e: {**(e or {}), "likes": (e or {"likes": 0})["likes"] + 1}, retries=100
+            )
+            with lock:
+                done.append(1)
+
+    threads = [threading.Thread(target=like) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = store.get(key)
+    assert got is not None and got["likes"] == len(done) == 90
+
+
+def test_update_raises_conflict_after_retries(make_store: Any) -> None:
+    store = make_store()
+    key = new_id()
+    store.put({"id": key, "n": 0})
+    calls = []
+
+    def meddle(entity: Any) -> dict[str, Any]:
+        calls.append(1)
+        store.put({"id": key, "n": len(calls) * 100})  # someone else writes each time
+        return {**entity, "n": -1}
+
+    with pytest.raises(ConflictError):
+        store.update(key, meddle, retries=3)
+    assert len(calls) == 3
+    got = store.get(key)
+    assert got is not None and got["n"] == 300
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+BAD_ENTITIES: list[tuple[Any, type[Exception]]] = [
+    ({"id": b"short", "x": 1}, InvalidId),
+    ({"id": "not-bytes" * 2, "x": 1}, InvalidId),
+    ({"x": object()}, InvalidEntity),
+    ({"x": 2**64}, InvalidEntity),
+    ({"x": -(2**63) - 1}, InvalidEntity),
+    ({1: "int key"}, InvalidEntity),
+    ({"x": (1, 2)}, InvalidEntity),
+    ({"x": {1, 2}}, InvalidEntity),
+    ({"x": float("nan")}, InvalidEntity),
+    ({"x": "\ud800"}, InvalidEntity),
+    ({"x": datetime(2020, 1, 1)}, InvalidEntity),
+    ({"x": bytearray(b"ab")}, InvalidEntity),
+    ({"deep": _nested(40)}, InvalidEntity),
+]
+
+
+@pytest.mark.parametrize(("entity", "error"), BAD_ENTITIES, ids=lambda x: repr(x)[:30])
+def test_bad_input_is_refused_and_nothing_is_written(
+    make_store: Any, entity: dict[str, Any], error: type[Exception]
+) -> None:
+    store = make_store(indexes=[Index("by_x", ["x:int"])])
+    good = {"id": new_id(), "x": 1}
+    before = count_rows(store)
+    with pytest.raises(error) as info:
+        store.put_many([good, dict(entity)])
+    assert str(info.value)
+    assert count_rows(store) == before
+    store.put(good)  # the connection and the store are still usable
+    assert store.get(good["id"]) == good
+
+
+def test_body_above_the_limit_is_refused(make_store: Any) -> None:
+    store = make_store(max_body_bytes=10_000)
+    import os
+
+    with pytest.raises(EntityTooLarge) as info:
+        store.put({"id": new_id(), "blob": os.urandom(20_000)})
+    assert "10000" in str(info.value) or "10,000" in str(info.value)
+    assert count_rows(store)["entities"] == 0
+
+
+def test_body_limit_follows_max_allowed_packet(make_store: Any) -> None:
+    store = make_store(max_body_bytes=1 << 40)
+    packet = int(store.cluster.catalog.server.run("SELECT @@max_allowed_packet")[0][0][0])
+    assert store.codec.max_body_bytes < packet

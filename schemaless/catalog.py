@@ -135,7 +135,7 @@ class Catalog:
         """Read the whole catalog in one round trip."""
         out = self.server.run(
             f"SELECT name, value FROM {self._t('meta')};"
-            f" SELECT server_id, host, port FROM {self._t('servers')};"
+            f" SELECT server_id, host, port FROM {self._t('servers')} ORDER BY server_id;"
             f" SELECT shard, server_id FROM {self._t('shards')} ORDER BY shard;"
             f" SELECT definition, state, created, changed FROM {self._t('indexes')};"
             f" SELECT dict_id FROM {self._t('dictionaries')} ORDER BY dict_id"

@@ -1,0 +1,95 @@
+# schemaless developer entry points.  Each target works on a fresh Debian machine with
+# nothing installed by hand, as root or through sudo.
+#
+#   make test PYTEST_ARGS='tests/test_local.py -x'     make bench BENCH_ARGS='...'
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+APT_PACKAGES := mariadb-server mariadb-client libmariadb-dev pkg-config gcc python3-dev python3-venv
+
+# Is a program there? mariadbd lives in /usr/sbin, which a user's PATH may lack.
+HAVE = have() { command -v "$$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$$1" ]; }
+
+.PHONY: help deps venv test demo lint fmt bench local-up local-down local-status clean
+
+help:
+	@echo "targets: deps venv test demo lint fmt bench local-up local-down local-status clean"
+	@echo "variables: PYTEST_ARGS, BENCH_ARGS, PYTHON (default python3)"
+
+# MariaDB server and client, and what building mysqlclient needs; apt only if missing.
+deps:
+	@$(HAVE); missing=""; \
+	have mariadbd || missing="$$missing mariadbd"; \
+	have mariadb-install-db || missing="$$missing mariadb-install-db"; \
+	{ have mariadb_config || have mysql_config; } || missing="$$missing mariadb_config"; \
+	have pkg-config || missing="$$missing pkg-config"; \
+	have gcc || missing="$$missing gcc"; \
+	$(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	$(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+		|| missing="$$missing python3-dev"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	echo "deps: missing:$$missing; installing Debian packages"; \
+	$(SUDO) apt-get update -q; \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		$(APT_PACKAGES) \
+		|| echo "deps: apt-get install reported an error (often the packaged service failing to start here); checking what got installed"; \
+	have mariadbd || { echo "deps: mariadbd is still missing" >&2; exit 1; }; \
+	have mariadb-install-db || { echo "deps: mariadb-install-db is still missing" >&2; exit 1; }; \
+	{ have mariadb_config || have mysql_config; } || { echo "deps: mariadb_config is still missing" >&2; exit 1; }; \
+	echo "deps: ok"
+
+venv: $(STAMP)
+
+# Re-installed only when pyproject.toml changes (or the venv is missing or broken).
+$(STAMP): pyproject.toml
+	@if ! $(PY) -m pip --version >/dev/null 2>&1; then \
+		echo "venv: creating $(VENV)"; rm -rf $(VENV); $(PYTHON) -m venv $(VENV); \
+	fi
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+test: deps venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: deps venv
+	$(PY) -m schemaless.demo
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+fmt: venv
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+bench: deps venv
+	$(PY) -m bench $(BENCH_ARGS)
+
+# The default local cluster: $$SCHEMALESS_LOCAL_DIR or ./.schemaless-local.
+local-up: deps venv
+	@$(PY) -c 'import logging; logging.basicConfig(level=logging.INFO, format="%(message)s"); \
+		from schemaless.local import LocalCluster; c = LocalCluster().up(); \
+		print("servers:", " ".join(c.addresses)); print("option file:", c.option_file)'
+
+local-down: venv
+	@$(PY) -c 'import logging; logging.basicConfig(level=logging.INFO, format="%(message)s"); \
+		from schemaless.local import LocalCluster; LocalCluster().down()'
+
+local-status: venv
+	@$(PY) -c 'from schemaless.local import LocalCluster; \
+		[print(s) for s in LocalCluster().status()]'
+
+# Not the local cluster data (.schemaless-local/, .pytest-cluster/).
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

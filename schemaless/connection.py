@@ -227,13 +227,7 @@ class Server:
                 query = sql.encode() % tuple(db.literal(p) for p in params) if params else sql
                 sent = True
                 db.query(query)
-                results = []
-                while True:
-                    result = db.store_result()
-                    if result is not None:
-                        results.append(result.fetch_row(maxrows=0))
-                    if db.next_result() != 0:
-                        break
+                results = _read_results(db)
         except MySQLdb.Error as exc:
             error = self._translate(exc, sent=sent, commits=commits)
             code = _code(exc)
@@ -281,6 +275,21 @@ class _Retryable(Exception):
         super().__init__(str(error))
         self.error = error
         self.after_send = after_send
+
+
+def _read_results(db: Any) -> list[tuple[tuple[Any, ...], ...]]:
+    """Every result set of the batch just sent.
+
+    The driver's result objects are freed when this function returns, while the
+    calling thread still owns the connection (freeing one takes the connection's lock).
+    """
+    results = []
+    while True:
+        result = db.store_result()
+        if result is not None:
+            results.append(result.fetch_row(maxrows=0))
+        if db.next_result() != 0:
+            return results
 
 
 def _code(exc: MySQLdb.Error) -> int:

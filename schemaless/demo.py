@@ -112,10 +112,14 @@ def main(argv: list[str] | None = None) -> None:
             f"SELECT COUNT(*) FROM `{shard_db(topo.prefix, s)}`.`entities`" for s in shards
         )
         counts = [int(r[0]) for r in server.run(sql)[0]]
-        print(f"  server {sid} {server.name}: {len(shards)} logical shards, "
-              f"{sum(counts)} entities (per shard: {', '.join(map(str, counts))})")
-    print("cleaning up: the datastore 'demo' stays in the local cluster; "
-          "stop the servers with `schemaless local down`")
+        print(
+            f"  server {sid} {server.name}: {len(shards)} logical shards, "
+            f"{sum(counts)} entities (per shard: {', '.join(map(str, counts))})"
+        )
+    print(
+        "cleaning up: the datastore 'demo' stays in the local cluster; "
+        "stop the servers with `schemaless local down`"
+    )
     store.close()
 
 

@@ -17,7 +17,7 @@ from . import failpoints
 from .catalog import IndexInfo, Topology
 from .clock import VersionClock
 from .cluster import Cluster
-from .codec import Codec
+from .codec import Codec, train_dictionary
 from .connection import ConnectOptions, Retry, Tracer
 from .dsn import Address, Credentials, parse_address
 from .errors import (
@@ -201,7 +201,14 @@ class DataStore:
     def decode(self, entity_id: bytes, shard: int, version: int, body: bytes) -> Entity:
         """Internal: decode a stored body, naming the entity and shard on failure."""
         try:
-            return Entity(self.codec.decode(body), int(version))
+            try:
+                return Entity(self.codec.decode(body), int(version))
+            except CorruptEntity:
+                dict_id = self.codec.dictionary_id(body)
+                if dict_id is None or self.codec.has_dictionary(dict_id):
+                    raise
+                self.cluster.refresh()  # a dictionary trained since the last refresh
+                return Entity(self.codec.decode(body), int(version))
         except CorruptEntity as exc:
             raise CorruptEntity(
                 f"entity {id_hex(entity_id)} on logical shard {shard} "
@@ -484,6 +491,34 @@ class DataStore:
                     stored=int(stored) if stored is not None else None,
                 )
         return out
+
+    def train_dictionary(self, samples: int = 5000, size: int = 16384) -> int:
+        """Train a zstd dictionary on stored entities, store it in the catalog and use it
+        for new bodies (old bodies name their own dictionary); return its id."""
+        topo = self.cluster.refresh()
+        per_shard = max(1, samples // topo.n_shards)
+        calls = {}
+        for sid, server in self.cluster.all_servers(topo).items():
+            parts = [
+                f"(SELECT `id`, `version`, `body`, {int(s)} FROM "
+                f"{quote(shard_db(topo.prefix, s), 'entities')} WHERE `body` IS NOT NULL "
+                f"ORDER BY `added_id` DESC LIMIT {int(per_shard)})"
+                for s in topo.shards_of(sid)
+            ]
+            if parts:
+                calls[sid] = _sql_call(server, " UNION ALL ".join(parts))
+        entities = [
+            self.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
+            for rows in self.cluster.fanout(calls).values()
+            for r in rows[0]
+        ]
+        if len(entities) < 100:
+            raise InvalidEntity(
+                f"need at least 100 stored entities to train a dictionary, found {len(entities)}"
+            )
+        dict_id = self.cluster.catalog.add_dictionary(train_dictionary(entities, size))
+        self.cluster.refresh()
+        return dict_id
 
     # -- indexes and queries -------------------------------------------------------------
 

@@ -301,3 +301,30 @@ def test_body_limit_follows_max_allowed_packet(make_store: Any) -> None:
     store = make_store(max_body_bytes=1 << 40)
     packet = int(store.cluster.catalog.server.run("SELECT @@max_allowed_packet")[0][0][0])
     assert store.codec.max_body_bytes < packet
+
+
+def test_trained_dictionary_shrinks_bodies_and_old_bodies_stay_readable(make_store: Any) -> None:
+    store = make_store()
+    words = "friendfeed schemaless mysql entries comments likes photos links".split()
+    old = [
+        {"id": new_id(), "title": " ".join(words[i % 7 :] + words[: i % 7]), "n": i}
+        for i in range(400)
+    ]
+    store.put_many(old)
+    plain = store.codec.encode(old[0])
+    dict_id = store.train_dictionary(samples=400)
+    assert store.cluster.topology.active_dictionary == dict_id
+    assert store.codec.dictionary_id(store.codec.encode(old[0])) == dict_id
+    assert len(store.codec.encode(old[0])) < len(plain)
+    new = {"id": new_id(), "title": " ".join(words), "n": -1}
+    store.put(new)
+    fresh = DataStore(  # a new client: learns the dictionary from the catalog
+        str(store.cluster.topology.servers[0]),
+        option_file=store.cluster.options.credentials.option_file,
+        prefix=store.cluster.topology.prefix,
+        create=False,
+    )
+    try:
+        assert fresh.get_many([old[0]["id"], new["id"]]) == [old[0], new]
+    finally:
+        fresh.close()

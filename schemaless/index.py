@@ -23,10 +23,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .errors import IndexDefinitionError, InvalidEntity, InvalidQuery
 from .names import check_identifier, quote
+
+if TYPE_CHECKING:
+    from .store import DataStore, Entity
 
 __all__ = ["ColumnType", "Index", "key_encode", "parse_type"]
 
@@ -327,10 +330,6 @@ AUTO = parse_type("auto")
 _INDEX_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}\Z")
 MAX_PROPERTIES = 8
 _COLUMN_PREFIX = "p_"
-
-
-class _Queryable(Protocol):
-    def iter(self, index: Index, /, **conditions: Any) -> Iterable[dict[str, Any]]: ...
 
 
 def _check_index_name(name: object) -> str:
@@ -664,7 +663,7 @@ class Index:
 
     # -- FriendFeed-style query --------------------------------------------------------
 
-    def get_all(self, datastore: _Queryable, **conditions: Any) -> list[dict[str, Any]]:
+    def get_all(self, datastore: DataStore, **conditions: Any) -> list[Entity]:
         """Every entity matching ``conditions`` through this index (the FriendFeed form:
         ``index.get_all(datastore, user_id=...)``)."""
         return list(datastore.iter(self, **conditions))

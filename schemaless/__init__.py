@@ -23,6 +23,7 @@ from .errors import (
     ServerError,
     ShardTimeout,
     ShardUnavailable,
+    TableMissing,
 )
 from .ids import new_id
 from .index import Index
@@ -49,5 +50,6 @@ __all__ = [
     "ServerError",
     "ShardTimeout",
     "ShardUnavailable",
+    "TableMissing",
     "new_id",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .connection import Server
@@ -56,6 +56,7 @@ class Topology:
     indexes: dict[str, IndexInfo]
     dictionary_ids: tuple[int, ...]
     active_dictionary: int | None
+    moves: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # shard -> move
 
     def shards_of(self, server_id: int) -> list[int]:
         """The logical shards that live on one server."""
@@ -138,7 +139,8 @@ class Catalog:
             f" SELECT server_id, host, port FROM {self._t('servers')} ORDER BY server_id;"
             f" SELECT shard, server_id FROM {self._t('shards')} ORDER BY shard;"
             f" SELECT definition, state, created, changed FROM {self._t('indexes')};"
-            f" SELECT dict_id FROM {self._t('dictionaries')} ORDER BY dict_id"
+            f" SELECT dict_id FROM {self._t('dictionaries')} ORDER BY dict_id;"
+            f" SELECT shard, source, target, phase FROM {self._t('moves')}"
         )
         meta = {str(k): str(v) for k, v in out[0]}
         if "shards" not in meta:
@@ -164,6 +166,7 @@ class Catalog:
             indexes=indexes,
             dictionary_ids=tuple(int(r[0]) for r in out[4]),
             active_dictionary=int(active) if active else None,
+            moves={int(r[0]): (int(r[1]), int(r[2]), str(r[3])) for r in out[5]},
         )
 
     # -- indexes ------------------------------------------------------------------------
@@ -312,3 +315,52 @@ class Catalog:
             " position = GREATEST(position, VALUES(position))",
             (job, shard, position, cursor, int(done), rows, now_us()),
         )
+
+    # -- the shard map ------------------------------------------------------------------
+
+    def add_server(self, address: Address) -> int:
+        """Register a server (it holds no shard until one moves there); return its id."""
+        out = self.server.run(
+            "START TRANSACTION;"
+            f" SELECT COALESCE(MAX(server_id), -1) + 1 INTO @sid FROM {self._t('servers')}"
+            " FOR UPDATE;"
+            f" INSERT IGNORE INTO {self._t('servers')} (server_id, host, port)"
+            " VALUES (@sid, %s, %s);"
+            f" SELECT server_id FROM {self._t('servers')} WHERE host = %s AND port = %s;"
+            f" UPDATE {self._t('meta')} SET value = value + 1 WHERE name = 'map_version';"
+            " COMMIT",
+            (address.host, address.port, address.host, address.port),
+            commits=True,
+            idempotent=False,
+        )
+        return int(out[0][0][0])
+
+    def record_move(self, shard: int, source: int, target: int, phase: str) -> None:
+        """Create or advance the record of a shard move."""
+        now = now_us()
+        self.server.run(
+            f"INSERT INTO {self._t('moves')} (shard, source, target, phase, started, updated)"
+            " VALUES (%s, %s, %s, %s, %s, %s)"
+            " ON DUPLICATE KEY UPDATE phase = VALUES(phase), updated = VALUES(updated)",
+            (shard, source, target, phase, now, now),
+        )
+
+    def finish_move(self, shard: int, target: int) -> int:
+        """Point a logical shard at its new server, bump the map version, forget the
+        move record (one transaction); return the new map version."""
+        out = self.server.run(
+            "START TRANSACTION;"
+            f" UPDATE {self._t('shards')} SET server_id = %s WHERE shard = %s;"
+            f" UPDATE {self._t('meta')} SET value = value + 1 WHERE name = 'map_version';"
+            f" DELETE FROM {self._t('moves')} WHERE shard = %s;"
+            f" SELECT value FROM {self._t('meta')} WHERE name = 'map_version';"
+            " COMMIT",
+            (target, shard, shard),
+            commits=True,
+            idempotent=False,
+        )
+        return int(out[0][0][0])
+
+    def cancel_move(self, shard: int) -> None:
+        """Forget a move that was rolled back."""
+        self.server.run(f"DELETE FROM {self._t('moves')} WHERE shard = %s", (shard,))

@@ -24,7 +24,6 @@ from MySQLdb.constants import CLIENT
 
 from .dsn import Address, Credentials
 from .errors import (
-    CatalogError,
     EntityTooLarge,
     InvalidEntity,
     OutcomeUnknown,
@@ -33,6 +32,7 @@ from .errors import (
     ServerError,
     ShardTimeout,
     ShardUnavailable,
+    TableMissing,
 )
 
 __all__ = ["ConnectOptions", "Retry", "Server", "Tracer"]
@@ -258,9 +258,7 @@ class Server:
         if code in _DENIED:
             return PermissionDenied(f"permission denied: {where}")
         if code in _MISSING:
-            return CatalogError(
-                f"missing database or table (is the datastore initialised?): {where}"
-            )
+            return TableMissing(f"missing database or table (initialised? moving?): {where}")
         if code in _TOO_LARGE:
             return EntityTooLarge(f"statement too large for the server: {where}")
         if code in _BAD_VALUE:

@@ -23,6 +23,7 @@ __all__ = [
     "ServerError",
     "ShardTimeout",
     "ShardUnavailable",
+    "TableMissing",
 ]
 
 
@@ -74,6 +75,11 @@ class CorruptEntity(SchemalessError):
 
 class CatalogError(SchemalessError):
     """The catalog is missing, inconsistent, or refuses a change."""
+
+
+class TableMissing(CatalogError):
+    """A shard database or table is not where the map says: the datastore is not
+    initialised there, or the logical shard is moving (retried while a move runs)."""
 
 
 class PermissionDenied(SchemalessError):

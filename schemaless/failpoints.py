@@ -32,8 +32,10 @@ class FailpointError(Exception):
 
 def _parse(name: str, spec: str) -> Action:
     if spec == "raise":
+
         def fail() -> None:
             raise FailpointError(name)
+
         return fail
     if spec == "kill":
         return lambda: os.kill(os.getpid(), signal.SIGKILL)

@@ -101,14 +101,26 @@ class LocalCluster:
     """Create, start, find again and stop a local cluster of ``mariadbd`` servers."""
 
     def __init__(
-        self, base_dir: str | Path | None = None, servers: int = 2, *, durable: bool = True
+        self,
+        base_dir: str | Path | None = None,
+        servers: int = 2,
+        *,
+        durable: bool = True,
+        tls: bool = False,
+        extra_config: Mapping[str, str] | None = None,
     ) -> None:
+        """``tls``: make a CA and a server certificate (``tls_dir``, with the openssl
+        CLI) and require TLS on TCP.  ``extra_config``: more ``[mysqld]`` options, also
+        given to mariadb-install-db (e.g. ``innodb_data_file_path``).  Neither is kept
+        in the state file: pass them again to the object that starts the servers."""
         if servers < 1:
             raise ValueError(f"servers must be at least 1, not {servers}")
         self.base_dir: Path = (
             Path(base_dir).expanduser().absolute() if base_dir is not None else default_base_dir()
         )
         self.durable = durable
+        self.tls = tls
+        self.extra_config = {str(k): str(v) for k, v in (extra_config or {}).items()}
         self._wanted = servers
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._lock_depth = 0

@@ -45,20 +45,14 @@ def entities_table_sql(db: str) -> str:
 
 #: Catalog tables, created in ``<prefix>_catalog`` on the first server.
 CATALOG_TABLES = {
-    "meta": (
-        "`name` VARCHAR(64) NOT NULL PRIMARY KEY,"
-        " `value` VARCHAR(255) NOT NULL"
-    ),
+    "meta": ("`name` VARCHAR(64) NOT NULL PRIMARY KEY, `value` VARCHAR(255) NOT NULL"),
     "servers": (
         "`server_id` INT UNSIGNED NOT NULL PRIMARY KEY,"
         " `host` VARCHAR(255) NOT NULL,"
         " `port` INT UNSIGNED NOT NULL,"
         " UNIQUE KEY `by_address` (`host`, `port`)"
     ),
-    "shards": (
-        "`shard` INT UNSIGNED NOT NULL PRIMARY KEY,"
-        " `server_id` INT UNSIGNED NOT NULL"
-    ),
+    "shards": ("`shard` INT UNSIGNED NOT NULL PRIMARY KEY, `server_id` INT UNSIGNED NOT NULL"),
     "indexes": (
         "`name` VARCHAR(64) NOT NULL PRIMARY KEY,"
         " `definition` TEXT NOT NULL,"
@@ -80,6 +74,14 @@ CATALOG_TABLES = {
         "`dict_id` INT UNSIGNED NOT NULL PRIMARY KEY,"
         " `data` MEDIUMBLOB NOT NULL,"
         " `created` BIGINT UNSIGNED NOT NULL"
+    ),
+    "moves": (
+        "`shard` INT UNSIGNED NOT NULL PRIMARY KEY,"
+        " `source` INT UNSIGNED NOT NULL,"
+        " `target` INT UNSIGNED NOT NULL,"
+        " `phase` VARCHAR(96) NOT NULL,"
+        " `started` BIGINT UNSIGNED NOT NULL,"
+        " `updated` BIGINT UNSIGNED NOT NULL"
     ),
     "status": (
         "`name` VARCHAR(128) NOT NULL PRIMARY KEY,"

@@ -9,9 +9,10 @@ longer produces, deleted only where ``entity_version < V``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import failpoints
 from .catalog import IndexInfo, Topology
@@ -27,6 +28,7 @@ from .errors import (
     IndexNotReady,
     InvalidEntity,
     InvalidQuery,
+    TableMissing,
 )
 from .hashing import shard_of
 from .ids import id_hex, new_id, to_id
@@ -49,6 +51,8 @@ __all__ = ["DataStore", "Entity"]
 log = logging.getLogger(__name__)
 
 _BLIND_ATTEMPTS = 8
+
+T = TypeVar("T")
 
 
 class Entity(dict[str, Any]):
@@ -118,6 +122,7 @@ class DataStore:
         ssl: dict[str, str] | None = None,
         max_body_bytes: int = 4 * 1024 * 1024,
         tracer: Tracer | None = None,
+        move_wait: float = 30.0,
     ) -> None:
         if isinstance(mysql_shards, str):
             mysql_shards = [mysql_shards]
@@ -147,6 +152,7 @@ class DataStore:
         )
         self.codec = self.cluster.codec
         self.clock = VersionClock()
+        self.move_wait = move_wait
         self._query = QueryEngine(self)
         for index in indexes:
             self.declare_index(index)
@@ -180,7 +186,7 @@ class DataStore:
         One statement per server, servers in parallel.
         """
         keys = [to_id(i) for i in ids]
-        found = self.fetch(set(keys))
+        found = self._rerouted(lambda: self.fetch(set(keys)))
         return [found.get(k) for k in keys]
 
     def fetch(self, ids: set[bytes]) -> dict[bytes, Entity]:
@@ -230,14 +236,15 @@ class DataStore:
         ):
             raise InvalidEntity(f"expect_version must be an int >= 0, got {expect_version!r}")
         mode: str | int = BLIND if expect_version is None else expect_version or CREATE
-        return self._write([entity], mode)[0]
+        return self._rerouted(lambda: self._write([entity], mode))[0]
 
     def put_many(self, entities: Iterable[Mapping[str, Any]]) -> list[int]:
         """Store many entities (last writer wins); return their new versions in order.
 
         Each step is one statement batch per server, servers in parallel.
         """
-        return self._write(list(entities), BLIND)
+        batch = list(entities)
+        return self._rerouted(lambda: self._write(batch, BLIND))
 
     def delete(self, entity_id: bytes | Any, *, expect_version: int | None = None) -> bool:
         """Delete an entity; True if it existed.  See ``put`` for ``expect_version``."""
@@ -246,12 +253,13 @@ class DataStore:
         ):
             raise InvalidEntity(f"expect_version must be an int >= 1, got {expect_version!r}")
         mode: str | int = BLIND if expect_version is None else expect_version
-        return self._delete([to_id(entity_id)], mode) == 1
+        key = to_id(entity_id)
+        return self._rerouted(lambda: self._delete([key], mode)) == 1
 
     def delete_many(self, ids: Iterable[bytes | Any]) -> int:
         """Delete many entities; return how many existed."""
         keys = list(dict.fromkeys(to_id(i) for i in ids))
-        return self._delete(keys, BLIND) if keys else 0
+        return self._rerouted(lambda: self._delete(keys, BLIND)) if keys else 0
 
     def update(
         self,
@@ -279,6 +287,24 @@ class DataStore:
                 continue
             return Entity(new, stored)
         raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
+
+    def _rerouted(self, fn: Callable[[], T]) -> T:
+        """Run ``fn``; while a logical shard is being moved (its tables are fenced off on
+        the old server), refresh the map and run it again: writers wait, not fail."""
+        deadline = time.monotonic() + self.move_wait
+        delay = 0.01
+        while True:
+            version = self.cluster.topology.map_version
+            try:
+                return fn()
+            except TableMissing:
+                topo = self.cluster.refresh()
+                if topo.map_version != version:
+                    continue
+                if not topo.moves or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -611,7 +637,7 @@ class DataStore:
         ``missing_shards`` instead of raising ``ShardUnavailable``.
         """
         q = self._query.plan(index, conditions, order, limit, include_building, partial)
-        return self._query.page(q, cursor)
+        return self._rerouted(lambda: self._query.page(q, cursor))
 
     def iter(
         self,

@@ -1,0 +1,104 @@
+"""Online shard moves between the local cluster's servers, with writers running."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+from schemaless.cleaner.verify import diff_indexes
+
+from schemaless import CatalogError, Index, new_id
+from schemaless.move import ShardMover, rebalance_plan
+
+BY_USER = Index("by_user", {"user": "int", "n": "int"}, shard_on="user")
+
+
+def test_moves_back_and_forth_lose_nothing(make_store: Any) -> None:
+    store = make_store(indexes=[BY_USER])
+    keys = [new_id() for _ in range(300)]
+    store.put_many({"id": k, "user": i % 7, "n": i} for i, k in enumerate(keys))
+    acked: dict[bytes, int | None] = {
+        k: i for i, k in enumerate(keys)
+    }  # last acked n, None: deleted
+    lock = threading.Lock()
+    stop = threading.Event()
+    pauses: list[float] = []
+    errors: list[BaseException] = []
+
+    def write(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            while not stop.is_set():
+                key = rnd.choice(keys)
+                started = time.monotonic()
+                if rnd.random() < 0.2:
+                    with lock:
+                        store.delete(key)
+                        acked[key] = None
+                else:
+                    n = rnd.randrange(10**6)
+                    with lock:
+                        store.put({"id": key, "user": n % 7, "n": n})
+                        acked[key] = n
+                pauses.append(time.monotonic() - started)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    mover = ShardMover(store, chunk=50)
+    topo = store.cluster.current()
+    reports = []
+    try:
+        for shard in (0, 1, 2, 0):
+            here = store.cluster.current().shard_servers[shard]
+            there = next(sid for sid in topo.servers if sid != here)
+            reports.append(mover.move(shard, there))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert store.cluster.current().shard_servers[0] == topo.shard_servers[0]  # moved back
+    assert store.cluster.current().shard_servers[1] != topo.shard_servers[1]
+    assert store.cluster.current().map_version == topo.map_version + 4
+    for report in reports:
+        assert report.verified["entities"][0] > 0
+    got = store.get_many(keys)
+    for key, entity in zip(keys, got, strict=True):
+        if acked[key] is None:
+            assert entity is None  # deletes during the move did not come back
+        else:
+            assert entity is not None and entity["n"] == acked[key]
+    for name, diff in diff_indexes(store).items():
+        assert diff.missing == {} and diff.behind == {}, name
+    print(
+        f"longest write pause: {max(pauses) * 1000:.0f} ms; "
+        f"fenced pauses: {[round(r.pause_seconds * 1000) for r in reports]} ms"
+    )
+    assert mover.drop_old_copies()
+
+
+def test_dry_run_rebalance_and_refusals(make_store: Any) -> None:
+    store = make_store()
+    topo = store.cluster.current()
+    mover = ShardMover(store)
+    report = mover.move(3, 1 - topo.shard_servers[3], dry_run=True)
+    assert report.dry_run and store.cluster.refresh().shard_servers == topo.shard_servers
+    with pytest.raises(CatalogError, match="unknown server"):
+        mover.move(3, "10.0.0.1:1")
+    with pytest.raises(CatalogError, match="no logical shard"):
+        mover.move(99, 0)
+    assert rebalance_plan(topo) == []  # 8 shards on 2 servers: even
+    mover.move(0, 1 - topo.shard_servers[0])
+    mover.move(2, 1 - topo.shard_servers[2])
+    plan = rebalance_plan(store.cluster.refresh())  # now 2 and 6 shards: two moves back
+    assert len(plan) == 2 and all(src != dst for _, src, dst in plan)
+    for shard, _, dst in plan:
+        mover.move(shard, dst)
+    counts = [len(store.cluster.refresh().shards_of(sid)) for sid in topo.servers]
+    assert counts == [4, 4]

@@ -57,6 +57,7 @@ class Topology:
     dictionary_ids: tuple[int, ...]
     active_dictionary: int | None
     moves: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # shard -> move
+    replicas: dict[int, tuple[Address, ...]] = field(default_factory=dict)  # server -> replicas
 
     def shards_of(self, server_id: int) -> list[int]:
         """The logical shards that live on one server."""
@@ -140,7 +141,8 @@ class Catalog:
             f" SELECT shard, server_id FROM {self._t('shards')} ORDER BY shard;"
             f" SELECT definition, state, created, changed FROM {self._t('indexes')};"
             f" SELECT dict_id FROM {self._t('dictionaries')} ORDER BY dict_id;"
-            f" SELECT shard, source, target, phase FROM {self._t('moves')}"
+            f" SELECT shard, source, target, phase FROM {self._t('moves')};"
+            f" SELECT server_id, host, port FROM {self._t('replicas')} ORDER BY host, port"
         )
         meta = {str(k): str(v) for k, v in out[0]}
         if "shards" not in meta:
@@ -167,6 +169,7 @@ class Catalog:
             dictionary_ids=tuple(int(r[0]) for r in out[4]),
             active_dictionary=int(active) if active else None,
             moves={int(r[0]): (int(r[1]), int(r[2]), str(r[3])) for r in out[5]},
+            replicas=_group_replicas(out[6]),
         )
 
     # -- indexes ------------------------------------------------------------------------
@@ -361,6 +364,27 @@ class Catalog:
         )
         return int(out[0][0][0])
 
+    def add_replica(self, server_id: int, address: Address) -> None:
+        """Record a read replica of a server (replication is set up by the operator)."""
+        self.server.run(
+            f"INSERT IGNORE INTO {self._t('replicas')} (server_id, host, port) VALUES (%s, %s, %s)",
+            (server_id, address.host, address.port),
+        )
+
+    def remove_replica(self, server_id: int, address: Address) -> None:
+        """Stop sending reads to a replica."""
+        self.server.run(
+            f"DELETE FROM {self._t('replicas')} WHERE server_id = %s AND host = %s AND port = %s",
+            (server_id, address.host, address.port),
+        )
+
     def cancel_move(self, shard: int) -> None:
         """Forget a move that was rolled back."""
         self.server.run(f"DELETE FROM {self._t('moves')} WHERE shard = %s", (shard,))
+
+
+def _group_replicas(rows: Sequence[Sequence[Any]]) -> dict[int, tuple[Address, ...]]:
+    out: dict[int, list[Address]] = {}
+    for sid, host, port in rows:
+        out.setdefault(int(sid), []).append(Address(str(host), int(port)))
+    return {sid: tuple(addrs) for sid, addrs in out.items()}

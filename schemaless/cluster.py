@@ -17,7 +17,7 @@ from .catalog import Catalog, Topology
 from .codec import Codec
 from .connection import ConnectOptions, Server, Tracer
 from .dsn import Address
-from .errors import CatalogError, SchemalessError
+from .errors import CatalogError, InvalidQuery, SchemalessError, ShardUnavailable
 from .hashing import shard_of
 from .index import Index
 from .names import quote
@@ -48,12 +48,15 @@ class Cluster:
         refresh_interval: float = 5.0,
         tracer: Tracer | None = None,
         codec: Codec | None = None,
+        max_replica_lag: float = 5.0,
     ) -> None:
         if not addresses:
             raise CatalogError("no servers given: pass mysql_shards=['host:port', ...]")
         self.options = options
         self.tracer = tracer
         self.codec = codec or Codec()
+        self.max_replica_lag = max_replica_lag
+        self._lags: dict[Address, tuple[float, float | None]] = {}
         self._servers: dict[Address, Server] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="schemaless")
@@ -104,6 +107,34 @@ class Cluster:
         self._sync_codec(topo)
         self.topology, self._loaded = topo, time.monotonic()
         return topo
+
+    def reader(self, topo: Topology, server_id: int, consistency: str) -> Server:
+        """Where to read a server's shards: the server itself, or with
+        ``consistency="replica"`` one of its replicas lagging at most
+        ``max_replica_lag`` seconds (the primary when none qualifies)."""
+        primary = self.server(topo.servers[server_id])
+        if consistency == "primary":
+            return primary
+        if consistency != "replica":
+            raise InvalidQuery(f"consistency must be 'primary' or 'replica', got {consistency!r}")
+        for address in topo.replicas.get(server_id, ()):
+            lag = self._lag(address)
+            if lag is not None and lag <= self.max_replica_lag:
+                return self.server(address)
+        return primary
+
+    def _lag(self, address: Address) -> float | None:
+        """A replica's lag, checked at most once a second."""
+        now = time.monotonic()
+        checked = self._lags.get(address)
+        if checked is not None and now - checked[0] < 1.0:
+            return checked[1]
+        try:
+            lag = self.server(address).replica_lag()
+        except ShardUnavailable:
+            lag = None
+        self._lags[address] = (now, lag)
+        return lag
 
     def shard_of_id(self, entity_id: bytes) -> int:
         """The logical shard that stores an entity."""

@@ -32,6 +32,7 @@ from .errors import (
     ServerError,
     ShardTimeout,
     ShardUnavailable,
+    StorageFull,
     TableMissing,
 )
 
@@ -53,6 +54,10 @@ _DENIED = {1044, 1045, 1142, 1143, 1227, 1370}
 _MISSING = {1049, 1146}
 _TOO_LARGE = {1153, 1301, 2020}
 _BAD_VALUE = {1264, 1366, 1406, 1292}
+_SSL_KEYS = frozenset({"ca", "capath", "cert", "key", "cipher", "mode"})
+_SSL_MODES = ("VERIFY_IDENTITY", "VERIFY_CA")  # libmariadb checks the host name in both
+_FULL = {1021, 1114}  # disk full, table full (a data file at its cap)
+_FULL_HINTS = ("no space left", "errcode: 28", "errno: 28", "error 28 ")
 _TIMED_OUT_HINTS = ("timed out", "system error: 110", "timeout")
 
 
@@ -83,6 +88,19 @@ class ConnectOptions:
     stale_after: float = 30.0
     ssl: dict[str, str] | None = None
     retry: Retry = field(default_factory=Retry)
+
+    def __post_init__(self) -> None:
+        if self.ssl is not None:
+            unknown = sorted(set(self.ssl) - _SSL_KEYS)
+            if unknown:
+                raise ValueError(
+                    f"unknown ssl option {unknown[0]!r}: use {', '.join(sorted(_SSL_KEYS))}"
+                )
+            if self.ssl.get("mode", _SSL_MODES[0]) not in _SSL_MODES:
+                raise ValueError(
+                    f"ssl mode {self.ssl['mode']!r} is not supported: use {' or '.join(_SSL_MODES)}"
+                    " (unverified TLS falls back to plaintext without a word)"
+                )
 
 
 class _Conn:
@@ -132,8 +150,12 @@ class Server:
             init_command=SESSION_SQL,
             **opts.credentials.connect_kwargs(),
         )
-        if opts.ssl:
-            kwargs["ssl"] = opts.ssl
+        if opts.ssl is not None:
+            # Always a verifying mode: with libmariadb, any other mode silently connects
+            # in plaintext when the server (or a man in the middle) offers no TLS.
+            ssl = dict(opts.ssl)
+            kwargs["ssl_mode"] = ssl.pop("mode", _SSL_MODES[0])
+            kwargs["ssl"] = ssl
         try:
             return _Conn(MySQLdb.connect(**kwargs))
         except MySQLdb.Error as exc:
@@ -241,11 +263,33 @@ class Server:
                 self.tracer(self.name, sql, time.perf_counter() - started)
         return results
 
+    def replica_lag(self) -> float | None:
+        """Seconds this server (a replica) is behind its primary; None if it is not
+        replicating (stopped, broken, or not a replica)."""
+        try:
+            with self.connection() as db:
+                db.query("SHOW REPLICA STATUS")
+                result = db.store_result()
+                names = [d[0] for d in result.describe()] if result is not None else []
+                rows = result.fetch_row(maxrows=0) if result is not None else ()
+                del result
+        except MySQLdb.Error as exc:
+            raise self._translate(exc, sent=True, commits=False) from exc
+        if not rows or "Seconds_Behind_Master" not in names:
+            return None
+        lag = rows[0][names.index("Seconds_Behind_Master")]
+        return float(lag) if lag is not None else None
+
     def _translate(self, exc: MySQLdb.Error, *, sent: bool, commits: bool) -> SchemalessError:
         """The one place where driver errors become schemaless errors."""
         code = _code(exc)
         text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
         where = f"{self.name}: {text} (MySQL error {code})"
+        if code == 2026:
+            return ShardUnavailable(
+                f"TLS connection failed (check the ssl options and the server's "
+                f"certificate): {where}"
+            )
         if code in _UNREACHABLE or (isinstance(exc, MySQLdb.OperationalError) and code >= 2000):
             timed_out = any(h in text.lower() for h in _TIMED_OUT_HINTS) or code == 2013
             if sent and commits and code in (2006, 2013):
@@ -259,6 +303,8 @@ class Server:
             return PermissionDenied(f"permission denied: {where}")
         if code in _MISSING:
             return TableMissing(f"missing database or table (initialised? moving?): {where}")
+        if code in _FULL or any(h in text.lower() for h in _FULL_HINTS):
+            return StorageFull(f"server out of space, statement rolled back: {where}")
         if code in _TOO_LARGE:
             return EntityTooLarge(f"statement too large for the server: {where}")
         if code in _BAD_VALUE:

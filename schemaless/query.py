@@ -61,6 +61,7 @@ class Query:
     descending: bool
     limit: int
     partial: bool = False
+    consistency: str = "primary"
 
     @property
     def fingerprint(self) -> bytes:
@@ -121,6 +122,7 @@ class QueryEngine:
         limit: int,
         include_building: bool,
         partial: bool = False,
+        consistency: str = "primary",
     ) -> Query:
         """Check the conditions against the index and coerce their values."""
         idx = self.store.resolve_index(index, include_building)
@@ -213,7 +215,8 @@ class QueryEngine:
             want = q.limit - len(out)
             batch, exhausted, gone = self._scan(q, position, want + max(4, want // 4))
             missing |= gone
-            entities = self.store.fetch({row[-1] for row in batch}) if batch else {}
+            ids = {row[-1] for row in batch}
+            entities = self.store.fetch(ids, q.consistency) if batch else {}
             for row in batch:
                 position = row
                 entity = entities.get(row[-1])
@@ -280,7 +283,7 @@ class QueryEngine:
                 f" WHERE {where} ORDER BY {order} LIMIT {int(n)})"
                 for s in group
             ]
-            server = cluster.server(topo.servers[sid])
+            server = cluster.reader(topo, sid, q.consistency)
             calls[sid] = _call(server, " UNION ALL ".join(parts), params * len(group))
         if q.partial:
             results, errors = cluster.fanout_partial(calls)

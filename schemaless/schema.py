@@ -52,6 +52,12 @@ CATALOG_TABLES = {
         " `port` INT UNSIGNED NOT NULL,"
         " UNIQUE KEY `by_address` (`host`, `port`)"
     ),
+    "replicas": (
+        "`server_id` INT UNSIGNED NOT NULL,"
+        " `host` VARCHAR(255) NOT NULL,"
+        " `port` INT UNSIGNED NOT NULL,"
+        " PRIMARY KEY (`server_id`, `host`, `port`)"
+    ),
     "shards": ("`shard` INT UNSIGNED NOT NULL PRIMARY KEY, `server_id` INT UNSIGNED NOT NULL"),
     "indexes": (
         "`name` VARCHAR(64) NOT NULL PRIMARY KEY,"

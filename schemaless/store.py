@@ -123,6 +123,7 @@ class DataStore:
         max_body_bytes: int = 4 * 1024 * 1024,
         tracer: Tracer | None = None,
         move_wait: float = 30.0,
+        max_replica_lag: float = 5.0,
     ) -> None:
         if isinstance(mysql_shards, str):
             mysql_shards = [mysql_shards]
@@ -149,6 +150,7 @@ class DataStore:
             refresh_interval=refresh_interval,
             tracer=tracer,
             codec=Codec(max_body_bytes=max_body_bytes),
+            max_replica_lag=max_replica_lag,
         )
         self.codec = self.cluster.codec
         self.clock = VersionClock()
@@ -176,20 +178,26 @@ class DataStore:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def get(self, entity_id: bytes | Any) -> Entity | None:
-        """The entity with this id, or None."""
-        return self.get_many([entity_id])[0]
+    def get(self, entity_id: bytes | Any, *, consistency: str = "primary") -> Entity | None:
+        """The entity with this id, or None.
 
-    def get_many(self, ids: Iterable[bytes | Any]) -> list[Entity | None]:
+        ``consistency="replica"`` may read from a replica lagging at most
+        ``max_replica_lag`` seconds (so it may miss this client's latest writes).
+        """
+        return self.get_many([entity_id], consistency=consistency)[0]
+
+    def get_many(
+        self, ids: Iterable[bytes | Any], *, consistency: str = "primary"
+    ) -> list[Entity | None]:
         """The entities with these ids, in order (None where absent).
 
         One statement per server, servers in parallel.
         """
         keys = [to_id(i) for i in ids]
-        found = self._rerouted(lambda: self.fetch(set(keys)))
+        found = self._rerouted(lambda: self.fetch(set(keys), consistency))
         return [found.get(k) for k in keys]
 
-    def fetch(self, ids: set[bytes]) -> dict[bytes, Entity]:
+    def fetch(self, ids: set[bytes], consistency: str = "primary") -> dict[bytes, Entity]:
         """Internal: live entities by id, one statement per server."""
         if not ids:
             return {}
@@ -198,7 +206,10 @@ class DataStore:
         for key in ids:
             shard = self.cluster.shard_of_id(key)
             by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(key)
-        calls = {sid: _read_call(self, topo, sid, shards) for sid, shards in by_server.items()}
+        calls = {
+            sid: _read_call(self, topo, sid, shards, consistency)
+            for sid, shards in by_server.items()
+        }
         out: dict[bytes, Entity] = {}
         for rows in self.cluster.fanout(calls).values():
             out.update(rows)
@@ -624,6 +635,7 @@ class DataStore:
         cursor: str | None = None,
         include_building: bool = False,
         partial: bool = False,
+        consistency: str = "primary",
         **conditions: Any,
     ) -> Page:
         """One page of entities matching ``conditions`` on an index, in index order.
@@ -636,7 +648,9 @@ class DataStore:
         ``partial=True`` unreachable servers are skipped and named in the page's
         ``missing_shards`` instead of raising ``ShardUnavailable``.
         """
-        q = self._query.plan(index, conditions, order, limit, include_building, partial)
+        q = self._query.plan(
+            index, conditions, order, limit, include_building, partial, consistency
+        )
         return self._rerouted(lambda: self._query.page(q, cursor))
 
     def iter(
@@ -646,10 +660,13 @@ class DataStore:
         order: str = "asc",
         page_size: int = 100,
         include_building: bool = False,
+        consistency: str = "primary",
         **conditions: Any,
     ) -> Iterator[Entity]:
         """Every matching entity, fetched page by page."""
-        q = self._query.plan(index, conditions, order, page_size, include_building)
+        q = self._query.plan(
+            index, conditions, order, page_size, include_building, consistency=consistency
+        )
         return self._query.iterate(q)
 
     def resolve_index(self, index: Index | str, include_building: bool) -> Index:
@@ -681,7 +698,11 @@ def _sql_call(server: Any, sql: str) -> Callable[[], Any]:
 
 
 def _read_call(
-    store: DataStore, topo: Topology, sid: int, shards: dict[int, list[bytes]]
+    store: DataStore,
+    topo: Topology,
+    sid: int,
+    shards: dict[int, list[bytes]],
+    consistency: str,
 ) -> Callable[[], dict[bytes, Entity]]:
     parts = []
     params: list[Any] = []
@@ -694,7 +715,7 @@ def _read_call(
         )
         params.extend(keys)
     sql = " UNION ALL ".join(parts)
-    server = store.cluster.server(topo.servers[sid])
+    server = store.cluster.reader(topo, sid, consistency)
 
     def run() -> dict[bytes, Entity]:
         rows = server.run(sql, params)[0]

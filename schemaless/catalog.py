@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .connection import Server
@@ -19,7 +20,7 @@ from .dsn import Address
 from .errors import CatalogError, IndexDefinitionError
 from .index import Index
 from .names import quote
-from .schema import CATALOG_TABLES, check_prefix
+from .schema import CATALOG_TABLES, check_prefix, shard_db
 
 __all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "now_us"]
 
@@ -58,6 +59,11 @@ class Topology:
     active_dictionary: int | None
     moves: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # shard -> move
     replicas: dict[int, tuple[Address, ...]] = field(default_factory=dict)  # server -> replicas
+
+    @cached_property
+    def dbs(self) -> tuple[str, ...]:
+        """The database name of every logical shard, by shard number."""
+        return tuple(shard_db(self.prefix, s) for s in range(self.n_shards))
 
     def shards_of(self, server_id: int) -> list[int]:
         """The logical shards that live on one server."""

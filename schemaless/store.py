@@ -78,14 +78,13 @@ class Outcome:
     """What step 2 did to one entity."""
 
     applied: bool
-    old_version: int | None  # None: no row at all
-    alive: bool  # the old row was a live entity (not a tombstone)
-    old_body: bytes | None  # returned only when indexes are maintained
-    stored: int | None  # the version stored after the batch
+    old_body: bytes | None  # the live body read just before (when indexes need it)
+    stored: int | None  # the version stored after the write (None: no row)
+    alive: bool  # the row after the write is a live entity (not a tombstone)
 
 
 def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
-    current = out.old_version if out.alive else None
+    current = out.stored if out.alive else None
     expected = 0 if mode == CREATE else mode
     return ConflictError(
         f"entity {id_hex(key)}: expected version {expected}, stored version is "
@@ -361,7 +360,7 @@ class DataStore:
         versions: dict[bytes, int],
     ) -> list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]:
         """One pass of steps 1-3; return the entities to write again with a new V."""
-        dbs = [shard_db(topo.prefix, s) for s in range(topo.n_shards)]
+        dbs = topo.dbs
         by_name = {index.name: index for index in indexes}
         now = self.clock.next()
         writes: list[EntityWrite] = []
@@ -375,7 +374,9 @@ class DataStore:
                 assert isinstance(mode, int)
                 version = mode + 1
             versions[key] = version
-            writes.append(EntityWrite(dbs[shard], key, version, now, body, mode, bool(indexes)))
+            writes.append(
+                EntityWrite(dbs[shard], shard, key, version, now, body, mode, bool(indexes))
+            )
             for name, values in rows.items():
                 index = by_name[name]
                 for row in values:
@@ -442,14 +443,16 @@ class DataStore:
         topo = self.cluster.current()
         indexes = topo.maintained()
         by_name = {index.name: index for index in indexes}
-        dbs = [shard_db(topo.prefix, s) for s in range(topo.n_shards)]
+        dbs = topo.dbs
         now = self.clock.next()
         writes = []
         shards = {}
         for key in keys:
             shards[key] = shard = self.cluster.shard_of_id(key)
             writes.append(
-                EntityWrite(dbs[shard], key, self.clock.next(), now, None, mode, bool(indexes))
+                EntityWrite(
+                    dbs[shard], shard, key, self.clock.next(), now, None, mode, bool(indexes)
+                )
             )
         failpoints.hit("delete.before_entity")
         outcomes = self._run_entities(topo, writes)
@@ -480,7 +483,7 @@ class DataStore:
         self,
         topo: Topology,
         rows: list[IndexRow],
-        dbs: list[str],
+        dbs: Sequence[str],
         build: Callable[[Iterable[IndexRow], Sequence[str]], tuple[str, list[Any]]],
     ) -> None:
         """Steps 1 and 3: one idempotent batch per server, servers in parallel."""
@@ -500,9 +503,8 @@ class DataStore:
     def _run_entities(self, topo: Topology, writes: list[EntityWrite]) -> dict[bytes, Outcome]:
         """Step 2: what happened to each entity."""
         by_server: dict[int, list[EntityWrite]] = {}
-        shard_index = {shard_db(topo.prefix, s): s for s in range(topo.n_shards)}
         for w in writes:
-            by_server.setdefault(topo.shard_servers[shard_index[w.db]], []).append(w)
+            by_server.setdefault(topo.shard_servers[w.shard], []).append(w)
         servers = self.cluster.all_servers(topo)
 
         def call(sid: int, group: list[EntityWrite]) -> Callable[[], Any]:
@@ -515,17 +517,13 @@ class DataStore:
             sets = results[sid]
             ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
             for n, w in enumerate(ordered):
-                old = sets[2 * n]
-                count, stored = sets[2 * n + 1][0]
-                old_version = int(old[0][0]) if old else None
-                alive = bool(old) and not old[0][1]
-                body = old[0][2] if alive and w.want_body else None
+                before, after = sets[2 * n], sets[2 * n + 1]
+                body = before[0][2] if before and w.want_body and not before[0][1] else None
                 out[w.entity_id] = Outcome(
-                    applied=int(count) > 0,
-                    old_version=old_version,
-                    alive=alive,
+                    applied=bool(after) and int(after[0][0]) > 0,
                     old_body=bytes(body) if body is not None else None,
-                    stored=int(stored) if stored is not None else None,
+                    stored=int(after[0][1]) if after else None,
+                    alive=bool(after) and not after[0][2],
                 )
         return out
 

@@ -45,6 +45,7 @@ class EntityWrite:
     """Step 2 for one entity: ``mode`` is BLIND, CREATE or the expected version."""
 
     db: str
+    shard: int
     entity_id: bytes
     version: int
     updated: int
@@ -95,19 +96,20 @@ def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
 
 
 def entity_batch_sql(writes: Sequence[EntityWrite]) -> tuple[str, list[Any]]:
-    """Step 2: lock, write and report each entity, all in one transaction.
+    """Step 2: read, write and report each entity, in one round trip.
 
-    Result sets per entity, in order: the old ``(version, is_tombstone[, body])`` row
-    (0 or 1 row),
-    then ``(ROW_COUNT(), version after)``.  The row lock lives only while the server
-    runs this batch.  Entities are locked in id order so batches cannot deadlock.
+    Result sets per entity, in order: the row before, ``(version, is_tombstone[,
+    body])`` (0 or 1 row; a plain read, only a hint of which rows step 3 removes), then
+    the row after, ``(ROW_COUNT(), version, is_tombstone)`` (0 or 1 row).  Each write is
+    one atomic conditional statement; several entities share one transaction (one
+    commit), locked in id order so concurrent batches cannot deadlock.
     """
-    stmts = ["START TRANSACTION"]
+    stmts: list[str] = []
     params: list[Any] = []
     for w in sorted(writes, key=lambda w: (w.db, w.entity_id)):
         table = quote(w.db, "entities")
         old_cols = "`version`, `body` IS NULL" + (", `body`" if w.want_body else "")
-        stmts.append(f"SELECT {old_cols} FROM {table} WHERE `id` = %s FOR UPDATE")
+        stmts.append(f"SELECT {old_cols} FROM {table} WHERE `id` = %s")
         params.append(w.entity_id)
         if w.body is None:
             sql, args = _tombstone(table, w)
@@ -117,9 +119,10 @@ def entity_batch_sql(writes: Sequence[EntityWrite]) -> tuple[str, list[Any]]:
             sql, args = _compare_and_set(table, w)
         stmts.append(sql)
         params.extend(args)
-        stmts.append(f"SELECT ROW_COUNT(), (SELECT `version` FROM {table} WHERE `id` = %s)")
+        stmts.append(f"SELECT ROW_COUNT(), `version`, `body` IS NULL FROM {table} WHERE `id` = %s")
         params.append(w.entity_id)
-    stmts.append("COMMIT")
+    if len(writes) > 1:
+        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
     return ";\n".join(stmts), params
 
 

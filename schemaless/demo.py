@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--dir", default=os.environ.get("SCHEMALESS_LOCAL_DIR"))
+    parser.add_argument("--prefix", default="demo")
     args = parser.parse_args(argv)
 
     print("schemaless demo")
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             mysql_shards=cluster.addresses,
             indexes=[by_user],
             option_file=str(cluster.option_file),
-            prefix="demo",
+            prefix=args.prefix,
             shards=args.shards,
         )
         note(repr(store))

@@ -1,0 +1,298 @@
+"""Entities: ``get``, ``put``, ``delete`` and ``query``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import click
+
+from schemaless.errors import InvalidId, SchemalessError
+from schemaless.ids import id_hex, parse_id
+from schemaless.index import Index
+from schemaless.query import MAX_LIMIT
+from schemaless.store import DataStore, Entity
+
+from .options import BadOption, CliError, Connection, pass_connection
+from .output import cell, echo_table, entities_from_text, entity_to_json, json_line
+from .where import parse_where
+
+__all__ = ["delete", "get", "put", "query"]
+
+_PUT_BATCH = 500
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="JSON lines (one entity a line), for scripts."
+)
+
+
+def _ids(values: Sequence[str]) -> list[bytes]:
+    out = []
+    for text in values:
+        try:
+            out.append(parse_id(text))
+        except InvalidId as exc:
+            raise BadOption(str(exc), "ID") from None
+    return out
+
+
+def _echo_entity(entity: Entity) -> None:
+    """A key/value listing: id and version first, then the properties."""
+    pairs: list[tuple[str, str]] = [("id", id_hex(entity.id)), ("(version)", str(entity.version))]
+    pairs += [(str(k), cell(v, 0)) for k, v in entity.items() if k != "id"]
+    width = max(len(k) for k, _ in pairs)
+    for key, text in pairs:
+        click.echo(f"{key.ljust(width)}  {text}")
+
+
+@click.command()
+@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@json_option
+@pass_connection
+def get(conn: Connection, ids: tuple[str, ...], as_json: bool) -> None:
+    """Show entities by id (32 hex characters or the UUID form).
+
+    Prints each entity's properties (bytes as hex) and its version; with --json,
+    one JSON line per entity in the convention that `schemaless put` reads
+    (docs/cli.md).  Exits 1 if an id is not found.
+
+    \b
+    Example:
+        schemaless get 0190f3a4c2e47b3d8a1f5e6d7c8b9a01
+        schemaless get 0190f3a4-c2e4-7b3d-8a1f-5e6d7c8b9a01 --json
+    """
+    keys = _ids(ids)
+    with conn.store() as ds:
+        found = ds.get_many(keys)
+    missing = [id_hex(k) for k, e in zip(keys, found, strict=True) if e is None]
+    first = True
+    for entity in found:
+        if entity is None:
+            continue
+        if as_json:
+            click.echo(json_line(entity_to_json(entity)))
+        else:
+            if not first:
+                click.echo()
+            _echo_entity(entity)
+        first = False
+    if missing:
+        raise CliError(f"not found: {', '.join(missing)}")
+
+
+@click.command()
+@click.option(
+    "--file",
+    "source",
+    type=click.File("r", encoding="utf-8"),
+    default="-",
+    show_default=True,
+    help="Read the entities from this file instead of stdin.",
+)
+@json_option
+@pass_connection
+def put(conn: Connection, source: Any, as_json: bool) -> None:
+    """Store entities read as JSON from stdin.
+
+    One JSON object, an array of them, or JSON lines.  Strings are text;
+    {"$bytes": "<hex>"}, {"$uuid": "<uuid>"} and {"$datetime": "<ISO 8601>"}
+    carry binary, UUID and datetime values; "id" may be 32 hex characters or a
+    UUID string.  An entity without "id" gets a new one.
+    Prints each entity's id (hex) and new version.  Last writer wins.
+
+    \b
+    Example:
+        echo '{"id": "0190f3a4c2e47b3d8a1f5e6d7c8b9a01", "title": "hi"}' \\
+            | schemaless put
+        schemaless put --file entities.jsonl --json
+    """
+    if source.isatty():
+        click.echo("reading JSON entities from stdin (end with Ctrl-D)", err=True)
+    stored = 0
+    with conn.store() as ds:
+        batch: list[dict[str, Any]] = []
+        try:
+            for _, entity in entities_from_text(source.read()):
+                batch.append(entity)
+                if len(batch) >= _PUT_BATCH:
+                    _put_batch(ds, batch, as_json)
+                    stored += len(batch)
+                    batch = []
+            if batch:
+                _put_batch(ds, batch, as_json)
+                stored += len(batch)
+        except SchemalessError as exc:
+            if stored:
+                raise CliError(f"{exc} ({stored} entities were stored before this)") from exc
+            raise
+    if not stored:
+        raise CliError("no entities on stdin (expected a JSON object or JSON lines)")
+    if not as_json:
+        click.echo(f"stored {stored} entit{'y' if stored == 1 else 'ies'}", err=True)
+
+
+def _put_batch(ds: DataStore, batch: list[dict[str, Any]], as_json: bool) -> None:
+    versions = ds.put_many(batch) if len(batch) > 1 else [ds.put(batch[0])]
+    for entity, version in zip(batch, versions, strict=True):
+        key = id_hex(entity["id"])
+        if as_json:
+            click.echo(json_line({"id": key, "version": version}))
+        else:
+            click.echo(f"{key}  version {version}")
+
+
+@click.command()
+@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@pass_connection
+def delete(conn: Connection, ids: tuple[str, ...]) -> None:
+    """Delete entities by id.
+
+    Exits 1 if one of them did not exist.
+
+    \b
+    Example:
+        schemaless delete 0190f3a4c2e47b3d8a1f5e6d7c8b9a01
+    """
+    keys = _ids(ids)
+    missing = []
+    with conn.store() as ds:
+        for key in keys:
+            if ds.delete(key):
+                click.echo(f"deleted {id_hex(key)}")
+            else:
+                missing.append(id_hex(key))
+    if missing:
+        raise CliError(f"not found: {', '.join(missing)}")
+
+
+def _check_order(index: Index, order: str) -> str:
+    if order in ("asc", "desc") or order.lstrip("+-") in index.properties:
+        return order
+    raise BadOption(
+        f"{order!r}: use asc, desc, PROPERTY or -PROPERTY "
+        f"(properties of {index.name!r}: {', '.join(index.properties)})",
+        "--order",
+    )
+
+
+def _columns(index: Index, entities: Iterable[Mapping[str, Any]], chosen: str | None) -> list[str]:
+    if chosen:
+        return [c.strip() for c in chosen.split(",") if c.strip()]
+    cols = ["id", *index.properties]
+    for entity in entities:
+        for key in entity:
+            if key not in cols:
+                cols.append(str(key))
+    return cols
+
+
+@click.command()
+@click.argument("index_name", metavar="INDEX")
+@click.option(
+    "--where",
+    "wheres",
+    multiple=True,
+    metavar="EXPR",
+    help="PROPERTY OP VALUE, OP one of = > >= < <= (repeatable): equality on a prefix "
+    "of the index's properties, then at most one range on the next.",
+)
+@click.option(
+    "--order",
+    default="asc",
+    show_default=True,
+    help="asc, desc, or [-]PROPERTY (the property after the equality prefix).",
+)
+@click.option(
+    "--limit", type=click.IntRange(1, MAX_LIMIT), default=20, show_default=True, help="Page size."
+)
+@click.option("--cursor", help="Continue after the page that printed this cursor.")
+@click.option("--all", "everything", is_flag=True, help="Every match, page after page.")
+@click.option(
+    "--columns", metavar="A,B,...", help="Table columns (default: id, the index's, the rest)."
+)
+@click.option(
+    "--include-building", is_flag=True, help="Also query an index that is still building."
+)
+@json_option
+@pass_connection
+def query(
+    conn: Connection,
+    index_name: str,
+    wheres: tuple[str, ...],
+    order: str,
+    limit: int,
+    cursor: str | None,
+    everything: bool,
+    columns: str | None,
+    include_building: bool,
+    as_json: bool,
+) -> None:
+    """Query an index: one page of matching entities, in index order.
+
+    Values in --where are converted by the index column's type (int, float,
+    bool, str, uuid as hex or UUID form, bytes as hex; an untyped column takes an
+    integer, else a float, else text; "quotes" force text; a cast such as
+    uuid:<hex> forces a type).  Prints a table, or JSON lines with --json, then the
+    cursor of the next page (on stderr with --json).
+
+    \b
+    Example:
+        schemaless query by_user --where user_id=0190f3a4c2e47b3d8a1f5e6d7c8b9a01 \\
+            --where 'published>=1700000000' --order -published --limit 20
+        schemaless query by_link --where link=https://example.com/a --json
+    """
+    with conn.store() as ds:
+        info = ds.indexes().get(index_name)
+        if info is None:
+            known = ", ".join(sorted(ds.indexes())) or "none"
+            raise BadOption(f"no index named {index_name!r} (indexes: {known})", "INDEX")
+        if info.state == "dropped" or (info.state == "building" and not include_building):
+            raise CliError(
+                f"index {index_name!r} is dropped"
+                if info.state == "dropped"
+                else f"index {index_name!r} is building: backfill it with `cleaner "
+                f"--index={index_name}` (--include-building shows what it holds so far)"
+            )
+        index = info.index
+        conditions = parse_where(wheres, index)
+        order = _check_order(index, order)
+        if cursor is not None and everything:
+            raise BadOption("--cursor and --all do not go together", "--cursor")
+        if everything:
+            found = ds.iter(
+                index_name,
+                order=order,
+                page_size=limit,
+                include_building=include_building,
+                **conditions,
+            )
+            if as_json:
+                for entity in found:
+                    click.echo(json_line(entity_to_json(entity)))
+                return
+            page: list[Entity] = list(found)
+            next_cursor = None
+        else:
+            result = ds.query(
+                index_name,
+                order=order,
+                limit=limit,
+                cursor=cursor,
+                include_building=include_building,
+                **conditions,
+            )
+            page, next_cursor = list(result), result.cursor
+    if as_json:
+        for entity in page:
+            click.echo(json_line(entity_to_json(entity)))
+        if next_cursor:
+            click.echo(f"next cursor: {next_cursor}", err=True)
+        return
+    if not page:
+        click.echo("no matching entities")
+        return
+    cols = _columns(index, page, columns)
+    rows = [[id_hex(e.id) if c == "id" else cell(e.get(c)) for c in cols] for e in page]
+    echo_table(cols, rows)
+    more = f"; next page: --cursor {next_cursor}" if next_cursor else ""
+    click.echo(f"({len(page)} entit{'y' if len(page) == 1 else 'ies'}{more})")

@@ -1,0 +1,448 @@
+"""``schemaless index``: declare, list, watch and drop indexes."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from schemaless.catalog import IndexInfo, now_us
+from schemaless.errors import IndexDefinitionError
+from schemaless.index import Index, parse_type
+from schemaless.store import DataStore
+
+from .options import BadOption, Connection, Group, follow_up, pass_connection
+from .output import echo_table, human_duration, json_line
+from .stats import (
+    BACKFILL_JOB,
+    Backfill,
+    Heartbeat,
+    backfill,
+    figure,
+    heartbeats,
+    max_added_ids,
+)
+
+__all__ = ["index"]
+
+_PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,61}\Z")
+_SHOW_SHARDS = 20
+
+
+def describe(idx: Index) -> str:
+    """``user_id:uuid, published:int``."""
+    return ", ".join(f"{p}:{t.name}" for p, t in zip(idx.properties, idx.types, strict=True))
+
+
+def _when(us: int) -> str:
+    moment = datetime.fromtimestamp(us / 1e6, UTC)
+    ago = human_duration((now_us() - us) / 1e6)
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC ({ago} ago)"
+
+
+def _percent(fraction: float | None) -> str:
+    return "unknown" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def _check_properties(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> list[str]:
+    out = []
+    for spec in values:
+        name, sep, type_text = spec.partition(":")
+        name = name.strip()
+        if not _PROPERTY.match(name):
+            raise BadOption(
+                f"{spec!r}: a property is NAME or NAME:TYPE, NAME of letters, digits and '_'",
+                "--property",
+            )
+        if sep:
+            try:
+                parse_type(type_text)
+            except IndexDefinitionError as exc:
+                raise BadOption(f"{spec!r}: {exc}", "--property") from None
+        out.append(f"{name}:{type_text.strip()}" if sep else name)
+    return out
+
+
+@click.group(cls=Group)
+def index() -> None:
+    """Declare, list, watch and drop indexes.
+
+    \b
+    Example:
+        schemaless index create by_user --property user_id:uuid \\
+            --property published:int --shard-on user_id
+        schemaless index status by_user
+    """
+
+
+@index.command()
+@click.argument("name")
+@click.option(
+    "--property",
+    "properties",
+    multiple=True,
+    required=True,
+    metavar="NAME[:TYPE]",
+    callback=_check_properties,
+    help="An indexed property, in index order (repeatable). TYPE: uuid, int, float, "
+    "bool, str(N), bytes(N) or auto (the default: any scalar).",
+)
+@click.option("--shard-on", metavar="NAME", help="Property that places the rows (default: first).")
+@click.option("--multi", metavar="NAME", help="A list-valued property: one row per element.")
+@pass_connection
+def create(
+    conn: Connection,
+    name: str,
+    properties: list[str],
+    shard_on: str | None,
+    multi: str | None,
+) -> None:
+    """Declare an index: create its table on every shard and record it.
+
+    On a datastore that holds entities the index is "building": writers maintain
+    it from their next catalog refresh, queries refuse it until the Cleaner has
+    backfilled it (run `cleaner --index=NAME`, watch `schemaless index status
+    NAME`).  On an empty datastore it is ready at once.  Declaring the same index
+    again changes nothing.  Quote types with parentheses for the shell.
+
+    \b
+    Example:
+        schemaless index create by_user --property user_id:uuid \\
+            --property published:int --shard-on user_id
+        schemaless index create by_tag --property tags:'str(64)' --multi tags
+    """
+    names = [p.partition(":")[0] for p in properties]
+    for option, value in (("--shard-on", shard_on), ("--multi", multi)):
+        if value is not None and value not in names:
+            raise BadOption(
+                f"{value!r} is not one of the --property names ({', '.join(names)})", option
+            )
+    try:
+        Index(name, ["x"])  # the name alone
+    except IndexDefinitionError as exc:
+        raise BadOption(str(exc), "NAME") from None
+    definition = Index(name, properties, shard_on, multi=multi)
+    with conn.store() as ds:
+        existed = ds.indexes().get(name)
+        state = ds.declare_index(definition)
+        refresh = ds.cluster.topology.refresh_interval
+    click.echo(
+        f"index {name}: {describe(definition)}, shard on {definition.shard_on}"
+        + (f", multi {multi}" if multi else "")
+    )
+    if existed is not None:
+        click.echo(f"index {name} already exists and is {state}; nothing changed")
+    elif state == "ready":
+        click.echo(f"index {name} is ready (no entities to backfill): queries can use it now")
+    else:
+        click.echo(
+            f"index {name} is building: writers maintain it within {refresh:g}s; "
+            "queries refuse it until it is backfilled"
+        )
+    if state == "building":
+        click.echo("next: backfill it with the Cleaner, then watch it:")
+        click.echo("  " + follow_up("cleaner", f"--index={name}"))
+        click.echo("  " + follow_up("schemaless index status", name))
+
+
+@index.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines, for scripts.")
+@pass_connection
+def list_(conn: Connection, as_json: bool) -> None:
+    """List the indexes with their state and backfill progress.
+
+    \b
+    Example:
+        schemaless index list
+    """
+    with conn.store() as ds:
+        infos = sorted(ds.indexes().values(), key=lambda i: i.index.name)
+        progress = _overall(ds, [i for i in infos if i.state == "building"])
+    if as_json:
+        for info in infos:
+            out = _info_json(info)
+            out["backfill"] = (
+                progress.get(info.index.name)
+                if info.state == "building"
+                else (1.0 if info.state == "ready" else None)
+            )
+            click.echo(json_line(out))
+        return
+    if not infos:
+        click.echo("no indexes: declare one with `schemaless index create`")
+        return
+    rows = []
+    for info in infos:
+        idx = info.index
+        if info.state == "building":
+            done = _percent(progress.get(info.index.name))
+        else:
+            done = "100%" if info.state == "ready" else "-"
+        rows.append([idx.name, info.state, done, describe(idx), idx.shard_on, idx.multi or "-"])
+    echo_table(["name", "state", "backfill", "properties", "shard on", "multi"], rows)
+
+
+def _overall(ds: DataStore, building: list[IndexInfo]) -> dict[str, float | None]:
+    """Overall backfill fraction of each building index (the maxima read once)."""
+    if not building:
+        return {}
+    tops = max_added_ids(ds, ds.cluster.current())
+    return {i.index.name: backfill(ds, i.index.name, tops).fraction for i in building}
+
+
+def _info_json(info: IndexInfo) -> dict[str, Any]:
+    return {
+        "name": info.index.name,
+        "state": info.state,
+        "definition": info.index.to_dict(),
+        "created_us": info.created,
+        "changed_us": info.changed,
+    }
+
+
+@index.command()
+@click.argument("name")
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="Show it again every SECONDS until the index is no longer building (rows/s "
+    "and ETA measured between the views).",
+)
+@click.option("--all-shards", is_flag=True, help="List every shard, not only unfinished ones.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+@pass_connection
+def status(
+    conn: Connection, name: str, watch: float | None, all_shards: bool, as_json: bool
+) -> None:
+    """Show an index: state, definition, backfill progress per shard, the Cleaner.
+
+    Progress of a shard is the Cleaner's checkpoint (the last added_id it
+    backfilled) over the shard's highest added_id.  Rows/s and ETA come from the
+    Cleaner's heartbeat, or are measured with --watch; "unknown" when neither
+    says.  The orphan backlog and last heartbeat are what the Cleaner reported.
+
+    \b
+    Example:
+        schemaless index status by_user
+        schemaless index status by_user --watch 5
+    """
+    with conn.store() as ds:
+        first: Backfill | None = None
+        while True:
+            info = ds.cluster.refresh().indexes.get(name)
+            if info is None:
+                known = ", ".join(sorted(ds.indexes())) or "none"
+                raise BadOption(f"no index named {name!r} (indexes: {known})", "NAME")
+            snap = backfill(ds, name) if info.state == "building" else None
+            beats = heartbeats(ds)
+            first = first or snap
+            report = _report(info, snap, first, beats)
+            if as_json:
+                click.echo(json.dumps(report, sort_keys=True))
+            else:
+                if watch and first is not snap:
+                    if sys.stdout.isatty():
+                        click.clear()
+                    else:
+                        click.echo()
+                _echo_report(report, snap, all_shards)
+            if not watch or info.state != "building":
+                return
+            time.sleep(watch)
+
+
+def _rate(
+    info: IndexInfo, snap: Backfill | None, first: Backfill | None, beats: list[Heartbeat]
+) -> tuple[float | None, float | None, str]:
+    """(rows/s, ETA seconds, where the figure came from)."""
+    name = info.index.name
+    if snap is None:
+        return None, None, ""
+    remaining = snap.remaining
+    if first is not None and snap is not first and snap.taken > first.taken:
+        elapsed = snap.taken - first.taken
+        rows = (snap.rows - first.rows) / elapsed
+        scanned = (snap.scanned - first.scanned) / elapsed
+        eta = remaining / scanned if remaining is not None and scanned > 0 else None
+        return rows, (0.0 if remaining == 0 else eta), f"measured over {human_duration(elapsed)}"
+    for beat in beats:
+        own = beat.name == BACKFILL_JOB.format(name)  # the Cleaner backfilling this index
+        rate = figure(beat.figures, name, "rows_per_s", "rows_per_second", scoped=not own)
+        if rate is not None and beat.age < 120:
+            eta = remaining / rate if remaining is not None and rate > 0 else None
+            return float(rate), (0.0 if remaining == 0 else eta), f"from {beat.name}'s heartbeat"
+    return None, (0.0 if remaining == 0 else None), ""
+
+
+def _report(
+    info: IndexInfo, snap: Backfill | None, first: Backfill | None, beats: list[Heartbeat]
+) -> dict[str, Any]:
+    name = info.index.name
+    out = _info_json(info)
+    if snap is not None:
+        rate, eta, source = _rate(info, snap, first, beats)
+        out["backfill"] = {
+            "fraction": snap.fraction,
+            "rows": snap.rows,
+            "remaining_rows": snap.remaining,
+            "rows_per_s": rate,
+            "eta_s": eta,
+            "rate_source": source or None,
+            "shards_done": snap.shards_done,
+            "shards": [
+                {
+                    "shard": s.shard,
+                    "server": s.server,
+                    "position": s.position,
+                    "max_added_id": s.top,
+                    "fraction": s.fraction,
+                    "rows": s.rows,
+                    "done": s.done,
+                    "checkpoint_us": s.updated_us,
+                }
+                for s in snap.shards
+            ],
+        }
+    else:
+        out["backfill"] = {"fraction": 1.0 if info.state == "ready" else None}
+    out["daemons"] = [_daemon(b, name) for b in beats if _concerns(b, name)]
+    return out
+
+
+def _concerns(beat: Heartbeat, index: str) -> bool:
+    """Whether a heartbeat matters to an index: its own backfill, or a continuous Cleaner."""
+    return not beat.name.startswith("backfill:") or beat.name == BACKFILL_JOB.format(index)
+
+
+def _daemon(beat: Heartbeat, index: str) -> dict[str, Any]:
+    backfilling = beat.name.startswith("backfill:")
+    last_pass = figure(beat.figures, None, "last_pass")
+    return {
+        "name": beat.name,
+        "heartbeat_age_s": round(beat.age, 3),
+        "state": beat.figures.get("state"),
+        "orphan_backlog": None
+        if backfilling
+        else figure(beat.figures, index, "orphan_backlog", "backlog"),
+        "rows_backfilled": figure(beat.figures, index, "rows_backfilled"),
+        "last_pass_age_s": round((now_us() - last_pass) / 1e6, 3) if last_pass else None,
+        "figures": beat.figures,
+    }
+
+
+def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool) -> None:
+    d = report["definition"]
+    name, state = report["name"], report["state"]
+    click.echo(f"index {name}: {state}")
+    props = ", ".join(f"{p}:{t}" for p, t in d["properties"])
+    click.echo(f"  properties  {props}")
+    click.echo(f"  shard on    {d['shard_on']}")
+    click.echo(f"  multi       {d['multi'] or '-'}")
+    click.echo(f"  declared    {_when(report['created_us'])}")
+    click.echo(f"  changed     {_when(report['changed_us'])}")
+    bf = report["backfill"]
+    if snap is None:
+        click.echo("backfill: " + ("done" if state == "ready" else "none (dropped)"))
+    else:
+        rate = bf["rows_per_s"]
+        rate_text = "unknown" if rate is None else f"{rate:,.0f} rows/s ({bf['rate_source']})"
+        click.echo(
+            f"backfill: {_percent(bf['fraction'])} scanned, "
+            f"{len(snap.shards) - bf['shards_done']} of {len(snap.shards)} shards still "
+            f"to scan, {bf['rows']:,} rows added"
+        )
+        eta = bf["eta_s"]
+        eta_text = human_duration(eta) if eta is not None else "unknown"
+        click.echo(f"  rate {rate_text}, ETA {eta_text}")
+        if rate is None:
+            click.echo(f"  (measure it: schemaless index status {name} --watch 5)")
+        shown = [s for s in snap.shards if all_shards or s.fraction != 1.0]
+        rows = [
+            [
+                str(s.shard),
+                s.server,
+                f"{s.position}",
+                "unknown" if s.top is None else str(s.top),
+                _percent(s.fraction),
+                f"{s.rows:,}",
+                "yes" if s.done else "no",
+                "never"
+                if s.updated_us is None
+                else human_duration((now_us() - s.updated_us) / 1e6) + " ago",
+            ]
+            for s in shown[: None if all_shards else _SHOW_SHARDS]
+        ]
+        if rows:
+            echo_table(
+                [
+                    "shard",
+                    "server",
+                    "position",
+                    "max added_id",
+                    "progress",
+                    "rows",
+                    "done",
+                    "checkpoint",
+                ],
+                rows,
+                right=["shard", "position", "max added_id", "progress", "rows"],
+            )
+        hidden = len(snap.shards) - len(rows)
+        if hidden:
+            click.echo(f"  ({hidden} more shards, finished or not shown: --all-shards lists all)")
+    daemons = report["daemons"]
+    if not daemons:
+        click.echo("cleaner: no heartbeat in the catalog (has `cleaner` run yet?)")
+    for b in daemons:
+        doing = f" ({b['state']})" if isinstance(b["state"], str) else ""
+        parts = [f"last heartbeat {human_duration(b['heartbeat_age_s'])} ago"]
+        if b["name"].startswith("backfill:"):
+            if b["rows_backfilled"] is not None:
+                parts.append(f"{b['rows_backfilled']:,} rows backfilled by this run")
+        else:
+            backlog = b["orphan_backlog"]
+            parts.append(f"orphan backlog {'unknown' if backlog is None else f'{backlog:,}'}")
+            if b["last_pass_age_s"] is not None:
+                parts.append(f"last pass {human_duration(b['last_pass_age_s'])} ago")
+        click.echo(f"{b['name']}{doing}: " + ", ".join(parts))
+    if state == "building":
+        click.echo("next: " + follow_up("cleaner", f"--index={name}"))
+
+
+@index.command()
+@click.argument("name")
+@click.option("--purge", is_flag=True, help="Also remove its tables and forget it.")
+@pass_connection
+def drop(conn: Connection, name: str, purge: bool) -> None:
+    """Drop an index: writers stop maintaining it, queries refuse it.
+
+    Writers stop at their next catalog refresh.  With --purge (now or later)
+    the index tables are removed from every shard and the name can be declared
+    again.
+
+    \b
+    Example:
+        schemaless index drop by_link
+        schemaless index drop by_link --purge
+    """
+    with conn.store() as ds:
+        info = ds.indexes().get(name) or ds.cluster.refresh().indexes.get(name)
+        if info is None:
+            known = ", ".join(sorted(ds.indexes())) or "none"
+            raise BadOption(f"no index named {name!r} (indexes: {known})", "NAME")
+        if info.state != "dropped":
+            ds.drop_index(name)
+            click.echo(f"index {name} dropped: writers stop maintaining it at their next refresh")
+        elif not purge:
+            click.echo(f"index {name} was already dropped; --purge removes its tables")
+        if purge:
+            ds.purge_index(name)
+            click.echo(f"index {name} purged: its tables are gone from every shard")

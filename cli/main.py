@@ -1,0 +1,36 @@
+"""The ``schemaless`` command: a click group of the admin commands."""
+
+from __future__ import annotations
+
+import click
+
+from .admin import init, shards
+from .data import delete, get, put, query
+from .indexes import index
+from .local_cluster import local
+from .options import Group
+
+__all__ = ["cli"]
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="schemaless")
+def cli() -> None:
+    """Administer a schemaless datastore: shards, indexes, entities.
+
+    Every command connects with --url (or SCHEMALESS_URL), the catalog server's
+    DSN, and --prefix (or SCHEMALESS_PREFIX); user and password come from the
+    DSN or SCHEMALESS_USER / SCHEMALESS_PASSWORD and are never printed.  With no
+    URL, the local cluster (`schemaless local up`) is used.
+
+    \b
+    Example:
+        schemaless local up
+        schemaless init --shards 16
+        schemaless index create by_user --property user_id:uuid --shard-on user_id
+        schemaless query by_user --where user_id=0190f3a4c2e47b3d8a1f5e6d7c8b9a01
+    """
+
+
+for command in (local, init, index, put, get, delete, query, shards):
+    cli.add_command(command)

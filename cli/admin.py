@@ -1,4 +1,4 @@
-"""``schemaless init`` and ``schemaless shards``."""
+"""``schemaless init``, and the listing of ``schemaless shards``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .options import BadOption, Connection, pass_connection
 from .output import echo_table, human_bytes, json_line
 from .stats import ServerFigures, server_figures
 
-__all__ = ["init", "shards"]
+__all__ = ["init", "show_shards"]
 
 
 def _check_servers(
@@ -88,28 +88,8 @@ def init(conn: Connection, servers: tuple[str, ...], shards: int | None) -> None
         click.echo(f"connect with: export SCHEMALESS_URL={first}  (credentials not shown)")
 
 
-@click.command()
-@click.option("--per-shard", is_flag=True, help="One line per logical shard.")
-@click.option(
-    "--estimate",
-    is_flag=True,
-    help="InnoDB's row estimates instead of counting (fast on big tables; no "
-    "split between live entities and tombstones).",
-)
-@click.option("--json", "as_json", is_flag=True, help="JSON lines, for scripts.")
-@pass_connection
-def shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool) -> None:
-    """Show servers, logical shards, entity counts and sizes.
-
-    Counts are exact (a scan of every entities table; --estimate for InnoDB's
-    estimate).  Sizes are data + index lengths as information_schema reports
-    them.  Tombstones are deleted entities kept until the Cleaner purges them.
-
-    \b
-    Example:
-        schemaless shards
-        schemaless shards --per-shard --json
-    """
+def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool) -> None:
+    """Print servers, logical shards, entity counts and sizes."""
     with conn.store() as ds:
         topo = ds.cluster.current()
         figures = server_figures(ds, estimate=estimate)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
-from .admin import init, shards
+from .admin import init
 from .data import delete, get, put, query
 from .indexes import index
 from .local_cluster import local
 from .options import Group
+from .topology import dictionary, replicas, servers, shards
 
 __all__ = ["cli"]
 
@@ -32,5 +33,5 @@ def cli() -> None:
     """
 
 
-for command in (local, init, index, put, get, delete, query, shards):
+for command in (local, init, index, put, get, delete, query, shards, servers, replicas, dictionary):
     cli.add_command(command)

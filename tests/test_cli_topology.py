@@ -1,0 +1,75 @@
+"""``schemaless shards move|rebalance|drop-old``, ``servers``, ``replicas``, ``dictionary``."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from test_cli import Cli, cluster_env, drop_prefix
+
+from schemaless.local import LocalCluster
+
+
+@pytest.fixture
+def run(local_cluster: LocalCluster) -> Iterator[Cli]:
+    prefix = "clitopo_" + uuid.uuid4().hex[:8]
+    cli_ = Cli(cluster_env(local_cluster, prefix))
+    try:
+        cli_.ok("init", "--shards", "4")
+        entities = "\n".join(
+            json.dumps({"n": i, "text": f"entry number {i} " * 3}) for i in range(400)
+        )
+        cli_.ok("put", input=entities)
+        yield cli_
+    finally:
+        drop_prefix(local_cluster, prefix)
+
+
+def shard_servers(run: Cli) -> dict[int, str]:
+    out = run.ok("shards", "--per-shard", "--json").output
+    return {
+        s["shard"]: server["address"]
+        for server in map(json.loads, out.splitlines())
+        for s in server["per_shard"]
+    }
+
+
+def test_move_rebalance_and_drop_old(run: Cli, local_cluster: LocalCluster) -> None:
+    a, b = local_cluster.addresses
+    before = shard_servers(run)
+    other = b if before[0] == a else a
+    assert "would move shard 0" in run.ok("shards", "move", "0", "--to", other, "--dry-run").output
+    assert shard_servers(run) == before
+    out = run.ok("shards", "move", "0", "--to", other).output
+    assert "verified: entities" in out and "writes paused" in out
+    after = shard_servers(run)
+    assert after[0] == other and {k: v for k, v in after.items() if k} == {
+        k: v for k, v in before.items() if k
+    }
+    assert "1 moves planned (dry run)" in run.ok("shards", "rebalance", "--dry-run").output
+    run.ok("shards", "rebalance")
+    counts = list(shard_servers(run).values())
+    assert sorted(counts.count(x) for x in (a, b)) == [2, 2]
+    assert "dropped" in run.ok("shards", "drop-old").output
+    assert "no old copies" in run.ok("shards", "drop-old").output
+    rows = run.ok("shards", "--json").output
+    assert sum(json.loads(line)["live"] for line in rows.splitlines()) == 400
+
+
+def test_bad_move_targets_name_the_option(run: Cli) -> None:
+    assert "--to" in run.fails("shards", "move", "0", "--to", "10.9.9.9:1")
+    assert "no logical shard 99" in run.fails("shards", "move", "99", "--to", "0")
+
+
+def test_servers_replicas_and_dictionary(run: Cli, local_cluster: LocalCluster) -> None:
+    a, b = local_cluster.addresses
+    listing = run.ok("servers", "list").output
+    assert a in listing and b in listing and "replicas: none" in listing
+    assert "not replicating yet" in run.ok("replicas", "add", "0", b).output
+    assert f"replicas: {b}" in run.ok("servers", "list").output
+    run.ok("replicas", "remove", "0", b)
+    assert f"replicas: {b}" not in run.ok("servers", "list").output
+    assert "trained and active" in run.ok("dictionary", "train", "--samples", "400").output
+    assert run.ok("servers", "add", a).output.startswith("server 0 =")  # already known

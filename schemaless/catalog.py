@@ -98,6 +98,15 @@ class Catalog:
             return False
         return bool(self.server.run(f"SELECT 1 FROM {self._t('meta')} WHERE name = 'shards'")[0])
 
+    def ensure_tables(self) -> None:
+        """Create the catalog database and any table it lacks (an upgrade is this)."""
+        ddl = [f"CREATE DATABASE IF NOT EXISTS {quote(self.db)}"]
+        ddl += [
+            f"CREATE TABLE IF NOT EXISTS {self._t(name)} ({cols}) ENGINE=InnoDB"
+            for name, cols in CATALOG_TABLES.items()
+        ]
+        self.server.run(";\n".join(ddl))
+
     def create(self, addresses: Sequence[Address], n_shards: int, refresh_interval: float) -> bool:
         """Create the catalog and the shard map if absent; True if this call created it.
 
@@ -107,12 +116,7 @@ class Catalog:
             raise CatalogError(f"number of logical shards must be 1..65536, got {n_shards}")
         if not addresses:
             raise CatalogError("a datastore needs at least one server")
-        ddl = [f"CREATE DATABASE IF NOT EXISTS {quote(self.db)}"]
-        ddl += [
-            f"CREATE TABLE IF NOT EXISTS {self._t(name)} ({cols}) ENGINE=InnoDB"
-            for name, cols in CATALOG_TABLES.items()
-        ]
-        self.server.run(";\n".join(ddl))
+        self.ensure_tables()
         stmts = ["START TRANSACTION"]
         params: list[Any] = []
         stmts.append(

@@ -6,6 +6,7 @@ one connection pool per server, and runs per-server batches in parallel.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -17,7 +18,13 @@ from .catalog import Catalog, Topology
 from .codec import Codec
 from .connection import ConnectOptions, Server, Tracer
 from .dsn import Address
-from .errors import CatalogError, InvalidQuery, SchemalessError, ShardUnavailable
+from .errors import (
+    CatalogError,
+    InvalidQuery,
+    PermissionDenied,
+    SchemalessError,
+    ShardUnavailable,
+)
 from .hashing import shard_of
 from .index import Index
 from .names import quote
@@ -67,6 +74,9 @@ class Cluster:
                     f"no datastore {prefix!r} on {addresses[0]}: run `schemaless init` first"
                 )
             self._initialise(list(addresses), n_shards or DEFAULT_SHARDS, refresh_interval)
+        elif create:
+            with contextlib.suppress(PermissionDenied):  # an application user without DDL
+                self.catalog.ensure_tables()
         self.topology = self.catalog.load()
         self._loaded = time.monotonic()
         if n_shards is not None and n_shards != self.topology.n_shards:

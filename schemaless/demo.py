@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{sum(counts)} entities (per shard: {', '.join(map(str, counts))})"
         )
     print(
-        "cleaning up: the datastore 'demo' stays in the local cluster; "
+        f"the datastore {args.prefix!r} stays in the local cluster; "
         "stop the servers with `schemaless local down`"
     )
     store.close()

@@ -141,8 +141,8 @@ class Cluster:
             return checked[1]
         try:
             lag = self.server(address).replica_lag()
-        except ShardUnavailable:
-            lag = None
+        except (ShardUnavailable, PermissionDenied):
+            lag = None  # unusable for reads now: the primary serves them
         self._lags[address] = (now, lag)
         return lag
 

@@ -179,6 +179,8 @@ class QueryEngine:
             if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
                 raise InvalidQuery(f"range bounds on {prop!r} are of different types")
         descending = self._direction(idx, k, order)
+        if consistency not in ("primary", "replica"):
+            raise InvalidQuery(f"consistency must be 'primary' or 'replica', got {consistency!r}")
         return Query(
             idx,
             tuple(eq[p] for p in idx.properties[:k]),
@@ -188,6 +190,7 @@ class QueryEngine:
             descending,
             limit,
             partial,
+            consistency,
         )
 
     @staticmethod

@@ -11,7 +11,7 @@ from schemaless.names import quote
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
-__all__ = ["EntityRow", "entity_batches", "index_rows"]
+__all__ = ["EntityRow", "entity_batches", "index_batch", "index_rows"]
 
 #: (added_id, id, version, body or None for a tombstone)
 EntityRow = tuple[int, bytes, int, bytes | None]
@@ -44,28 +44,42 @@ def index_rows(
     store: DataStore, topo: Topology, shard: int, index: Index, batch: int = 5000
 ) -> Iterator[tuple[tuple[Any, ...], bytes, int]]:
     """Every row of one index table on one shard: ``(values, entity_id, version)``."""
+    after: tuple[Any, ...] | None = None
+    while True:
+        rows = index_batch(store, topo, shard, index, after, batch)
+        yield from rows
+        if len(rows) < batch:
+            return
+        values, key, _ = rows[-1]
+        after = (*values, key)
+
+
+def index_batch(
+    store: DataStore,
+    topo: Topology,
+    shard: int,
+    index: Index,
+    after: tuple[Any, ...] | None,
+    batch: int,
+) -> list[tuple[tuple[Any, ...], bytes, int]]:
+    """Up to ``batch`` rows of one index table after the primary key ``after``
+    (``(values..., entity_id)``; None: from the start), in key order."""
     server = store.cluster.server_of_shard(topo, shard)
     table = quote(shard_db(topo.prefix, shard), index.table)
     cols = [quote(c) for c in (*index.columns, "entity_id")]
     keys = ", ".join(cols)
-    after: tuple[Any, ...] | None = None
-    while True:
-        params: list[Any] = []
-        where = "TRUE"
-        if after is not None:
-            ors = []
-            for i, col in enumerate(cols):
-                ands = [f"{c} = %s" for c in cols[:i]] + [f"{col} > %s"]
-                ors.append("(" + " AND ".join(ands) + ")")
-                params += list(after[:i]) + [after[i]]
-            where = " OR ".join(ors)
-        rows = server.run(
-            f"SELECT {keys}, `entity_version` FROM {table} WHERE {where}"
-            f" ORDER BY {keys} LIMIT {int(batch)}",
-            params,
-        )[0]
-        for row in rows:
-            yield tuple(row[:-2]), bytes(row[-2]), int(row[-1])
-        if len(rows) < batch:
-            return
-        after = tuple(rows[-1][:-1])
+    params: list[Any] = []
+    where = "TRUE"
+    if after is not None:
+        ors = []
+        for i, col in enumerate(cols):
+            ands = [f"{c} = %s" for c in cols[:i]] + [f"{col} > %s"]
+            ors.append("(" + " AND ".join(ands) + ")")
+            params += [*after[:i], after[i]]
+        where = " OR ".join(ors)
+    rows = server.run(
+        f"SELECT {keys}, `entity_version` FROM {table} WHERE {where}"
+        f" ORDER BY {keys} LIMIT {int(batch)}",
+        params,
+    )[0]
+    return [(tuple(row[:-2]), bytes(row[-2]), int(row[-1])) for row in rows]

@@ -74,5 +74,6 @@ def drop_datastore(store: DataStore) -> None:
         dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
         if sid == 0:
             dbs.append(f"{topo.prefix}_catalog")
-        server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
+        if dbs:
+            server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
     store.close()

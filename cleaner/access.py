@@ -1,0 +1,223 @@
+"""Reads and writes of the Cleaner, grouped per server, servers in parallel.
+
+Entities are read raw (tombstones included: a tombstone's version guards deletes);
+index rows of a set of entities are found through ``KEY(entity_id)``; upserts use the
+write protocol's ``GREATEST`` guard and deletes the Cleaner's ``<=`` guard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from schemaless.catalog import Topology, now_us
+from schemaless.connection import Server
+from schemaless.hashing import shard_of
+from schemaless.index import Index
+from schemaless.schema import shard_db
+from schemaless.store import DataStore
+from schemaless.writes import IndexRow, upsert_rows_sql
+
+from .sql import (
+    Guarded,
+    bump_sql,
+    delete_guarded_sql,
+    entities_by_id_sql,
+    fence_sql,
+    rows_by_entity_sql,
+)
+
+__all__ = [
+    "Found",
+    "Stored",
+    "bump",
+    "delete_rows",
+    "fence",
+    "placed",
+    "read_entities",
+    "read_rows",
+    "upsert_rows",
+]
+
+T = TypeVar("T")
+
+#: Bytes of SQL (roughly) per round trip; far below any max_allowed_packet.
+_BATCH_BYTES = 4 * 1024 * 1024
+#: Entity ids repeated in one ``rows_by_entity_sql`` statement (ids x shards).
+_ID_TERMS = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """An entity row as read: ``body`` None for a tombstone; ``exists`` False (and
+    version 0) when there is no row at all."""
+
+    id: bytes
+    shard: int
+    version: int
+    body: bytes | None
+    exists: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """An index row as read."""
+
+    index: Index
+    shard: int
+    values: tuple[Any, ...]
+    entity_id: bytes
+    version: int
+
+
+def placed(
+    index: Index, values: tuple[Any, ...], entity_id: bytes, version: int, n_shards: int
+) -> IndexRow:
+    """An entity's index row on the logical shard its ``shard_on`` value maps to."""
+    return IndexRow(index, shard_of(index.shard_key(values), n_shards), values, entity_id, version)
+
+
+def _servers(store: DataStore, topo: Topology) -> dict[int, Server]:
+    return store.cluster.all_servers(topo)
+
+
+def _fanout(
+    store: DataStore, topo: Topology, batches: Mapping[int, list[tuple[str, list[Any]]]]
+) -> dict[int, list[list[tuple[tuple[Any, ...], ...]]]]:
+    """Send each server its batches (in order), servers in parallel."""
+    servers = _servers(store, topo)
+
+    def call(sid: int, sqls: list[tuple[str, list[Any]]]) -> Callable[[], Any]:
+        return lambda: [servers[sid].run(sql, params) for sql, params in sqls]
+
+    return store.cluster.fanout({sid: call(sid, b) for sid, b in batches.items() if b})
+
+
+def _row_bytes(index: Index) -> int:
+    """At most how many bytes of SQL one row of ``index`` takes (4 per byte of a
+    string: utf8mb4, escaped)."""
+    return 128 + sum(4 * t.key_bytes + 8 for t in index.types)
+
+
+def _chunks(items: Sequence[T], index: Callable[[T], Index]) -> list[Sequence[T]]:
+    """Split ``items`` so that each chunk stays under ``_BATCH_BYTES`` of SQL."""
+    if not items:
+        return []
+    size = max(_row_bytes(i) for i in {index(item) for item in items})
+    step = max(1, _BATCH_BYTES // size)
+    return [items[i : i + step] for i in range(0, len(items), step)]
+
+
+def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dict[bytes, Stored]:
+    """The entity rows of some ids; an id without a row maps to ``exists=False``."""
+    by_server: dict[int, dict[int, list[bytes]]] = {}
+    wanted = set(ids)
+    for key in wanted:
+        shard = store.cluster.shard_of_id(key)
+        by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(key)
+    batches = {sid: [entities_by_id_sql(topo.prefix, shards)] for sid, shards in by_server.items()}
+    out: dict[bytes, Stored] = {}
+    for results in _fanout(store, topo, batches).values():
+        for key, version, body, shard in results[0][0]:
+            k = bytes(key)
+            out[k] = Stored(k, int(shard), int(version), bytes(body) if body is not None else None)
+    for key in wanted - out.keys():
+        out[key] = Stored(key, store.cluster.shard_of_id(key), 0, None, exists=False)
+    return out
+
+
+def read_rows(
+    store: DataStore, topo: Topology, indexes: Sequence[Index], ids: Iterable[bytes]
+) -> list[Found]:
+    """Every row of these entities in these indexes, on every logical shard."""
+    keys = sorted(set(ids))
+    if not keys or not indexes:
+        return []
+    batches: dict[int, list[tuple[str, list[Any]]]] = {}
+    for sid in topo.servers:
+        shards = topo.shards_of(sid)
+        if not shards:
+            continue
+        step = max(1, _ID_TERMS // len(shards))
+        batches[sid] = [
+            rows_by_entity_sql(topo.prefix, shards, indexes, keys[i : i + step])
+            for i in range(0, len(keys), step)
+        ]
+    out: list[Found] = []
+    for results in _fanout(store, topo, batches).values():
+        for result_sets in results:
+            for index, rows in zip(indexes, result_sets, strict=True):
+                for row in rows:
+                    out.append(
+                        Found(index, int(row[0]), tuple(row[1:-2]), bytes(row[-2]), int(row[-1]))
+                    )
+    return out
+
+
+def upsert_rows(store: DataStore, topo: Topology, rows: Sequence[IndexRow]) -> None:
+    """Upsert rows with ``GREATEST(entity_version, version)``, multi-row per table."""
+    if not rows:
+        return
+    dbs = [shard_db(topo.prefix, s) for s in range(topo.n_shards)]
+    by_server: dict[int, list[IndexRow]] = {}
+    for row in rows:
+        by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
+    batches = {
+        sid: [upsert_rows_sql(chunk, dbs) for chunk in _chunks(group, _row_index)]
+        for sid, group in by_server.items()
+    }
+    _fanout(store, topo, batches)
+
+
+def _row_index(row: IndexRow) -> Index:
+    return row.index
+
+
+def delete_rows(store: DataStore, topo: Topology, rows: Sequence[Guarded]) -> int:
+    """Delete rows where ``entity_version <= guard``; how many were deleted."""
+    if not rows:
+        return 0
+    by_server: dict[int, list[Guarded]] = {}
+    for row in rows:
+        by_server.setdefault(topo.shard_servers[row[1]], []).append(row)
+    batches = {
+        sid: [delete_guarded_sql(topo.prefix, chunk) for chunk in _chunks(group, _guarded_index)]
+        for sid, group in by_server.items()
+    }
+    done = 0
+    for results in _fanout(store, topo, batches).values():
+        done += sum(int(r[0][0][0] or 0) for r in results)
+    return done
+
+
+def _guarded_index(row: Guarded) -> Index:
+    return row[0]
+
+
+def fence(
+    store: DataStore, topo: Topology, fences: Mapping[bytes, int]
+) -> dict[bytes, tuple[int, bool]]:
+    """Tombstones of at least ``version`` for absent or dead entities (``id ->
+    version``); ``id -> (stored version, is a tombstone)`` afterwards."""
+    if not fences:
+        return {}
+    now = now_us()
+    by_server: dict[int, list[tuple[int, bytes, int]]] = {}
+    for key, version in fences.items():
+        shard = store.cluster.shard_of_id(key)
+        by_server.setdefault(topo.shard_servers[shard], []).append((shard, key, version))
+    batches = {sid: [fence_sql(topo.prefix, group, now)] for sid, group in by_server.items()}
+    results = _fanout(store, topo, batches)
+    out: dict[bytes, tuple[int, bool]] = {}
+    for sid, group in by_server.items():
+        for (_, key, _), rows in zip(sorted(group), results[sid][0], strict=True):
+            out[key] = (int(rows[0][0]), bool(rows[0][1]))
+    return out
+
+
+def bump(store: DataStore, topo: Topology, entity: Stored, version: int) -> bool:
+    """Raise a live entity's version (body unchanged) if it is still as read."""
+    server = store.cluster.server_of_shard(topo, entity.shard)
+    sql, params = bump_sql(topo.prefix, entity.shard, entity.id, entity.version, version)
+    return bool(server.run(sql, params)[0][0][0])

@@ -1,0 +1,297 @@
+"""Backfill a ``building`` index, then mark it ``ready``.
+
+After the grace period (every writer maintains the index by then), each logical
+shard's entities are read by ``added_id`` in batches; their rows are upserted with the
+entity's version (``GREATEST``), grouped per server, servers in parallel; then the
+batch's versions are read again, and entities that a writer changed meanwhile are
+reconciled, so the backfill leaves no stale row of its own.  Each shard's checkpoint
+``(backfill:<index>, shard) -> last added_id`` is saved after its batch committed; a
+restart resumes there.  One lane per server runs its shards, and each lane reads its
+next batch while it writes the current one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from functools import partial
+
+from schemaless import failpoints
+from schemaless.catalog import IndexInfo, Topology
+from schemaless.connection import Server
+from schemaless.errors import (
+    CatalogError,
+    CorruptEntity,
+    IndexDefinitionError,
+    InvalidEntity,
+    SchemalessError,
+)
+from schemaless.ids import id_hex
+from schemaless.index import Index
+from schemaless.writes import IndexRow
+
+from .access import placed, read_entities, read_rows, upsert_rows
+from .repair import Repairer
+from .runtime import Runtime, Stopped, log
+from .scan import EntityRow, entity_batches
+from .sql import entity_versions_sql, max_added_sql
+
+__all__ = ["Backfill", "grace_deadline"]
+
+
+def grace_deadline(info: IndexInfo, topo: Topology) -> float:
+    """When every writer maintains the index: its state change plus two catalog
+    refresh intervals plus one second (Unix seconds)."""
+    return info.changed / 1e6 + 2 * topo.refresh_interval + 1.0
+
+
+@dataclass
+class _Shard:
+    shard: int
+    position: int
+    done: bool
+    rows: int
+    end: int = 0  # MAX(added_id) when the backfill started: for the estimate
+
+
+class Backfill:
+    """One index's backfill; ``run()`` returns the index state at the end."""
+
+    def __init__(self, rt: Runtime, repairer: Repairer, name: str) -> None:
+        self.rt = rt
+        self.repairer = repairer
+        self.name = name
+        self.job = f"backfill:{name}"
+        self._shards: dict[int, _Shard] = {}
+        self.seconds = 0.0  # time spent scanning (after the grace period)
+        self._started: float | None = None
+        self._lock = threading.Lock()
+
+    # -- the whole job -------------------------------------------------------------------
+
+    def run(self) -> str:
+        """Backfill until every shard is done (then ``ready``) or a stop is requested."""
+        rt = self.rt
+        cluster = rt.store.cluster
+        topo = rt.retry("reading the catalog", cluster.refresh)
+        info = topo.indexes.get(self.name)
+        if info is None:
+            raise IndexDefinitionError(f"no index named {self.name!r}")
+        if info.state == "ready":
+            log.info("index %r is already ready: nothing to backfill", self.name)
+            return "ready"
+        if info.state != "building":
+            raise CatalogError(
+                f"index {self.name!r} is {info.state}: only a building index can be backfilled"
+            )
+        self._wait_grace(info, topo)
+        topo = rt.retry("reading the catalog", cluster.refresh)
+        saved = rt.retry("reading checkpoints", lambda: cluster.catalog.checkpoints(self.job))
+        for shard in range(topo.n_shards):
+            position, done, rows = saved.get(shard, (0, False, 0))
+            self._shards[shard] = _Shard(shard, position, done, rows)
+        rt.retry("measuring shards", lambda: self._measure(topo))
+        rt.figures.set(state="backfilling")
+        self._report(force=True)
+        self._started = started = time.monotonic()
+        try:
+            self._run_lanes(topo, info.index)
+        finally:
+            self.seconds = time.monotonic() - started
+            self._report(force=True)
+        if not all(s.done for s in self._shards.values()):
+            return "building"
+        if rt.retry(
+            "marking ready",
+            lambda: cluster.catalog.set_index_state(self.name, "ready", expect="building"),
+        ):
+            log.info("index %r backfilled: now ready", self.name)
+            return "ready"
+        state = rt.retry("reading the catalog", cluster.refresh).indexes[self.name].state
+        log.warning("index %r was %s when the backfill ended", self.name, state)
+        return state
+
+    def _wait_grace(self, info: IndexInfo, topo: Topology) -> None:
+        left = grace_deadline(info, topo) - time.time()
+        if left > 0:
+            self.rt.figures.set(state="grace")
+            self.rt.progress.message(
+                f"{self.name}: waiting {left:.1f}s until every writer maintains the index"
+            )
+            self.rt.sleep(left)
+
+    def _measure(self, topo: Topology) -> None:
+        by_server: dict[int, list[int]] = {}
+        for s in self._shards.values():
+            if not s.done:
+                by_server.setdefault(topo.shard_servers[s.shard], []).append(s.shard)
+        servers = self.rt.store.cluster.all_servers(topo)
+        calls = {
+            sid: _run(servers[sid], max_added_sql(topo.prefix, shards))
+            for sid, shards in by_server.items()
+        }
+        for rows in self.rt.store.cluster.fanout(calls).values():
+            for shard, end in rows:
+                self._shards[int(shard)].end = int(end)
+
+    def _run_lanes(self, topo: Topology, index: Index) -> None:
+        """One lane per server, each running its shards in turn; this thread ticks."""
+        lanes: dict[int, list[int]] = {}
+        for s in self._shards.values():
+            if not s.done:
+                lanes.setdefault(topo.shard_servers[s.shard], []).append(s.shard)
+        if not lanes:
+            return
+        self.rt.halt.clear()
+        with ThreadPoolExecutor(2 * len(lanes), thread_name_prefix="backfill") as pool:
+            futures = [pool.submit(self._lane, pool, index, shards) for shards in lanes.values()]
+            try:
+                while True:
+                    done, pending = wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION)
+                    self.rt.tick()
+                    self._report()
+                    failed = [f for f in done if f.exception() is not None]
+                    if failed or not pending:
+                        break
+            finally:
+                if any(f.exception() is not None for f in futures if f.done()):
+                    self.rt.halt.set()  # the other lanes stop after their batch
+                wait(futures)
+                self.rt.halt.clear()
+            for f in futures:
+                exc = f.exception()
+                if exc is not None and not isinstance(exc, Stopped):
+                    raise exc
+
+    # -- one lane: the shards of one server ------------------------------------------------
+
+    def _lane(self, pool: ThreadPoolExecutor, index: Index, shards: list[int]) -> None:
+        for shard in shards:
+            state = self._shards[shard]
+            ahead: Future[list[EntityRow]] | None = None
+            while not state.done and not self.rt.stopping:
+                try:
+                    ahead = self.rt.retry(
+                        f"backfill {self.name} shard {shard}",
+                        partial(self._batch, pool, index, state, ahead),
+                    )
+                except Stopped:
+                    return
+            if ahead is not None:
+                ahead.cancel()
+
+    def _read(self, shard: int, after: int) -> list[EntityRow]:
+        topo = self.rt.store.cluster.current()
+        return next(entity_batches(self.rt.store, topo, shard, after, self.rt.batch), [])
+
+    def _batch(
+        self,
+        pool: ThreadPoolExecutor,
+        index: Index,
+        state: _Shard,
+        ahead: Future[list[EntityRow]] | None,
+    ) -> Future[list[EntityRow]] | None:
+        """One batch from ``state.position``; returns the read of the next batch."""
+        rt = self.rt
+        store = rt.store
+        topo = store.cluster.current()
+        shard = state.shard
+        try:
+            rows = ahead.result() if ahead is not None else self._read(shard, state.position)
+        except SchemalessError:
+            rows = self._read(shard, state.position)  # the read ahead failed: again, here
+        if rows and rows[0][0] <= state.position:  # read ahead of a batch that was redone
+            rows = self._read(shard, state.position)
+        done = len(rows) < rt.batch
+        following = None if done else pool.submit(self._read, shard, rows[-1][0])
+        failpoints.hit("cleaner.after_read")
+        new_rows, versions = self._rows(topo, index, shard, rows)
+        upsert_rows(store, topo, new_rows)
+        if rows:
+            self._recheck(topo, index, shard, state.position, rows[-1][0], versions)
+        last = rows[-1][0] if rows else state.position
+        store.cluster.catalog.save_checkpoint(self.job, shard, last, done, state.rows + len(rows))
+        with self._lock:
+            state.position, state.done, state.rows = last, done, state.rows + len(rows)
+        rt.figures.add(rows_backfilled=len(new_rows), rows_checked=len(rows))
+        failpoints.hit("cleaner.after_batch")
+        rt.throttle(len(rows))
+        return following
+
+    def _rows(
+        self, topo: Topology, index: Index, shard: int, batch: list[EntityRow]
+    ) -> tuple[list[IndexRow], dict[bytes, int]]:
+        """The rows of a batch's live entities, placed; and every entity's version."""
+        store = self.rt.store
+        decode = store.codec.decode  # store.decode's copy into an Entity is not needed
+        rows = index.rows
+        n = topo.n_shards
+        out: list[IndexRow] = []
+        versions: dict[bytes, int] = {}
+        for _, key, version, body in batch:
+            versions[key] = version
+            if body is None:
+                continue
+            try:
+                produced = rows(decode(body))
+            except CorruptEntity:
+                try:  # again, for the message that names the entity and its shard
+                    store.decode(key, shard, version, body)
+                except CorruptEntity as exc:
+                    log.error("set aside (cannot decode): %s", exc)
+                self.rt.figures.add(corrupt=1)
+                continue
+            except InvalidEntity as exc:
+                log.warning(
+                    "set aside for index %r (values do not fit): entity %s on logical shard %d: %s",
+                    index.name,
+                    id_hex(key),
+                    shard,
+                    exc,
+                )
+                self.rt.figures.add(unindexable=1)
+                continue
+            out += [placed(index, row, key, version, n) for row in produced]
+        return out, versions
+
+    def _recheck(
+        self,
+        topo: Topology,
+        index: Index,
+        shard: int,
+        after: int,
+        last: int,
+        versions: dict[bytes, int],
+    ) -> None:
+        """Reconcile the batch's entities that a writer changed since they were read."""
+        server = self.rt.store.cluster.server_of_shard(topo, shard)
+        sql, params = entity_versions_sql(topo.prefix, shard, after, last)
+        now = {bytes(k): int(v) for k, v in server.run(sql, params)[0]}
+        changed = [k for k, v in versions.items() if now.get(k) != v]
+        if changed:
+            store = self.rt.store
+            entities = read_entities(store, topo, changed)
+            found = read_rows(store, topo, [index], changed)
+            self.repairer.reconcile(topo, [index], entities, found, add_missing=True)
+
+    def _report(self, force: bool = False) -> None:
+        with self._lock:
+            shards = list(self._shards.values())
+        done = sum(s.rows for s in shards)
+        left = sum(max(0, s.end - s.position) for s in shards if not s.done)
+        finished = sum(s.done for s in shards)
+        self.rt.progress.update(self.name, done, done + left, finished, len(shards), force=force)
+        if self._started is not None:
+            elapsed = time.monotonic() - self._started
+            rows = self.rt.figures.as_dict()["rows_backfilled"]
+            self.rt.figures.set(rows_per_s=round(rows / elapsed, 1) if elapsed > 0 else 0.0)
+
+
+def _run(server: Server, sql: str) -> Callable[[], list[tuple[int, int]]]:
+    def call() -> list[tuple[int, int]]:
+        return [(int(a), int(b)) for a, b in server.run(sql)[0]]
+
+    return call

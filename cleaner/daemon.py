@@ -1,0 +1,200 @@
+"""The Cleaner: backfill one index, or keep every index clean, pass after pass.
+
+A pass is the recent-first check, a sweep of the index tables (all of it with
+``full``, else a checkpointed slice) and the purge of old tombstones.  Signals only
+set flags (``Shutdown``); jobs stop after their current batch, so checkpoints are
+always those of committed work.  A heartbeat with the figures goes to the catalog
+every few seconds and at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from schemaless.catalog import now_us
+from schemaless.errors import SchemalessError
+from schemaless.store import DataStore
+
+from .backfill import Backfill
+from .metrics import Figures, MetricsServer, prometheus_text
+from .progress import Progress
+from .purge import purge_tombstones
+from .recent import RecentPass
+from .repair import Repairer
+from .runtime import Runtime, Shutdown, Stopped
+from .sweep import Sweep
+
+__all__ = ["Cleaner"]
+
+log = logging.getLogger("schemaless.cleaner")
+
+
+class Cleaner:
+    """One Cleaner process over a datastore (see the module docstring).
+
+    ``run_once(now=...)`` and ``backfill(name)`` are plain calls (tests use them
+    without signals); ``run_forever()`` loops until ``shutdown.request()``.
+    """
+
+    def __init__(
+        self,
+        store: DataStore,
+        *,
+        batch: int = 2000,
+        rate: float | None = None,
+        interval: float = 10.0,
+        tombstone_retention: float = 3600.0,
+        fence_after: float = 60.0,
+        sweep_budget: int | None = None,
+        heartbeat_interval: float = 5.0,
+        backoff_cap: float = 30.0,
+        name: str | None = None,
+        progress: Progress | None = None,
+        shutdown: Shutdown | None = None,
+    ) -> None:
+        self.figures = Figures()
+        self.rt = Runtime(
+            store,
+            figures=self.figures,
+            shutdown=shutdown or Shutdown(),
+            progress=progress or Progress(quiet=True),
+            batch=batch,
+            rate=rate,
+            backoff_cap=backoff_cap,
+            on_tick=self._tick,
+        )
+        self.store = store
+        self.interval = interval
+        self.tombstone_retention = tombstone_retention
+        self.sweep_budget = sweep_budget if sweep_budget is not None else 10 * batch
+        self.heartbeat_interval = heartbeat_interval
+        self.name = name or f"cleaner:{socket.gethostname()}:{os.getpid()}"
+        self._named = name is not None
+        self.repairer = Repairer(store, self.figures, fence_after=fence_after)
+        self.recent = RecentPass(self.rt, self.repairer, window=tombstone_retention)
+        self.sweep = Sweep(self.rt, self.repairer)
+        self.metrics: MetricsServer | None = None
+        self._last_beat = 0.0
+        self._started = time.monotonic()
+        self._work_seconds: float | None = None  # the backfill's scan, without the grace
+        self._index: str | None = None  # the index being backfilled
+
+    @property
+    def shutdown(self) -> Shutdown:
+        """The stop flags (``shutdown.request()`` stops after the current batch)."""
+        return self.rt.shutdown
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def backfill(self, index: str) -> str:
+        """Backfill a building index; its state at the end (``ready`` when done)."""
+        if not self._named:
+            self.name = f"backfill:{index}"
+        self._index = index
+        job = Backfill(self.rt, self.repairer, index)
+        try:
+            state = job.run()
+        except Stopped:
+            state = "building"
+        self._work_seconds = job.seconds
+        self.figures.set(state="done" if state == "ready" else "stopped", last_pass=now_us())
+        return state
+
+    def run_once(self, now: float | None = None, *, full: bool = True) -> dict[str, Any]:
+        """One pass: recent changes, the sweep (whole if ``full``), the purge.
+
+        ``now`` (Unix seconds) fixes the clock for the recent window and the
+        tombstone retention.  Returns the figures.
+        """
+        rt = self.rt
+        now_s = time.time() if now is None else now
+        topo = rt.retry("reading the catalog", self.store.cluster.refresh)
+        indexes = topo.maintained()
+        rt.figures.set(state="recent")
+        self.recent.run(topo, indexes, int(now_s * 1e6))
+        if not rt.stopping:
+            rt.figures.set(state="sweep")
+            self.sweep.run(topo, indexes, None if full else self.sweep_budget)
+        if not rt.stopping:
+            rt.figures.set(state="purge")
+            purge_tombstones(rt, topo, int((now_s - self.tombstone_retention) * 1e6))
+        if rt.stopping:
+            raise Stopped()
+        rt.figures.set(state="idle", last_pass=now_us())
+        rt.figures.add(passes=1)
+        self.heartbeat()
+        return rt.figures.as_dict()
+
+    def run_forever(self) -> None:
+        """Pass after pass, ``interval`` seconds apart, until a stop is requested."""
+        try:
+            while not self.rt.stopping:
+                try:
+                    self.run_once(full=False)
+                except SchemalessError as exc:  # e.g. an index purged mid-pass: next pass
+                    log.error("pass failed: %s; next pass in %gs", exc, self.interval)
+                    self.figures.set(state="error")
+                self.rt.sleep(self.interval)
+        except Stopped:
+            pass
+        self.figures.set(state="stopped")
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def serve_metrics(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve Prometheus figures at ``http://host:port/metrics``; the port bound."""
+        labels = {"name": self.name}
+        self.metrics = MetricsServer(
+            lambda: prometheus_text(self.figures.as_dict(), labels), port, host
+        )
+        return self.metrics.port
+
+    def heartbeat(self) -> None:
+        """Record the figures in the catalog now (a failure is logged, not raised)."""
+        self._last_beat = time.monotonic()
+        figures = self.figures.as_dict()
+        figures.update(pid=os.getpid(), host=socket.gethostname())
+        if self._index is not None:
+            figures["index"] = self._index
+        try:
+            self.store.cluster.catalog.heartbeat(self.name, figures)
+        except SchemalessError as exc:
+            log.warning("heartbeat not recorded: %s", exc)
+
+    def summary(self) -> str:
+        """The figures of this run, for the end."""
+        f = self.figures.as_dict()
+        elapsed = time.monotonic() - self._started
+        parts = [
+            f"{self.name}: {f['state']} after {elapsed:.1f}s",
+            f"rows checked {f['rows_checked']:,}",
+            f"rows backfilled {f['rows_backfilled']:,}",
+            f"rows upserted {f['rows_upserted']:,}",
+            f"orphans deleted {f['orphans_deleted']:,}",
+            f"fenced {f['fenced']:,}",
+            f"deferred {f['deferred']:,}",
+            f"tombstones purged {f['purged']:,}",
+            f"unindexable {f['unindexable']:,}",
+            f"corrupt {f['corrupt']:,}",
+        ]
+        seconds = self._work_seconds or elapsed
+        if f["rows_backfilled"] and seconds > 0:
+            parts.append(f"{f['rows_backfilled'] / seconds:,.0f} rows/s")
+        return ", ".join(parts)
+
+    def close(self) -> None:
+        """Final heartbeat, progress line, metrics endpoint; the store is the caller's."""
+        self.rt.progress.close()
+        self.heartbeat()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+
+    def _tick(self) -> None:
+        self.rt.progress.show()
+        if time.monotonic() - self._last_beat >= self.heartbeat_interval:
+            self.heartbeat()

@@ -1,0 +1,313 @@
+"""The ``cleaner`` command: backfill an index, run the Cleaner, verify the indexes."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from schemaless.connect import DEFAULT_PREFIX, open_store
+from schemaless.errors import SchemalessError
+from schemaless.local import LocalClusterError
+from schemaless.store import DataStore
+
+from .daemon import Cleaner
+from .metrics import Figures
+from .progress import Progress
+from .repair import Repairer
+from .report import diff_lines
+from .runtime import Stopped
+from .verify import diff_indexes
+
+__all__ = ["main"]
+
+log = logging.getLogger("schemaless.cleaner")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def common_options(fn: F) -> F:
+    """``--url`` and ``--prefix`` (from the environment by default)."""
+    fn = click.option(
+        "--prefix",
+        envvar="SCHEMALESS_PREFIX",
+        help=f"Datastore prefix (names its databases). Env: SCHEMALESS_PREFIX. "
+        f"Default: {DEFAULT_PREFIX}.",
+    )(fn)
+    fn = click.option(
+        "--url",
+        envvar="SCHEMALESS_URL",
+        metavar="URL",
+        help="Catalog server, mysql://host:port (user and password from SCHEMALESS_USER "
+        "and SCHEMALESS_PASSWORD). Env: SCHEMALESS_URL. Default: the local cluster.",
+    )(fn)
+    return fn
+
+
+def fence_option(fn: F) -> F:
+    """``--fence-after``."""
+    return click.option(
+        "--fence-after",
+        type=click.FloatRange(min=0),
+        default=60.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="Index rows whose version is above their live entity's are removed only "
+        "when seen again this much later (0: at once, when no writer is running).",
+    )(fn)
+
+
+@contextmanager
+def _console(quiet: bool, verbose: bool) -> Iterator[None]:
+    """Log lines of schemaless to stderr for the duration of the command."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("schemaless")
+    previous = logger.level
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+
+
+def _open(url: str | None, prefix: str | None) -> DataStore:
+    try:
+        return open_store(url, prefix=prefix or DEFAULT_PREFIX)
+    except (SchemalessError, LocalClusterError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.group(
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@common_options
+@click.option("--index", metavar="NAME", help="Backfill this building index, then exit.")
+@click.option("--once", is_flag=True, help="Run one full pass and exit (cron, tests).")
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 100_000),
+    default=2000,
+    show_default=True,
+    help="Rows per batch (and per checkpoint).",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="ROWS_PER_S",
+    help="Average rows per second at most (default: unlimited).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Pause between passes when running continuously.",
+)
+@click.option(
+    "--tombstone-retention",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Purge tombstones (deleted entities' versions) older than this.",
+)
+@fence_option
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    help="Serve Prometheus figures at http://HOST:PORT/metrics.",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress; warnings and errors only.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug log lines.")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    url: str | None,
+    prefix: str | None,
+    index: str | None,
+    once: bool,
+    batch: int,
+    rate: float | None,
+    interval: float,
+    tombstone_retention: float,
+    fence_after: float,
+    metrics_port: int | None,
+    metrics_host: str,
+    quiet: bool,
+    verbose: bool,
+) -> None:
+    """The schemaless Cleaner: backfill new indexes, delete orphan index rows.
+
+    \b
+    Examples:
+      cleaner --index=by_link              # backfill index by_link, then mark it ready
+      cleaner --once                       # one pass over every index, then exit
+      cleaner --rate 5000 --metrics-port 9187   # run continuously, throttled
+      cleaner verify --index by_link       # compare the index with the entities
+
+    Without --index or --once it runs until SIGTERM/SIGINT: the first signal finishes
+    the current batch, checkpoints and exits 0; a second one stops at once.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj.update(url=url, prefix=prefix, quiet=quiet, verbose=verbose)
+    if ctx.invoked_subcommand is not None:
+        return
+    with _console(quiet, verbose):
+        store = _open(url, prefix)
+        cleaner = Cleaner(
+            store,
+            batch=batch,
+            rate=rate,
+            interval=interval,
+            tombstone_retention=tombstone_retention,
+            fence_after=fence_after,
+            progress=Progress(sys.stderr, quiet=quiet),
+            name=f"backfill:{index}" if index is not None else None,
+        )
+        try:
+            cleaner.shutdown.install()
+            state = _run(cleaner, index, once, metrics_port, metrics_host)
+        finally:
+            cleaner.shutdown.restore()
+            try:
+                cleaner.close()
+            finally:
+                store.close()
+        click.echo(cleaner.summary())
+        if cleaner.shutdown.requested:
+            click.echo("stopped on request; checkpoints saved: run the same command to resume")
+        elif index is not None and state != "ready":
+            raise click.ClickException(f"index {index!r} is {state}, not ready")
+
+
+def _run(
+    cleaner: Cleaner,
+    index: str | None,
+    once: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> str | None:
+    """The job the options ask for; the index state after a backfill."""
+    cleaner.heartbeat()  # "starting": visible before the first batch
+    if metrics_port is not None:
+        try:
+            port = cleaner.serve_metrics(metrics_port, metrics_host)
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}",
+                param_hint="'--metrics-port'",
+            ) from exc
+        log.info("metrics at http://%s:%d/metrics", metrics_host, port)
+    try:
+        if index is not None:
+            return cleaner.backfill(index)
+        if once:
+            cleaner.run_once(full=True)
+        else:
+            cleaner.run_forever()
+    except Stopped:
+        cleaner.figures.set(state="stopped")
+    except SchemalessError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return None
+
+
+@main.command()
+@common_options
+@click.option(
+    "--index", "names", multiple=True, metavar="NAME", help="Only this index (repeatable)."
+)
+@click.option("--repair", is_flag=True, help="Fix what was found, then check again.")
+@click.option(
+    "--examples",
+    type=click.IntRange(0),
+    default=3,
+    show_default=True,
+    help="Example rows shown per kind of difference.",
+)
+@fence_option
+@click.pass_context
+def verify(
+    ctx: click.Context,
+    url: str | None,
+    prefix: str | None,
+    names: tuple[str, ...],
+    repair: bool,
+    examples: int,
+    fence_after: float,
+) -> None:
+    """Recompute every index row from the entities and compare with the index tables.
+
+    Reports rows missing (an entity the index would miss), extra (orphans) and behind
+    (an older entity_version) per index and shard.  Exit code 0 if clean, 1 if not
+    (after --repair: 1 only if differences remain).  Reads everything: run it on a
+    quiet datastore, as concurrent writes show up as passing differences.
+
+    \b
+    Examples:
+      cleaner verify                      # every index
+      cleaner verify --index by_link --repair
+    """
+    parent = ctx.obj or {}
+    with _console(parent.get("quiet", False), parent.get("verbose", False)):
+        store = _open(url or parent.get("url"), prefix or parent.get("prefix"))
+        try:
+            dirty = _verify(store, names, repair, examples, fence_after)
+        except SchemalessError as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            store.close()
+    if dirty:
+        ctx.exit(1)
+
+
+def _verify(
+    store: DataStore, names: tuple[str, ...], repair: bool, examples: int, fence_after: float
+) -> bool:
+    """Print the differences (and repair them); whether any remain."""
+    topo = store.cluster.refresh()
+    for name in names:
+        if name not in topo.indexes:
+            raise click.BadParameter(f"no index named {name!r}", param_hint="'--index'")
+    diffs = diff_indexes(store, names or None)
+    for name, diff in diffs.items():
+        for line in diff_lines(name, diff, examples):
+            click.echo(line)
+    if not diffs:
+        click.echo("no indexes to verify")
+    dirty = any(not d.clean for d in diffs.values())
+    if not (repair and dirty):
+        return dirty
+    figures = Figures()
+    Repairer(store, figures, fence_after=fence_after).repair_diff(topo, diffs)
+    f = figures.as_dict()
+    click.echo(
+        f"repaired: {f['rows_upserted']} rows upserted, {f['orphans_deleted']} deleted, "
+        f"{f['fenced']} entities fenced, {f['deferred']} rows deferred (ahead of a live "
+        "entity; see --fence-after)"
+    )
+    again = diff_indexes(store, names or None)
+    dirty = any(not d.clean for d in again.values())
+    click.echo("after repair: " + ("differences remain" if dirty else "clean"))
+    if dirty:
+        for name, diff in again.items():
+            for line in diff_lines(name, diff, examples):
+                click.echo(line)
+    return dirty
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

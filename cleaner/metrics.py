@@ -1,0 +1,119 @@
+"""The Cleaner's figures, and an optional Prometheus endpoint that serves them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["Figures", "MetricsServer", "prometheus_text"]
+
+#: Figures that only grow (Prometheus counters); the others are gauges.
+_COUNTERS = frozenset(
+    {
+        "rows_checked",
+        "orphans_deleted",
+        "rows_backfilled",
+        "rows_upserted",
+        "unindexable",
+        "corrupt",
+        "fenced",
+        "deferred",
+        "purged",
+        "passes",
+        "backoffs",
+    }
+)
+
+
+@dataclass
+class Figures:
+    """What the Cleaner did so far; updated from several threads."""
+
+    state: str = "starting"
+    last_pass: int = 0  # µs, end of the last complete pass
+    rows_checked: int = 0
+    orphans_deleted: int = 0
+    rows_backfilled: int = 0
+    rows_upserted: int = 0
+    unindexable: int = 0
+    corrupt: int = 0
+    fenced: int = 0
+    deferred: int = 0
+    purged: int = 0
+    backlog: int = 0
+    rows_per_s: float = 0.0  # the backfill's rate so far
+    passes: int = 0
+    backoffs: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        """Add to some counters."""
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def set(self, **values: Any) -> None:
+        """Set some figures (state, backlog, last_pass)."""
+        with self._lock:
+            for name, value in values.items():
+                setattr(self, name, value)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A snapshot, for the catalog heartbeat and the summary."""
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+
+
+def prometheus_text(figures: dict[str, Any], labels: dict[str, str]) -> str:
+    """Figures in the Prometheus text exposition format."""
+    label = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+    lines = []
+    for name, value in sorted(figures.items()):
+        if name == "state":
+            metric = "schemaless_cleaner_up"
+            lines += [f"# TYPE {metric} gauge", f'{metric}{{{label},state="{_escape(value)}"}} 1']
+            continue
+        kind = "counter" if name in _COUNTERS else "gauge"
+        metric = f"schemaless_cleaner_{name}" + ("_total" if kind == "counter" else "")
+        lines += [f"# TYPE {metric} {kind}", f"{metric}{{{label}}} {value:g}"]
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class MetricsServer:
+    """``GET /metrics`` on ``host:port`` from a daemon thread (127.0.0.1 by default)."""
+
+    def __init__(self, render: Callable[[], str], port: int, host: str = "127.0.0.1") -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # http.server's naming
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served")
+                    return
+                body = render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # scrapes every few seconds would flood the log
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="cleaner-metrics", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,184 @@
+"""SQL of the Cleaner (pure builders: statements and parameters, nothing sent).
+
+Every delete carries the Cleaner's guard ``entity_version <= <version seen>``; a
+fence writes a tombstone above the versions of an absent entity's orphan rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from schemaless.index import Index
+from schemaless.names import quote
+from schemaless.schema import shard_db
+
+__all__ = [
+    "Guarded",
+    "backlog_sql",
+    "bump_sql",
+    "delete_guarded_sql",
+    "entities_by_id_sql",
+    "entity_versions_sql",
+    "fence_sql",
+    "max_added_sql",
+    "purge_sql",
+    "recent_batch_sql",
+    "rows_by_entity_sql",
+]
+
+#: One index row to delete: (index, logical shard, values, entity_id, guard version).
+Guarded = tuple[Index, int, tuple[Any, ...], bytes, int]
+
+
+def _entities(prefix: str, shard: int) -> str:
+    return quote(shard_db(prefix, shard), "entities")
+
+
+def entities_by_id_sql(prefix: str, ids: Mapping[int, Sequence[bytes]]) -> tuple[str, list[Any]]:
+    """Entity rows (tombstones included) of some ids, grouped by logical shard:
+    ``(id, version, body, shard)``, one ``UNION ALL`` statement."""
+    parts: list[str] = []
+    params: list[Any] = []
+    for shard, keys in sorted(ids.items()):
+        marks = ", ".join(["%s"] * len(keys))
+        parts.append(
+            f"SELECT `id`, `version`, `body`, {int(shard)} FROM {_entities(prefix, shard)}"
+            f" WHERE `id` IN ({marks})"
+        )
+        params.extend(keys)
+    return " UNION ALL ".join(parts), params
+
+
+def rows_by_entity_sql(
+    prefix: str, shards: Sequence[int], indexes: Sequence[Index], ids: Sequence[bytes]
+) -> tuple[str, list[Any]]:
+    """The rows of some entities in every index table of some shards (``KEY(entity_id)``).
+
+    One statement per index (``UNION ALL`` over the shards), in index order; each row is
+    ``(shard, values..., entity_id, entity_version)``.
+    """
+    marks = ", ".join(["%s"] * len(ids))
+    stmts: list[str] = []
+    params: list[Any] = []
+    for index in indexes:
+        cols = ", ".join(quote(c) for c in index.columns)
+        parts = []
+        for shard in shards:
+            parts.append(
+                f"SELECT {int(shard)}, {cols}, `entity_id`, `entity_version`"
+                f" FROM {quote(shard_db(prefix, shard), index.table)}"
+                f" WHERE `entity_id` IN ({marks})"
+            )
+            params.extend(ids)
+        stmts.append(" UNION ALL ".join(parts))
+    return ";\n".join(stmts), params
+
+
+def delete_guarded_sql(prefix: str, rows: Iterable[Guarded]) -> tuple[str, list[Any]]:
+    """Delete index rows only where ``entity_version <= guard``; one result set: the
+    number of rows deleted."""
+    stmts = ["SET @cleaned = 0"]
+    params: list[Any] = []
+    for index, shard, values, entity_id, guard in sorted(
+        rows, key=lambda r: (r[1], r[0].name, r[3])
+    ):
+        where = " AND ".join(f"{quote(c)} = %s" for c in index.columns)
+        stmts.append(
+            f"DELETE FROM {quote(shard_db(prefix, shard), index.table)} WHERE {where}"
+            " AND `entity_id` = %s AND `entity_version` <= %s"
+        )
+        stmts.append("SET @cleaned = @cleaned + ROW_COUNT()")
+        params.extend(values)
+        params.append(entity_id)
+        params.append(guard)
+    stmts.append("SELECT @cleaned")
+    return ";\n".join(stmts), params
+
+
+def fence_sql(
+    prefix: str, fences: Iterable[tuple[int, bytes, int]], now: int
+) -> tuple[str, list[Any]]:
+    """Write a tombstone of at least ``version`` for entities that are absent or dead.
+
+    ``fences``: ``(shard, id, version)``.  An absent id gets a new tombstone; a
+    tombstone is raised to ``version``; a live entity is left alone.  One result set
+    per fence: ``(version, is_tombstone)`` as stored afterwards.
+    """
+    stmts: list[str] = []
+    params: list[Any] = []
+    for shard, entity_id, version in sorted(fences):
+        table = _entities(prefix, shard)
+        stmts.append(
+            f"INSERT INTO {table} (`id`, `version`, `updated`, `body`)"
+            " VALUES (%s, %s, %s, NULL) ON DUPLICATE KEY UPDATE"
+            " `updated` = IF(`body` IS NULL AND `version` < VALUES(`version`),"
+            " GREATEST(`updated`, VALUES(`updated`)), `updated`),"
+            " `version` = IF(`body` IS NULL, GREATEST(`version`, VALUES(`version`)), `version`)"
+        )
+        params += [entity_id, version, now]
+        stmts.append(f"SELECT `version`, `body` IS NULL FROM {table} WHERE `id` = %s")
+        params.append(entity_id)
+    return ";\n".join(stmts), params
+
+
+def bump_sql(
+    prefix: str, shard: int, entity_id: bytes, seen: int, version: int
+) -> tuple[str, list[Any]]:
+    """Raise a live entity's version from ``seen`` to ``version`` (body unchanged), only
+    if it is still at ``seen``; one result set: the rows changed (0 or 1)."""
+    table = _entities(prefix, shard)
+    return (
+        f"UPDATE {table} SET `version` = %s WHERE `id` = %s AND `version` = %s"
+        " AND `body` IS NOT NULL; SELECT ROW_COUNT()",
+        [version, entity_id, seen],
+    )
+
+
+def entity_versions_sql(prefix: str, shard: int, after: int, last: int) -> tuple[str, list[Any]]:
+    """``(id, version)`` of the entity rows with ``after < added_id <= last``."""
+    return (
+        f"SELECT `id`, `version` FROM {_entities(prefix, shard)}"
+        " WHERE `added_id` > %s AND `added_id` <= %s",
+        [after, last],
+    )
+
+
+def recent_batch_sql(
+    prefix: str, shard: int, updated: int, added: int, limit: int
+) -> tuple[str, list[Any]]:
+    """Entity rows changed after ``(updated, added_id)``, oldest change first (uses
+    ``KEY(updated)``): ``(added_id, id, version, updated, body)``."""
+    return (
+        f"SELECT `added_id`, `id`, `version`, `updated`, `body` FROM {_entities(prefix, shard)}"
+        " WHERE `updated` >= %s AND (`updated` > %s OR `added_id` > %s)"
+        f" ORDER BY `updated`, `added_id` LIMIT {int(limit)}",
+        [updated, updated, added],
+    )
+
+
+def backlog_sql(prefix: str, since: Mapping[int, int]) -> tuple[str, list[Any]]:
+    """How many entity rows changed after each shard's mark: one row, one count."""
+    parts = []
+    params: list[Any] = []
+    for shard, mark in sorted(since.items()):
+        parts.append(f"(SELECT COUNT(*) FROM {_entities(prefix, shard)} WHERE `updated` > %s)")
+        params.append(mark)
+    return "SELECT " + " + ".join(parts), params
+
+
+def max_added_sql(prefix: str, shards: Sequence[int]) -> str:
+    """``(shard, MAX(added_id))`` of some shards, one ``UNION ALL`` statement."""
+    return " UNION ALL ".join(
+        f"SELECT {int(s)}, COALESCE(MAX(`added_id`), 0) FROM {_entities(prefix, s)}" for s in shards
+    )
+
+
+def purge_sql(prefix: str, shard: int, before: int, limit: int) -> tuple[str, list[Any]]:
+    """Delete up to ``limit`` tombstones last written before ``before`` (µs); one result
+    set: the number deleted."""
+    return (
+        f"DELETE FROM {_entities(prefix, shard)} WHERE `updated` < %s AND `body` IS NULL"
+        f" ORDER BY `updated` LIMIT {int(limit)}; SELECT ROW_COUNT()",
+        [before],
+    )

@@ -1,0 +1,519 @@
+"""The Cleaner in-process, against the real local cluster: backfill under concurrent
+writers, the race cases of the design notes, orphans of crashed writers, purge."""
+
+from __future__ import annotations
+
+import io
+import random
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from schemaless import DataStore, Index, failpoints
+from schemaless.catalog import Topology
+from schemaless.cleaner import Cleaner, diff_indexes
+from schemaless.cleaner.access import read_entities, read_rows
+from schemaless.cleaner.progress import Progress
+from schemaless.cleaner.runtime import Shutdown
+from schemaless.cleaner.throttle import TokenBucket
+from schemaless.errors import ConflictError, SchemalessError, ShardUnavailable
+from schemaless.failpoints import FailpointError
+from schemaless.hashing import shard_of
+from schemaless.ids import new_id
+from schemaless.local import LocalCluster
+from schemaless.names import quote
+from schemaless.schema import shard_db
+
+BY_LINK = Index("by_link", {"link": "str(100)"})
+BY_TAG = Index("by_tag", {"tags": "str(20)", "n": "int"}, multi="tags")
+
+
+@pytest.fixture(autouse=True)
+def no_failpoints() -> Iterator[None]:
+    yield
+    failpoints.clear()
+
+
+def load(store: DataStore, n: int, start: int = 0) -> list[bytes]:
+    """Put ``n`` entities; their ids."""
+    ids: list[bytes] = []
+    for lo in range(start, start + n, 500):
+        batch = [
+            {"link": f"http://example.com/{i}", "tags": [f"t{i % 7}", f"u{i % 3}"], "n": i}
+            for i in range(lo, min(lo + 500, start + n))
+        ]
+        store.put_many(batch)
+        ids += [e["id"] for e in batch]
+    return ids
+
+
+def same_store(local_cluster: LocalCluster, store: DataStore) -> DataStore:
+    """Another client of the same datastore (its own pools and catalog refreshes)."""
+    return DataStore(
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=store.cluster.topology.prefix,
+        create=False,
+    )
+
+
+def rows_of(store: DataStore, index: Index, entity_id: bytes) -> dict[tuple[Any, ...], int]:
+    """``values -> entity_version`` of an entity's rows in an index (every shard)."""
+    topo = store.cluster.refresh()
+    return {r.values: r.version for r in read_rows(store, topo, [index], [entity_id])}
+
+
+def plant(store: DataStore, index: Index, values: tuple[Any, ...], key: bytes, version: int) -> int:
+    """Insert an index row with raw SQL on the shard it belongs to; the shard."""
+    topo = store.cluster.refresh()
+    shard = shard_of(index.shard_key(values), topo.n_shards)
+    cols = ", ".join(quote(c) for c in index.columns)
+    marks = ", ".join(["%s"] * (len(values) + 2))
+    store.cluster.server_of_shard(topo, shard).run(
+        f"INSERT INTO {quote(shard_db(topo.prefix, shard), index.table)}"
+        f" ({cols}, `entity_id`, `entity_version`) VALUES ({marks})",
+        [*values, key, version],
+    )
+    return shard
+
+
+def assert_clean(store: DataStore, *names: str) -> None:
+    diffs = diff_indexes(store, names or None)
+    assert {n: d.summary() for n, d in diffs.items() if not d.clean} == {}
+
+
+# -- backfill --------------------------------------------------------------------------
+
+
+def test_backfill_under_concurrent_writers(make_store: Any, local_cluster: LocalCluster) -> None:
+    store = make_store()
+    ids = load(store, 3000)
+    writers_store = same_store(local_cluster, store)  # learns of the index on refresh
+    assert store.declare_index(BY_LINK) == "building"
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    done = [0]
+
+    def writer(mine: list[bytes], seed: int) -> None:
+        rnd = random.Random(seed)
+        live = list(mine)
+        try:
+            while not stop.is_set():
+                op = rnd.random()
+                if op < 0.3:
+                    entity = {"link": f"http://new.example/{rnd.random()}", "n": 1}
+                    writers_store.put(entity)
+                    live.append(entity["id"])
+                elif op < 0.6 and live:
+                    key = rnd.choice(live)
+                    link = f"http://changed.example/{rnd.random()}"
+                    writers_store.update(key, lambda e, link=link: {**(e or {}), "link": link})
+                elif op < 0.8 and live:
+                    key = live.pop(rnd.randrange(len(live)))
+                    writers_store.delete(key)
+                elif live:
+                    key = rnd.choice(live)
+                    writers_store.put({"id": key, "link": f"http://blind.example/{seed}"})
+                done[0] += 1
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(ids[i::3], i), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        cleaner = Cleaner(store, batch=200)
+        assert cleaner.backfill("by_link") == "ready"
+        time.sleep(0.2)  # writes after the backfill are the writers' own business
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        writers_store.close()
+    assert not errors, errors
+    assert done[0] > 50  # the writers really ran during the backfill
+    assert store.cluster.refresh().indexes["by_link"].state == "ready"
+    figures = cleaner.figures.as_dict()
+    assert figures["rows_backfilled"] >= 2000
+    assert_clean(store, "by_link")
+    # resumable: every shard's checkpoint is done
+    checkpoints = store.cluster.catalog.checkpoints("backfill:by_link")
+    assert len(checkpoints) == 8 and all(done for _, done, _ in checkpoints.values())
+
+
+def test_backfill_of_ready_or_unknown_index(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    assert Cleaner(store).backfill("by_link") == "ready"
+    with pytest.raises(SchemalessError, match="no index named 'nope'"):
+        Cleaner(store).backfill("nope")
+
+
+def test_backfill_sets_aside_unindexable_and_corrupt(make_store: Any) -> None:
+    store = make_store()
+    ids = load(store, 40)
+    store.put({"link": "x" * 300, "n": 1})  # too long for str(100): set aside
+    topo = store.cluster.refresh()
+    victim = ids[0]
+    shard = shard_of(victim, topo.n_shards)
+    store.cluster.server_of_shard(topo, shard).run(
+        f"UPDATE {quote(shard_db(topo.prefix, shard), 'entities')} SET body = %s WHERE id = %s",
+        [b"\x09garbage", victim],
+    )
+    store.declare_index(BY_LINK)
+    cleaner = Cleaner(store)
+    assert cleaner.backfill("by_link") == "ready"
+    figures = cleaner.figures.as_dict()
+    assert (figures["unindexable"], figures["corrupt"]) == (1, 1)
+    assert figures["rows_backfilled"] == 39
+
+
+# -- the race cases: a writer changes the entity between the Cleaner's read and write ------
+
+
+def test_backfill_stale_read_leaves_no_stale_row(make_store: Any) -> None:
+    store = make_store(shards=2)  # one batch per shard, one shard per server (lane)
+    ids = load(store, 30)
+    store.declare_index(BY_LINK)
+    changed = ids[:5]
+    deleted = ids[5:8]
+    fired: list[bool] = []
+
+    def writer_changes_them() -> None:
+        fired.append(True)
+        for i, key in enumerate(changed):
+            store.update(key, lambda e, i=i: {**(e or {}), "link": f"http://now/{i}"})
+        store.delete_many(deleted)
+
+    # both lanes have read their (only) batch when the writer changes the entities
+    both_lanes_read = threading.Barrier(2, action=writer_changes_them, timeout=20)
+
+    def current_rows_present() -> None:
+        for i, key in enumerate(changed):
+            assert (f"http://now/{i}",) in rows_of(store, BY_LINK, key)
+
+    failpoints.set("cleaner.after_read", both_lanes_read.wait)
+    failpoints.set("cleaner.before_delete", current_rows_present)
+    failpoints.set("cleaner.after_batch", current_rows_present)
+    cleaner = Cleaner(store, batch=1000)
+    assert cleaner.backfill("by_link") == "ready"
+    assert fired
+    current_rows_present()
+    for key in deleted:
+        assert rows_of(store, BY_LINK, key) == {}
+    assert cleaner.figures.as_dict()["orphans_deleted"] >= len(changed) + len(deleted)
+    assert_clean(store)
+
+
+def test_repair_stale_read_never_deletes_a_current_row(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    ids = load(store, 20)
+    target = ids[3]
+    version = store.get(target).version
+    plant(store, BY_LINK, ("http://soon/b",), target, version)  # an orphan, for now
+    fired: list[int] = []
+
+    def writer_makes_it_current() -> None:
+        if not fired:
+            new = store.update(target, lambda e: {**(e or {}), "link": "http://soon/b"})
+            fired.append(new.version)
+
+    def row_b_survives() -> None:
+        if fired:
+            assert rows_of(store, BY_LINK, target).get(("http://soon/b",)) == fired[0]
+
+    failpoints.set("cleaner.after_read", writer_makes_it_current)
+    failpoints.set("cleaner.after_batch", row_b_survives)
+    cleaner = Cleaner(store)
+    cleaner.run_once()
+    failpoints.clear()
+    assert fired
+    assert rows_of(store, BY_LINK, target) == {("http://soon/b",): fired[0]}
+    assert_clean(store)
+
+
+def test_stale_rows_of_an_abab_writer_vanish_on_the_next_pass(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    ids = load(store, 10)
+    key = ids[0]
+    v = store.get(key).version
+    plant(store, BY_LINK, ("http://stale/1",), key, v)  # a step 3 that never ran
+    plant(store, BY_LINK, ("http://stale/2",), key, v - 1)
+
+    def writer_goes_a_b_a() -> None:
+        failpoints.clear("cleaner.before_delete")
+        store.update(key, lambda e: {**(e or {}), "link": "http://stale/1"})
+        store.update(key, lambda e: {**(e or {}), "link": "http://example.com/0"})
+
+    failpoints.set("cleaner.before_delete", writer_goes_a_b_a)
+    Cleaner(store).run_once()
+    current = store.get(key)
+    assert current is not None
+    assert rows_of(store, BY_LINK, key) == {("http://example.com/0",): current.version}
+    assert_clean(store)
+
+
+# -- orphans of writers that died between step 1 and step 2 ----------------------------------
+
+
+def test_orphans_of_a_crashed_insert_are_fenced_then_removed(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK, BY_TAG])
+    load(store, 20)
+    orphan_id = new_id()
+    failpoints.set("put.after_index_rows", "raise")
+    with pytest.raises(FailpointError):
+        store.put({"id": orphan_id, "link": "http://crashed", "tags": ["a", "b"], "n": 1})
+    failpoints.clear()
+    assert store.get(orphan_id) is None
+    assert rows_of(store, BY_LINK, orphan_id) and len(rows_of(store, BY_TAG, orphan_id)) == 2
+
+    cleaner = Cleaner(store)
+    figures = cleaner.run_once()
+    assert figures["fenced"] >= 1 and figures["orphans_deleted"] >= 3
+    assert rows_of(store, BY_LINK, orphan_id) == {} and rows_of(store, BY_TAG, orphan_id) == {}
+    topo = store.cluster.refresh()
+    fence = read_entities(store, topo, [orphan_id])[orphan_id]
+    assert fence.exists and fence.body is None  # a tombstone above the orphans' version
+    assert_clean(store)
+    # the id stays usable: a later put (blind, or create-only) goes above the tombstone
+    version = store.put({"id": orphan_id, "link": "http://alive", "n": 2}, expect_version=0)
+    assert version > fence.version
+    assert rows_of(store, BY_LINK, orphan_id) == {("http://alive",): version}
+    cleaner.run_once()
+    assert_clean(store)
+
+
+def test_rows_ahead_of_a_live_entity_wait_for_fence_after(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    ids = load(store, 10)
+    key = ids[0]
+    failpoints.set("put.after_index_rows", "raise")
+    with pytest.raises(FailpointError):
+        store.put({"id": key, "link": "http://never-committed"})
+    failpoints.clear()
+    before = store.get(key)
+    assert before is not None
+
+    figures = Cleaner(store).run_once()  # the write might still be in flight: left alone
+    assert figures["deferred"] >= 1
+    assert ("http://never-committed",) in rows_of(store, BY_LINK, key)
+
+    figures = Cleaner(store, fence_after=0).run_once()
+    assert figures["fenced"] == 1
+    after = store.get(key)
+    assert after == before and after is not None and after.version > before.version
+    assert rows_of(store, BY_LINK, key) == {("http://example.com/0",): after.version}
+    assert_clean(store)
+    with pytest.raises(ConflictError):  # a writer still holding the old version loses
+        store.put({"id": key, "link": "late"}, expect_version=before.version)
+
+
+# -- the continuous pass: recent changes, sweep, purge ------------------------------------
+
+
+def test_pass_repairs_missing_behind_and_extra_rows(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    ids = load(store, 50)
+    topo = store.cluster.refresh()
+    # a missing row (recent pass), a behind row, an orphan of a deleted entity (sweep)
+    victim, behind, gone = ids[1], ids[2], ids[3]
+    _delete_row(store, topo, BY_LINK, ("http://example.com/1",), victim)
+    _set_version(store, topo, BY_LINK, ("http://example.com/2",), behind, 1)
+    store.delete(gone)
+    plant(store, BY_LINK, ("http://example.com/3",), gone, 1)
+    figures = Cleaner(store).run_once()
+    assert figures["rows_upserted"] >= 2 and figures["orphans_deleted"] >= 1
+    assert_clean(store)
+    checkpoints = store.cluster.catalog.checkpoints("recent")
+    assert len(checkpoints) == topo.n_shards
+
+
+def test_purge_of_old_tombstones(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    ids = load(store, 30)
+    store.delete_many(ids[:10])
+    cleaner = Cleaner(store, tombstone_retention=3600)
+    assert cleaner.run_once()["purged"] == 0
+    assert cleaner.run_once(now=time.time() + 7200)["purged"] == 10
+    topo = store.cluster.refresh()
+    assert all(not e.exists for e in read_entities(store, topo, ids[:10]).values())
+    assert_clean(store)
+
+
+def test_continuous_sweep_advances_in_slices(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    load(store, 200)
+    cleaner = Cleaner(store, batch=20, sweep_budget=40, interval=0)
+    cleaner.run_once(full=False)
+    cursors = store.cluster.catalog.cursors("sweep:by_link")
+    assert cursors and max(p for p, _, _, _ in cursors.values()) == 1
+    assert not all(done for _, _, done, _ in cursors.values())
+    checked = cleaner.figures.as_dict()["rows_checked"]
+    for _ in range(12):
+        cleaner.run_once(full=False)
+    cursors = store.cluster.catalog.cursors("sweep:by_link")
+    assert max(p for p, _, _, _ in cursors.values()) >= 2  # a round completed, a new one began
+    assert cleaner.figures.as_dict()["rows_checked"] > checked
+
+
+def test_run_forever_stops_on_request(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    load(store, 20)
+    shutdown = Shutdown()
+    cleaner = Cleaner(store, interval=0.05, shutdown=shutdown)
+    passes: list[int] = []
+
+    def count_and_stop() -> None:
+        passes.append(1)
+        if len(passes) >= 20:
+            shutdown.request()
+
+    failpoints.set("cleaner.after_batch", count_and_stop)
+    cleaner.run_forever()
+    assert cleaner.figures.as_dict()["state"] == "stopped"
+    assert cleaner.figures.as_dict()["passes"] >= 1
+
+
+def test_backs_off_while_a_server_is_unavailable_then_carries_on(
+    make_store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store()
+    load(store, 100)
+    store.declare_index(BY_LINK)
+    outages = [3]
+
+    def server_down() -> None:
+        if outages[0]:
+            outages[0] -= 1
+            raise ShardUnavailable("server unavailable: 127.0.0.1:1 (injected)")
+
+    failpoints.set("cleaner.after_read", server_down)
+    caplog.set_level("INFO", logger="schemaless.cleaner")
+    cleaner = Cleaner(store, backoff_cap=0.05)
+    assert cleaner.backfill("by_link") == "ready"
+    assert cleaner.figures.as_dict()["backoffs"] == 3
+    assert "retrying in" in caplog.text and "available again" in caplog.text
+    assert_clean(store)
+
+
+def test_rate_limit_paces_the_pass(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    load(store, 300)
+    started = time.monotonic()
+    Cleaner(store, batch=100).run_once()
+    fast = time.monotonic() - started
+    started = time.monotonic()
+    figures = Cleaner(store, batch=100, rate=500).run_once()
+    paced = time.monotonic() - started
+    # 300 entities + 300 rows (recent) + 300 rows (sweep), 500 of them free (the burst)
+    assert figures["rows_checked"] == 900
+    assert paced >= 0.7 and paced > fast
+
+
+# -- reporting -----------------------------------------------------------------------
+
+
+def test_heartbeat_figures_in_the_catalog(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    load(store, 20)
+    cleaner = Cleaner(store, name="cleaner:test:1")
+    cleaner.run_once()
+    beat, figures = store.cluster.catalog.statuses()["cleaner:test:1"]
+    assert beat > 0
+    for key in (
+        "last_pass",
+        "rows_checked",
+        "orphans_deleted",
+        "rows_backfilled",
+        "rows_upserted",
+        "unindexable",
+        "corrupt",
+        "backlog",
+        "state",
+    ):
+        assert key in figures
+    assert figures["state"] == "idle" and figures["rows_checked"] > 0
+
+
+def test_metrics_endpoint(make_store: Any) -> None:
+    store = make_store(indexes=[BY_LINK])
+    cleaner = Cleaner(store, name="cleaner:test:2")
+    port = cleaner.serve_metrics(0)
+    try:
+        cleaner.run_once()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        cleaner.close()
+    assert "# TYPE schemaless_cleaner_rows_checked_total counter" in text
+    assert 'schemaless_cleaner_passes_total{name="cleaner:test:2"} 1' in text
+
+
+def test_progress_on_a_terminal_and_in_logs(caplog: pytest.LogCaptureFixture) -> None:
+    clock = [0.0]
+    out = io.StringIO()
+    progress = Progress(out, tty=True, clock=lambda: clock[0])
+    progress.update("by_link", 0, 1000, 0, 8)
+    clock[0] = 2.0
+    progress.update("by_link", 500, 1000, 4, 8)
+    progress.close()
+    text = out.getvalue()
+    assert "\r" in text and text.endswith("\n")
+    assert "by_link: 500/~1,000 rows, 250 rows/s, ETA 2s, shards 4/8" in text
+
+    caplog.set_level("INFO", logger="schemaless.cleaner")
+    logged = Progress(io.StringIO(), tty=False, interval=5, clock=lambda: clock[0])
+    logged.update("recent", 10)
+    clock[0] = 3.0
+    logged.update("recent", 20)  # within the interval: no line
+    clock[0] = 8.0
+    logged.update("recent", 30)
+    lines = [r.getMessage() for r in caplog.records if "progress" in r.getMessage()]
+    assert len(lines) == 2 and "recent: 30 rows" in lines[-1]
+
+
+def test_token_bucket() -> None:
+    now = [0.0]
+    bucket = TokenBucket(100, burst=100, clock=lambda: now[0])
+    assert bucket.reserve(100) == 0
+    assert bucket.reserve(50) == pytest.approx(0.5)
+    now[0] = 1.5
+    assert bucket.reserve(100) == 0
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _where(index: Index) -> str:
+    return " AND ".join(f"{quote(c)} = %s" for c in (*index.columns, "entity_id"))
+
+
+def _table(topo: Topology, index: Index, values: tuple[Any, ...]) -> tuple[int, str]:
+    shard = shard_of(index.shard_key(values), topo.n_shards)
+    return shard, quote(shard_db(topo.prefix, shard), index.table)
+
+
+def _delete_row(
+    store: DataStore, topo: Topology, index: Index, values: tuple[Any, ...], key: bytes
+) -> None:
+    shard, table = _table(topo, index, values)
+    store.cluster.server_of_shard(topo, shard).run(
+        f"DELETE FROM {table} WHERE {_where(index)}", [*values, key]
+    )
+
+
+def _set_version(
+    store: DataStore,
+    topo: Topology,
+    index: Index,
+    values: tuple[Any, ...],
+    key: bytes,
+    version: int,
+) -> None:
+    shard, table = _table(topo, index, values)
+    store.cluster.server_of_shard(topo, shard).run(
+        f"UPDATE {table} SET entity_version = %s WHERE {_where(index)}", [version, *values, key]
+    )

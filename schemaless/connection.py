@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import select
 import threading
 import time
 from collections import deque
@@ -196,6 +197,9 @@ class Server:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
                 return self._connect()
+            if _closed_by_peer(conn.db):  # e.g. the server restarted: never send on it
+                _close_quietly(conn.db)
+                continue
             if time.monotonic() - conn.last_used < self.options.stale_after:
                 return conn
             try:
@@ -246,7 +250,7 @@ class Server:
         sent = False
         try:
             with self.connection() as db:
-                query = sql.encode() % tuple(db.literal(p) for p in params) if params else sql
+                query = sql.encode() % _literals(db, params) if params else sql
                 sent = True
                 db.query(query)
                 results = _read_results(db)
@@ -287,7 +291,7 @@ class Server:
         where = f"{self.name}: {text} (MySQL error {code})"
         if code == 2026:
             return ShardUnavailable(
-                f"TLS connection failed (check the ssl options and the server's "
+                "TLS connection failed (check the ssl options and the server's "
                 f"certificate): {where}"
             )
         if code in _UNREACHABLE or (isinstance(exc, MySQLdb.OperationalError) and code >= 2000):
@@ -321,6 +325,26 @@ class _Retryable(Exception):
         self.after_send = after_send
 
 
+def _literals(db: Any, params: Sequence[Any]) -> tuple[bytes, ...]:
+    """SQL literals of the parameters: the driver's escaping, with a fast path for the
+    types every statement is full of (bytes, int, str)."""
+    quote = db.string_literal
+    out = []
+    for value in params:
+        kind = type(value)
+        if kind is bytes:
+            out.append(quote(value))
+        elif kind is int:
+            out.append(b"%d" % value)
+        elif kind is str:
+            out.append(quote(value.encode()))
+        elif value is None:
+            out.append(b"NULL")
+        else:
+            out.append(db.literal(value))
+    return tuple(out)
+
+
 def _read_results(db: Any) -> list[tuple[tuple[Any, ...], ...]]:
     """Every result set of the batch just sent.
 
@@ -339,6 +363,17 @@ def _read_results(db: Any) -> list[tuple[tuple[Any, ...], ...]]:
 def _code(exc: MySQLdb.Error) -> int:
     arg = exc.args[0] if exc.args else 0
     return arg if isinstance(arg, int) else 0
+
+
+def _closed_by_peer(db: Any) -> bool:
+    """Whether an idle connection's socket is readable (or hung up): the server closed
+    it, so a batch sent on it would be lost, a commit reported as OutcomeUnknown."""
+    try:
+        poller = select.poll()
+        poller.register(db.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, MySQLdb.Error):
+        return True
 
 
 def _close_quietly(db: Any) -> None:

@@ -93,6 +93,12 @@ def parse_address(spec: str) -> tuple[Address, Credentials]:
             password=unquote(parts.password) if parts.password is not None else None,
         )
         return Address(parts.hostname, port), creds
+    if any(c in text for c in "@/ \t\n"):
+        shown = "***" + text[text.rindex("@") :] if "@" in text else text
+        raise CatalogError(
+            f"invalid server address {shown!r}: expected host:port, or "
+            "mysql://user:password@host:port"
+        )
     host, sep, port_text = text.rpartition(":")
     if not sep:
         host, port_text = text, str(DEFAULT_PORT)

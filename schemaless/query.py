@@ -218,8 +218,10 @@ class QueryEngine:
             want = q.limit - len(out)
             batch, exhausted, gone = self._scan(q, position, want + max(4, want // 4))
             missing |= gone
-            ids = {row[-1] for row in batch}
-            entities = self.store.fetch(ids, q.consistency) if batch else {}
+            entities, gone = self.store.fetch(
+                {row[-1] for row in batch}, q.consistency, partial=q.partial
+            )
+            missing |= gone
             for row in batch:
                 position = row
                 entity = entities.get(row[-1])

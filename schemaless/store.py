@@ -28,6 +28,7 @@ from .errors import (
     IndexNotReady,
     InvalidEntity,
     InvalidQuery,
+    ShardUnavailable,
     TableMissing,
 )
 from .hashing import shard_of
@@ -193,13 +194,16 @@ class DataStore:
         One statement per server, servers in parallel.
         """
         keys = [to_id(i) for i in ids]
-        found = self._rerouted(lambda: self.fetch(set(keys), consistency))
+        found, _ = self._rerouted(lambda: self.fetch(set(keys), consistency))
         return [found.get(k) for k in keys]
 
-    def fetch(self, ids: set[bytes], consistency: str = "primary") -> dict[bytes, Entity]:
-        """Internal: live entities by id, one statement per server."""
+    def fetch(
+        self, ids: set[bytes], consistency: str = "primary", *, partial: bool = False
+    ) -> tuple[dict[bytes, Entity], set[int]]:
+        """Internal: live entities by id, one statement per server; with ``partial``,
+        the logical shards whose server did not answer instead of an error."""
         if not ids:
-            return {}
+            return {}, set()
         topo = self.cluster.current()
         by_server: dict[int, dict[int, list[bytes]]] = {}
         for key in ids:
@@ -209,10 +213,16 @@ class DataStore:
             sid: _read_call(self, topo, sid, shards, consistency)
             for sid, shards in by_server.items()
         }
+        missing: set[int] = set()
+        if partial:
+            results, errors = self.cluster.fanout_partial(calls)
+            missing = {shard for sid in errors for shard in by_server[sid]}
+        else:
+            results = self.cluster.fanout(calls)
         out: dict[bytes, Entity] = {}
-        for rows in self.cluster.fanout(calls).values():
+        for rows in results.values():
             out.update(rows)
-        return out
+        return out, missing
 
     def decode(self, entity_id: bytes, shard: int, version: int, body: bytes) -> Entity:
         """Internal: decode a stored body, naming the entity and shard on failure."""
@@ -337,8 +347,11 @@ class DataStore:
             if key in seen:
                 raise InvalidEntity(f"entity {id_hex(key)} appears twice in one put_many")
             seen.add(key)
-            body = self.codec.encode(entity)
-            rows = {index.name: index.rows(entity) for index in indexes}
+            try:
+                body = self.codec.encode(entity)
+                rows = {index.name: index.rows(entity) for index in indexes}
+            except InvalidEntity as exc:
+                raise type(exc)(f"entity {id_hex(key)}: {exc}") from exc
             prepared.append((key, self.cluster.shard_of_id(key), body, rows))
         versions: dict[bytes, int] = {}
         pending = prepared
@@ -407,9 +420,17 @@ class DataStore:
             else:
                 raise _conflict(key, mode, out)
         if stale_rows:
-            self._run_rows(topo, stale_rows, dbs, delete_rows_sql)
+            self._remove_stale(topo, stale_rows, dbs)
             failpoints.hit("put.after_stale_rows")
         return again
+
+    def _remove_stale(self, topo: Topology, rows: list[IndexRow], dbs: Sequence[str]) -> None:
+        """Step 3.  The write is already committed: if a server cannot be reached, the
+        stale rows stay as orphans (filtered by queries, removed by the Cleaner)."""
+        try:
+            self._run_rows(topo, rows, dbs, delete_rows_sql)
+        except ShardUnavailable as exc:
+            log.warning("stale index rows left for the Cleaner: %s", exc)
 
     def _stale_rows(
         self,
@@ -473,7 +494,7 @@ class DataStore:
                         topo, by_name, key, shards[key], out.old_body, {}, out.stored
                     )
         if stale:
-            self._run_rows(topo, stale, dbs, delete_rows_sql)
+            self._remove_stale(topo, stale, dbs)
         return deleted
 
     def _row_shard(self, topo: Topology, index: Index, row: tuple[Any, ...]) -> int:
@@ -634,6 +655,7 @@ class DataStore:
         include_building: bool = False,
         partial: bool = False,
         consistency: str = "primary",
+        where: Mapping[str, Any] | None = None,
         **conditions: Any,
     ) -> Page:
         """One page of entities matching ``conditions`` on an index, in index order.
@@ -641,13 +663,15 @@ class DataStore:
         Conditions are ``prop=value`` (equality; "contains" for a multi-valued
         property) on a prefix of the index's properties, then at most one range on the
         next property: ``prop__gt``, ``__gte``, ``__lt``, ``__lte``, ``__between=(lo,
-        hi)``.  ``order`` is "asc" or "desc" (or "-prop"); the returned list's
+        hi)``; a property named like a parameter of this method (``order``,
+        ``limit``...) goes in ``where={...}``.  ``order`` is "asc" or "desc" (or
+        "-prop"); the returned list's
         ``cursor`` fetches the next page (None when there is no more).  With
         ``partial=True`` unreachable servers are skipped and named in the page's
         ``missing_shards`` instead of raising ``ShardUnavailable``.
         """
         q = self._query.plan(
-            index, conditions, order, limit, include_building, partial, consistency
+            index, _merge(where, conditions), order, limit, include_building, partial, consistency
         )
         return self._rerouted(lambda: self._query.page(q, cursor))
 
@@ -659,11 +683,17 @@ class DataStore:
         page_size: int = 100,
         include_building: bool = False,
         consistency: str = "primary",
+        where: Mapping[str, Any] | None = None,
         **conditions: Any,
     ) -> Iterator[Entity]:
-        """Every matching entity, fetched page by page."""
+        """Every matching entity, fetched page by page (conditions as in ``query``)."""
         q = self._query.plan(
-            index, conditions, order, page_size, include_building, consistency=consistency
+            index,
+            _merge(where, conditions),
+            order,
+            page_size,
+            include_building,
+            consistency=consistency,
         )
         return self._query.iterate(q)
 
@@ -689,6 +719,16 @@ class DataStore:
                 )
             )
         return info.index
+
+
+def _merge(where: Mapping[str, Any] | None, conditions: dict[str, Any]) -> dict[str, Any]:
+    """Conditions from ``where=`` and from keywords; a key given twice is refused."""
+    if not where:
+        return conditions
+    twice = set(where) & set(conditions)
+    if twice:
+        raise InvalidQuery(f"condition given twice: {', '.join(sorted(twice))}")
+    return {**where, **conditions}
 
 
 def _sql_call(server: Any, sql: str) -> Callable[[], Any]:

@@ -23,6 +23,7 @@ from .errors import (
     ServerError,
     ShardTimeout,
     ShardUnavailable,
+    StorageFull,
     TableMissing,
 )
 from .ids import new_id
@@ -50,6 +51,7 @@ __all__ = [
     "ServerError",
     "ShardTimeout",
     "ShardUnavailable",
+    "StorageFull",
     "TableMissing",
     "new_id",
 ]

@@ -23,6 +23,7 @@ __all__ = [
     "ServerError",
     "ShardTimeout",
     "ShardUnavailable",
+    "StorageFull",
     "TableMissing",
 ]
 
@@ -88,6 +89,11 @@ class PermissionDenied(SchemalessError):
 
 class ServerError(SchemalessError):
     """Any other error reported by a server."""
+
+
+class StorageFull(ServerError):
+    """A server ran out of space (disk full, or a data file at its size cap): the
+    statement failed and its transaction was rolled back.  Free space, then retry."""
 
 
 # -- transient: the same call may succeed later --------------------------------------

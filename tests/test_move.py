@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 import pytest
-from schemaless.cleaner.verify import diff_indexes
 
 from schemaless import CatalogError, Index, new_id
+from schemaless.cleaner.verify import diff_indexes
 from schemaless.move import ShardMover, rebalance_plan
 
 BY_USER = Index("by_user", {"user": "int", "n": "int"}, shard_on="user")

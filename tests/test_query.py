@@ -7,7 +7,6 @@ import threading
 from typing import Any
 
 import pytest
-from schemaless.cleaner.verify import diff_indexes
 
 from schemaless import (
     DataStore,
@@ -18,6 +17,7 @@ from schemaless import (
     InvalidQuery,
     new_id,
 )
+from schemaless.cleaner.verify import diff_indexes
 from schemaless.hashing import shard_of
 from schemaless.names import quote
 from schemaless.schema import shard_db

@@ -30,7 +30,7 @@ from .index import Index
 from .names import quote
 from .schema import entities_table_sql, shard_db
 
-__all__ = ["DEFAULT_SHARDS", "Cluster"]
+__all__ = ["DEFAULT_SHARDS", "Cluster", "unreachable_only"]
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,13 @@ class Cluster:
             servers = list(self._servers.values())
         for server in servers:
             server.close()
+
+
+def unreachable_only(errors: Mapping[Any, SchemalessError]) -> None:
+    """For partial results: raise any error that is not an unreachable server."""
+    for error in errors.values():
+        if not isinstance(error, ShardUnavailable):
+            raise error
 
 
 def _runner(server: Server, sql: str) -> Callable[[], list[tuple[tuple[Any, ...], ...]]]:

@@ -666,4 +666,4 @@ class Index:
     def get_all(self, datastore: DataStore, **conditions: Any) -> list[Entity]:
         """Every entity matching ``conditions`` through this index (the FriendFeed form:
         ``index.get_all(datastore, user_id=...)``)."""
-        return list(datastore.iter(self, **conditions))
+        return list(datastore.iter(self, where=conditions))

@@ -9,6 +9,7 @@ Everything lives under one base directory::
     server<i>/mysqld.sock, mysqld.pid, error.log, install.log
     replica<j>/           a read replica (``replicas=N``, ``add_replica``), the same files
     replication.cnf       [client] user and password of the replication user (0600)
+    tls/                  ``tls=True``: ca.pem, server-cert.pem, server-key.pem (0600)
 
 Servers run detached (their own session), so they outlive the process that started
 them; a later :class:`LocalCluster` on the same directory finds them again through

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from .cluster import unreachable_only
 from .errors import InvalidEntity, InvalidQuery
 from .hashing import shard_of
 from .index import Index, key_encode
@@ -292,6 +293,7 @@ class QueryEngine:
             calls[sid] = _call(server, " UNION ALL ".join(parts), params * len(group))
         if q.partial:
             results, errors = cluster.fanout_partial(calls)
+            unreachable_only(errors)
             gone = {s for sid in errors for s in by_server[sid]}
         else:
             results, gone = cluster.fanout(calls), set()

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from . import failpoints
 from .catalog import IndexInfo, Topology
 from .clock import VersionClock
-from .cluster import Cluster
+from .cluster import Cluster, unreachable_only
 from .codec import Codec, train_dictionary
 from .connection import ConnectOptions, Retry, Tracer
 from .dsn import Address, Credentials, parse_address
@@ -28,7 +28,7 @@ from .errors import (
     IndexNotReady,
     InvalidEntity,
     InvalidQuery,
-    ShardUnavailable,
+    SchemalessError,
     TableMissing,
 )
 from .hashing import shard_of
@@ -216,6 +216,7 @@ class DataStore:
         missing: set[int] = set()
         if partial:
             results, errors = self.cluster.fanout_partial(calls)
+            unreachable_only(errors)
             missing = {shard for sid in errors for shard in by_server[sid]}
         else:
             results = self.cluster.fanout(calls)
@@ -429,7 +430,7 @@ class DataStore:
         stale rows stay as orphans (filtered by queries, removed by the Cleaner)."""
         try:
             self._run_rows(topo, rows, dbs, delete_rows_sql)
-        except ShardUnavailable as exc:
+        except SchemalessError as exc:  # unreachable, or the shard is moving
             log.warning("stale index rows left for the Cleaner: %s", exc)
 
     def _stale_rows(

@@ -615,23 +615,3 @@ def test_repr_round_trips() -> None:
         "Index('by_tag', ['tags:str(20)', 'user_id:auto'], shard_on='user_id', multi='tags')"
     )
     assert eval(text, {"Index": Index}) == index
-
-
-# -- get_all ---------------------------------------------------------------------------
-
-
-class FakeStore:
-    def __init__(self) -> None:
-        self.calls: list[tuple[Index, dict[str, Any]]] = []
-
-    def iter(self, index: Index | str, /, **conditions: Any) -> Any:
-        assert isinstance(index, Index)
-        self.calls.append((index, conditions))
-        yield {"id": b"1" * 16, **conditions}
-
-
-def test_get_all_delegates_to_iter() -> None:
-    index = Index(table="index_user_id", properties=["user_id"], shard_on="user_id")
-    store = FakeStore()
-    assert index.get_all(store, user_id=UID) == [{"id": b"1" * 16, "user_id": UID}]
-    assert store.calls == [(index, {"user_id": UID})]

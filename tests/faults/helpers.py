@@ -1,0 +1,123 @@
+"""Helpers shared by the fault suite, the bad-input and the security tests."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from schemaless import DataStore, Index, new_id
+from schemaless.hashing import shard_of
+from schemaless.local import LocalCluster
+from schemaless.names import quote
+from schemaless.schema import shard_db
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def scratch_cluster(name: str, **kwargs: Any) -> Iterator[LocalCluster]:
+    """A cluster of its own under a short /tmp path (sockets must stay short), for tests
+    that kill, freeze or starve servers; stopped and removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=f"sl-{name}-", dir="/tmp"))
+    try:
+        cluster = LocalCluster(base, **kwargs)
+        try:
+            yield cluster.up()
+        finally:
+            cluster.down(timeout=30)  # SIGCONT too: a frozen server must wake up to stop
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def open_store(
+    cluster: LocalCluster, indexes: tuple[Index, ...] | list[Index] = (), **kwargs: Any
+) -> DataStore:
+    """A new datastore (own prefix, 8 logical shards) on ``cluster``."""
+    kwargs.setdefault("refresh_interval", 0.2)
+    kwargs.setdefault("option_file", str(cluster.option_file))
+    kwargs.setdefault("shards", 8)
+    return DataStore(cluster.addresses, indexes, prefix="f_" + uuid.uuid4().hex[:12], **kwargs)
+
+
+def drop_store(store: DataStore) -> None:
+    """Drop every database of a datastore and close it."""
+    topo = store.cluster.refresh()
+    for sid, server in store.cluster.all_servers(topo).items():
+        dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
+        if sid == 0:
+            dbs.append(f"{topo.prefix}_catalog")
+        server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
+    store.close()
+
+
+def count_rows(store: DataStore) -> dict[str, int]:
+    """Rows in every entities and index table, summed over all logical shards."""
+    topo = store.cluster.refresh()
+    tables = ["entities", *sorted(i.index.table for i in topo.indexes.values())]
+    totals = dict.fromkeys(tables, 0)
+    for shard in range(topo.n_shards):
+        server = store.cluster.server_of_shard(topo, shard)
+        db = shard_db(topo.prefix, shard)
+        sql = " UNION ALL ".join(f"SELECT '{t}', COUNT(*) FROM {quote(db, t)}" for t in tables)
+        for table, n in server.run(sql)[0]:
+            totals[table] += int(n)
+    return totals
+
+
+def server_of_id(store: DataStore, key: bytes) -> int:
+    """The server id that stores entity ``key``."""
+    topo = store.cluster.topology
+    return topo.shard_servers[shard_of(key, topo.n_shards)]
+
+
+def ids_on(store: DataStore, sid: int, n: int) -> list[bytes]:
+    """``n`` new entity ids stored on server ``sid``."""
+    out: list[bytes] = []
+    while len(out) < n:
+        key = new_id()
+        if server_of_id(store, key) == sid:
+            out.append(key)
+    return out
+
+
+def row_server(store: DataStore, index: Index, row: tuple[Any, ...]) -> int:
+    """The server id that holds an index row (coerced values)."""
+    topo = store.cluster.topology
+    return topo.shard_servers[shard_of(index.shard_key(row), topo.n_shards)]
+
+
+def values_on(store: DataStore, index: Index, sid: int, n: int, start: int = 0) -> list[int]:
+    """``n`` int values of a one-property index whose rows live on server ``sid``."""
+    out: list[int] = []
+    value = start
+    while len(out) < n:
+        (row,) = index.rows({index.properties[0]: value})
+        if row_server(store, index, row) == sid:
+            out.append(value)
+        value += 1
+    return out
+
+
+def timed(fn: Callable[[], T]) -> tuple[float, T | BaseException]:
+    """(seconds, result or the exception raised)."""
+    started = time.monotonic()
+    try:
+        result: T | BaseException = fn()
+    except Exception as exc:
+        result = exc
+    return time.monotonic() - started, result
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll until ``predicate()`` holds; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.02)

@@ -22,6 +22,7 @@ _COUNTERS = frozenset(
         "fenced",
         "deferred",
         "purged",
+        "purge_skipped",
         "passes",
         "backoffs",
     }
@@ -43,6 +44,7 @@ class Figures:
     fenced: int = 0
     deferred: int = 0
     purged: int = 0
+    purge_skipped: int = 0  # passes whose purge the user's grants did not allow
     backlog: int = 0
     rows_per_s: float = 0.0  # the backfill's rate so far
     passes: int = 0

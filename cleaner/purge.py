@@ -3,15 +3,21 @@
 A tombstone keeps a deleted entity's version so later writes go above it; after the
 retention no operation that saw the old version can still be in flight.  If orphan
 rows of a purged id remain, the sweep fences the id again before deleting them.
+
+Purging needs DELETE on ``entities``, which the Cleaner's least-privilege grant
+(schemaless.grants) does not give: then the purge is skipped, with one warning per
+process and the figure ``purge_skipped``, and the pass carries on.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 from schemaless.catalog import Topology
+from schemaless.errors import PermissionDenied
 
-from .runtime import Runtime
+from .runtime import Runtime, log
 from .sql import purge_sql
 
 __all__ = ["purge_tombstones"]
@@ -24,7 +30,13 @@ def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
         server = rt.store.cluster.server_of_shard(topo, shard)
         sql, params = purge_sql(topo.prefix, shard, before_us, rt.batch)
         while not rt.stopping:
-            out = rt.retry(f"purging tombstones, shard {shard}", partial(server.run, sql, params))
+            try:
+                out = rt.retry(
+                    f"purging tombstones, shard {shard}", partial(server.run, sql, params)
+                )
+            except PermissionDenied as exc:
+                _skipped(rt, exc)
+                return total
             n = int(out[0][0][0])
             total += n
             rt.figures.add(purged=n)
@@ -33,3 +45,15 @@ def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
                 break
             rt.throttle(n)
     return total
+
+
+def _skipped(rt: Runtime, exc: PermissionDenied) -> None:
+    """The user may not delete entities: say so once, count every skipped purge."""
+    first = rt.figures.as_dict()["purge_skipped"] == 0
+    rt.figures.add(purge_skipped=1)
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "tombstone purge skipped: the cleaner user may not delete entities; run "
+        "`cleaner --once` as the admin user, or grant DELETE (%s)",
+        exc,
+    )

@@ -104,19 +104,24 @@ def fence_sql(
     ``fences``: ``(shard, id, version)``.  An absent id gets a new tombstone; a
     tombstone is raised to ``version``; a live entity is left alone.  One result set
     per fence: ``(version, is_tombstone)`` as stored afterwards.
+
+    Two statements, not an ``INSERT ... ON DUPLICATE KEY UPDATE``: that needs the
+    UPDATE privilege on every inserted column (``id`` too), and the Cleaner's grant
+    allows only ``INSERT (id, version, updated)`` and ``UPDATE (version, updated)``
+    on ``entities`` (schemaless.grants).  Each statement only raises a tombstone and
+    never touches a live row; the read-back decides, as before.
     """
     stmts: list[str] = []
     params: list[Any] = []
     for shard, entity_id, version in sorted(fences):
         table = _entities(prefix, shard)
-        stmts.append(
-            f"INSERT INTO {table} (`id`, `version`, `updated`, `body`)"
-            " VALUES (%s, %s, %s, NULL) ON DUPLICATE KEY UPDATE"
-            " `updated` = IF(`body` IS NULL AND `version` < VALUES(`version`),"
-            " GREATEST(`updated`, VALUES(`updated`)), `updated`),"
-            " `version` = IF(`body` IS NULL, GREATEST(`version`, VALUES(`version`)), `version`)"
-        )
+        stmts.append(f"INSERT IGNORE INTO {table} (`id`, `version`, `updated`) VALUES (%s, %s, %s)")
         params += [entity_id, version, now]
+        stmts.append(
+            f"UPDATE {table} SET `updated` = GREATEST(`updated`, %s), `version` = %s"
+            " WHERE `id` = %s AND `body` IS NULL AND `version` < %s"
+        )
+        params += [now, version, entity_id, version]
         stmts.append(f"SELECT `version`, `body` IS NULL FROM {table} WHERE `id` = %s")
         params.append(entity_id)
     return ";\n".join(stmts), params

@@ -6,6 +6,7 @@ import click
 
 from .admin import init
 from .data import delete, get, put, query
+from .grants import grants
 from .indexes import index
 from .local_cluster import local
 from .options import Group
@@ -35,3 +36,4 @@ def cli() -> None:
 
 for command in (local, init, index, put, get, delete, query, shards, servers, replicas, dictionary):
     cli.add_command(command)
+cli.add_command(grants)

@@ -304,7 +304,8 @@ class Server:
         if code in _DEADLOCK:
             return ShardUnavailable(f"lock contention persisted: {where}")
         if code in _DENIED:
-            return PermissionDenied(f"permission denied: {where}")
+            hint = "" if code == 1045 else "; this user's grants do not allow it"
+            return PermissionDenied(f"permission denied: {where}{hint}")
         if code in _MISSING:
             return TableMissing(f"missing database or table (initialised? moving?): {where}")
         if code in _FULL or any(h in text.lower() for h in _FULL_HINTS):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
@@ -242,7 +243,7 @@ class QueryEngine:
         """Every matching entity, page by page."""
         cursor: str | None = None
         while True:
-            page = self.page(q, cursor)
+            page = self.store._rerouted(functools.partial(self.page, q, cursor))
             yield from page
             if page.cursor is None:
                 return

@@ -309,7 +309,7 @@ class DataStore:
             return Entity(new, stored)
         raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
 
-    def _rerouted(self, fn: Callable[[], T]) -> T:
+    def _rerouted(self, fn: Callable[[], T]) -> T:  # also used by the query engine
         """Run ``fn``; while a logical shard is being moved (its tables are fenced off on
         the old server), refresh the map and run it again: writers wait, not fail."""
         deadline = time.monotonic() + self.move_wait

@@ -1,0 +1,177 @@
+"""Least-privilege grants for the three users of a datastore, generated from its catalog.
+
+MariaDB table- and column-level grants need concrete database and table names, so the
+statements are built from the shard map and the index list (re-run after adding an
+index or moving shards):
+
+* ``app``, the application: SELECT on the catalog; SELECT, INSERT, UPDATE, DELETE on
+  every shard database (on every server, so a shard that moves keeps working); no DDL.
+* ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints`` and
+  ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to mark an index
+  ready).  On each shard database, on the server holding it: SELECT; INSERT, UPDATE,
+  DELETE on each maintained index table; on ``entities`` only ``INSERT (id, version,
+  updated)`` and ``UPDATE (version, updated)``: fencing tombstones and raised
+  versions, never a body, never a delete (so no tombstone purge).
+* ``admin``: ALL PRIVILEGES on every database of the datastore (``<prefix>\\_%``, which
+  also covers the side copies of shard moves), on every server.
+
+GRANT takes no statement parameters, so the user and host are checked against strict
+patterns (no quotes, backticks, backslashes, semicolons or spaces) and database names
+come only from the validated prefix.  Grants never create a user: applying them runs
+with ``NO_AUTO_CREATE_USER`` (otherwise MariaDB would create a passwordless account).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import MySQLdb
+
+from .dsn import Address
+from .errors import SchemalessError
+from .names import quote
+from .schema import shard_db
+
+if TYPE_CHECKING:
+    from .store import DataStore
+
+__all__ = [
+    "ROLES",
+    "GrantError",
+    "account",
+    "apply_grants",
+    "check_account",
+    "grant_plan",
+    "grant_statements",
+]
+
+#: The roles ``grant_plan`` knows.
+ROLES = ("app", "cleaner", "admin")
+
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}\Z")
+_HOST = re.compile(r"[A-Za-z0-9_.%:/-]{1,255}\Z")
+_ACCOUNT = re.compile(r"'([^'\\]*)'@'([^'\\]*)'\Z")
+_NO_SUCH_USER = 1133  # "Can't find any matching row in the user table"
+
+
+class GrantError(SchemalessError):
+    """A user or host name that cannot go into a GRANT, an unknown role, or a user
+    that does not exist on a server."""
+
+
+def account(user: object, host: object = "%") -> str:
+    """``'user'@'host'`` after checking both parts (letters, digits and ``_.-``; the
+    host also ``%`` and ``:/`` for wildcards, IPv6 and netmasks)."""
+    if not isinstance(user, str) or not _USER.match(user):
+        raise GrantError(
+            f"invalid user name {user!r}: use letters, digits and '_.-' (at most 80, "
+            "not starting with '.' or '-')"
+        )
+    if not isinstance(host, str) or not _HOST.match(host):
+        raise GrantError(
+            f"invalid host {host!r}: use a host name, an IP address, or a pattern "
+            "with '%' (letters, digits and '_.%:/-')"
+        )
+    return f"'{user}'@'{host}'"
+
+
+def check_account(text: object) -> str:
+    """A user written ``'name'@'host'``, checked part by part; returned unchanged."""
+    match = _ACCOUNT.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise GrantError(f"invalid account {text!r}: write it 'name'@'host'")
+    return account(match.group(1), match.group(2))
+
+
+def _role(role: object) -> str:
+    if role not in ROLES:
+        raise GrantError(f"unknown role {role!r}: use {', '.join(ROLES)}")
+    return str(role)
+
+
+def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str]]:
+    """The GRANT statements of ``role`` for ``user`` (``'name'@'host'``), per server
+    (in server order, the catalog's server first), from the catalog as it is now."""
+    role, who = _role(role), check_account(user)
+    topo = store.cluster.refresh()
+    catalog_db = store.cluster.catalog.db
+    catalog_at = store.cluster.catalog.server.address
+    plan: dict[Address, list[str]] = {catalog_at: []}
+    plan.update({topo.servers[sid]: [] for sid in sorted(topo.servers)})
+
+    def grant(at: Address, privileges: str, target: str) -> None:
+        plan[at].append(f"GRANT {privileges} ON {target} TO {who}")
+
+    if role == "admin":
+        pattern = topo.prefix.replace("_", "\\_") + "\\_%"
+        for at in plan:
+            grant(at, "ALL PRIVILEGES", f"`{pattern}`.*")
+        return plan
+    grant(catalog_at, "SELECT", f"{quote(catalog_db)}.*")
+    if role == "app":
+        # Database-level DML on every shard database on every server: a grant on a
+        # database a server does not hold gives nothing, until a shard moves there.
+        for at in plan:
+            for db in topo.dbs:
+                grant(at, "SELECT, INSERT, UPDATE, DELETE", f"{quote(db)}.*")
+        return plan
+    for table in ("checkpoints", "status"):
+        grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, table))
+    grant(catalog_at, "UPDATE (`state`, `changed`)", quote(catalog_db, "indexes"))
+    maintained = sorted(topo.maintained(), key=lambda index: index.name)
+    for shard, sid in enumerate(topo.shard_servers):
+        at, db = topo.servers[sid], shard_db(topo.prefix, shard)
+        grant(at, "SELECT", f"{quote(db)}.*")
+        grant(
+            at,
+            "INSERT (`id`, `version`, `updated`), UPDATE (`version`, `updated`)",
+            quote(db, "entities"),
+        )
+        for index in maintained:
+            grant(at, "INSERT, UPDATE, DELETE", quote(db, index.table))
+    return plan
+
+
+def grant_statements(store: DataStore, role: str, user: str) -> list[str]:
+    """Every statement of ``grant_plan``, server after server (see there)."""
+    return [sql for stmts in grant_plan(store, role, user).values() for sql in stmts]
+
+
+def apply_grants(store: DataStore, role: str, user: str) -> dict[Address, int]:
+    """Run ``grant_plan`` on its servers (in parallel) with this store's connection,
+    which needs the GRANT OPTION; how many statements each server ran.
+
+    The user must exist on every server: grants never create one (``GrantError``).
+    """
+    who = check_account(user)
+    plan = {at: stmts for at, stmts in grant_plan(store, role, who).items() if stmts}
+    cluster = store.cluster
+
+    def call(at: Address, stmts: list[str]) -> Any:
+        sql = ";\n".join(
+            [
+                "SET @schemaless_sql_mode = @@SESSION.sql_mode",
+                "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',NO_AUTO_CREATE_USER')",
+                *stmts,
+                "SET SESSION sql_mode = @schemaless_sql_mode",
+            ]
+        )
+        server = cluster.server(at)
+
+        def run() -> Any:
+            try:
+                return server.run(sql)
+            except SchemalessError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, MySQLdb.Error) and cause.args[:1] == (_NO_SUCH_USER,):
+                    raise GrantError(
+                        f"{at}: user {who} does not exist there; create it first "
+                        f"(CREATE USER {who} IDENTIFIED BY ...): grants never create users"
+                    ) from exc
+                raise
+
+        return run
+
+    cluster.fanout({at: call(at, stmts) for at, stmts in plan.items()})
+    return {at: len(stmts) for at, stmts in plan.items()}

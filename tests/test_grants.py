@@ -1,0 +1,446 @@
+"""Least-privilege grants (schemaless.grants, ``schemaless grants``) on real servers.
+
+Three users with random names and passwords on both servers of the session cluster,
+each given the grants of its role: the application (no DDL), the Cleaner (no writes
+to entity bodies, no deletes of entities) and the admin.  Whatever a user tries
+outside its grant fails with ``PermissionDenied`` naming the privilege.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import MySQLdb
+import pytest
+from click.testing import CliRunner, Result
+from test_cleaner import plant
+from test_cli import cluster_env, drop_prefix
+
+from schemaless import DataStore, Index, PermissionDenied
+from schemaless.cleaner import Cleaner, diff_indexes
+from schemaless.cleaner.main import main as cleaner_main
+from schemaless.cli.main import cli
+from schemaless.grants import (
+    GrantError,
+    account,
+    apply_grants,
+    check_account,
+    grant_plan,
+    grant_statements,
+)
+from schemaless.ids import new_id
+from schemaless.local import LocalCluster
+from schemaless.move import ShardMover
+from schemaless.names import quote
+from schemaless.schema import shard_db
+
+BY_LINK = Index("by_link", {"link": "str(100)"})
+BY_N = Index("by_n", {"n": "int"})
+HOSTILE = ["a'b", "a`b", "a;b", "a b", "", "a\\b", "x'@'%", 'a"b', "a/*", "é", "-x", "a\n"]
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    password: str
+
+    @property
+    def account(self) -> str:
+        return account(self.name, "%")
+
+
+def _admin(cluster: LocalCluster, port: int) -> Any:
+    return MySQLdb.connect(
+        host="127.0.0.1",
+        port=port,
+        read_default_file=str(cluster.option_file),
+        read_default_group="client",
+        autocommit=True,
+    )
+
+
+def _users_exist(cluster: LocalCluster, name: str) -> list[int]:
+    counts = []
+    for server in cluster.servers:
+        conn = _admin(cluster, server.port)
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT COUNT(*) FROM mysql.user WHERE user = %s", (name,))
+            counts.append(int(cur.fetchone()[0]))
+        finally:
+            conn.close()
+    return counts
+
+
+@pytest.fixture(scope="module")
+def users(local_cluster: LocalCluster) -> Iterator[dict[str, User]]:
+    """``app``, ``cleaner`` and ``admin`` users (random names and passwords) on both
+    servers, without any privilege yet; dropped at the end."""
+    tag = uuid.uuid4().hex[:8]
+    made = {
+        role: User(f"{role}_{tag}", secrets.token_urlsafe(18))
+        for role in ("app", "cleaner", "admin")
+    }
+    conns = [_admin(local_cluster, s.port) for s in local_cluster.servers]
+    try:
+        for conn in conns:
+            for user in made.values():
+                conn.cursor().execute(
+                    "CREATE USER %s@'%%' IDENTIFIED BY %s", (user.name, user.password)
+                )
+        yield made
+    finally:
+        for conn in conns:
+            for user in made.values():
+                conn.cursor().execute("DROP USER IF EXISTS %s@'%%'", (user.name,))
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def store(local_cluster: LocalCluster, users: dict[str, User]) -> Iterator[DataStore]:
+    """A datastore made by the local cluster's admin user: 4 logical shards, by_link
+    ready, 40 entities; the app user has the grants of its role."""
+    prefix = "grants_" + uuid.uuid4().hex[:8]
+    ds = DataStore(
+        local_cluster.addresses,
+        [BY_LINK],
+        prefix=prefix,
+        shards=4,
+        refresh_interval=0.2,
+        option_file=str(local_cluster.option_file),
+    )
+    try:
+        ds.put_many({"link": f"http://example.com/{i}", "n": i} for i in range(40))
+        apply_grants(ds, "app", users["app"].account)
+        yield ds
+    finally:
+        ds.close()
+        drop_prefix(local_cluster, prefix)
+
+
+def open_as(cluster: LocalCluster, store: DataStore, user: User, **kwargs: Any) -> DataStore:
+    kwargs.setdefault("create", False)
+    return DataStore(
+        cluster.addresses,
+        user=user.name,
+        password=user.password,
+        prefix=store.cluster.topology.prefix,
+        refresh_interval=0.2,
+        **kwargs,
+    )
+
+
+def user_env(cluster: LocalCluster, store: DataStore, user: User) -> dict[str, str | None]:
+    return {
+        "SCHEMALESS_URL": f"mysql://{cluster.addresses[0]}",
+        "SCHEMALESS_PREFIX": store.cluster.topology.prefix,
+        "SCHEMALESS_USER": user.name,
+        "SCHEMALESS_PASSWORD": user.password,
+        "SCHEMALESS_OPTION_FILE": None,
+    }
+
+
+def schemaless(cluster: LocalCluster, store: DataStore, *args: str) -> Result:
+    """``schemaless ...`` as the local cluster's admin user."""
+    env = cluster_env(cluster, store.cluster.topology.prefix)
+    return CliRunner(env=env).invoke(cli, list(args), catch_exceptions=False)
+
+
+def statements(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line and not line.startswith("--")]
+
+
+# -- names ------------------------------------------------------------------------------
+
+
+def test_only_plain_user_and_host_names_go_into_a_grant() -> None:
+    assert account("app") == "'app'@'%'"
+    assert account("app.v2-x", "10.0.%") == "'app.v2-x'@'10.0.%'"
+    assert check_account("'cleaner'@'127.0.0.1'") == "'cleaner'@'127.0.0.1'"
+    for bad in HOSTILE:
+        with pytest.raises(GrantError, match="invalid user name"):
+            account(bad)
+    for bad in [*HOSTILE[:8], "a*", "é", "a\n", "%' OR 1", "10.0.0.%;"]:
+        with pytest.raises(GrantError, match="invalid host"):
+            account("app", bad)
+    for bad in ("app@%", "'app'@'%'; DROP USER x", "'a'b'@'%'", "'app'@'%' ", "`app`@`%`"):
+        with pytest.raises(GrantError):
+            check_account(bad)
+    with pytest.raises(GrantError, match="unknown role"):
+        grant_plan(None, "root", "'app'@'%'")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["a'b", "a`b", "x;DROP USER root", "a b", "a\\b", "x'@'%"])
+def test_cli_refuses_hostile_names_in_one_line(bad: str) -> None:
+    runner = CliRunner(env={"SCHEMALESS_URL": "127.0.0.1:9"})  # never reached
+    for args in (["--user", bad], ["--user", "app", "--host", bad]):
+        result = runner.invoke(cli, ["grants", "app", *args])
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: Invalid value for '--"), lines
+
+
+# -- what the roles grant -------------------------------------------------------------
+
+
+def test_printed_grants_of_each_role(local_cluster: LocalCluster, store: DataStore) -> None:
+    topo = store.cluster.refresh()
+    prefix = topo.prefix
+    shard_dbs = set(topo.dbs)
+
+    app = schemaless(local_cluster, store, "grants", "app", "--user", "x")
+    assert app.exit_code == 0, app.output
+    lines = statements(app.output)
+    assert f"GRANT SELECT ON `{prefix}_catalog`.* TO 'x'@'%';" in lines
+    dml = re.compile(r"GRANT SELECT, INSERT, UPDATE, DELETE ON `(\w+)`\.\* TO 'x'@'%';\Z")
+    shard_lines = [line for line in lines if "_catalog" not in line]
+    assert all(dml.match(line) for line in shard_lines), shard_lines
+    # every shard database on every server: a shard that moves keeps working
+    assert len(shard_lines) == len(shard_dbs) * len(topo.servers)
+    assert {dml.match(line).group(1) for line in shard_lines} == shard_dbs  # type: ignore[union-attr]
+    for word in ("CREATE", "DROP", "ALTER", "INDEX", "ALL", "GRANT OPTION", "TRIGGER"):
+        assert not any(word in line.removeprefix("GRANT") for line in lines), word
+    assert app.output.count("\n-- on ") == len(topo.servers)
+
+    cleaner = statements(
+        schemaless(local_cluster, store, "grants", "cleaner", "--user", "c").output
+    )
+    entities = [line for line in cleaner if "`entities`" in line]
+    assert len(entities) == topo.n_shards
+    assert all(
+        "INSERT (`id`, `version`, `updated`), UPDATE (`version`, `updated`) ON" in line
+        for line in entities
+    )
+    assert not any("DELETE ON" in line and "`entities`" in line for line in cleaner)
+    assert (
+        f"GRANT UPDATE (`state`, `changed`) ON `{prefix}_catalog`.`indexes` TO 'c'@'%';" in cleaner
+    )
+
+    admin = statements(
+        schemaless(local_cluster, store, "grants", "admin", "--user", "a", "--host", "10.%").output
+    )
+    escaped = prefix.replace("_", "\\_")
+    assert admin == [f"GRANT ALL PRIVILEGES ON `{escaped}\\_%`.* TO 'a'@'10.%';"] * len(
+        topo.servers
+    )
+    assert grant_statements(store, "admin", "'a'@'10.%'") == [s.rstrip(";") for s in admin]
+
+
+def test_grants_never_create_a_user(local_cluster: LocalCluster, store: DataStore) -> None:
+    ghost = "ghost_" + uuid.uuid4().hex[:8]
+    result = schemaless(local_cluster, store, "grants", "app", "--user", ghost, "--apply")
+    assert result.exit_code == 1
+    assert "does not exist there; create it first" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert _users_exist(local_cluster, ghost) == [0, 0]
+
+
+# -- the application user ---------------------------------------------------------------
+
+
+def test_the_application_user_reads_and_writes_but_runs_no_ddl(
+    local_cluster: LocalCluster, store: DataStore, users: dict[str, User]
+) -> None:
+    app = users["app"]
+    # create=True with existing tables and an identical index: no DDL is attempted
+    with open_as(local_cluster, store, app, create=True, indexes=[BY_LINK]) as ds:
+        entity = {"link": "http://grants.example/1", "n": 1}
+        v1 = ds.put(entity)
+        assert ds.get(entity["id"]) == entity
+        updated = ds.update(entity["id"], lambda e: {**(e or {}), "n": 2})
+        assert updated.version > v1
+        assert [e["n"] for e in ds.query("by_link", link="http://grants.example/1")] == [2]
+        assert ds.delete(entity["id"]) is True
+        assert ds.get(entity["id"]) is None
+        assert ds.query("by_link", link="http://grants.example/1") == []
+
+        with pytest.raises(PermissionDenied) as denied:
+            ds.declare_index(BY_N)
+        message = str(denied.value)
+        assert message.startswith("permission denied: 127.0.0.1:")
+        assert f"Access denied for user '{app.name}'" in message
+        assert message.endswith("this user's grants do not allow it")
+        assert "by_n" not in store.cluster.refresh().indexes
+
+        topo = ds.cluster.refresh()
+        server = ds.cluster.server_of_shard(topo, 0)
+        table = quote(shard_db(topo.prefix, 0), BY_LINK.table)
+        with pytest.raises(PermissionDenied, match="DROP command denied"):
+            server.run(f"DROP TABLE {table}")
+        with pytest.raises(PermissionDenied, match="ALTER command denied"):
+            server.run(f"ALTER TABLE {table} ADD COLUMN `x` INT")
+        catalog = ds.cluster.catalog
+        with pytest.raises(PermissionDenied, match="UPDATE command denied"):
+            catalog.set_index_state("by_link", "dropped")
+    assert store.cluster.refresh().indexes["by_link"].state == "ready"
+    runner = CliRunner(env=user_env(local_cluster, store, app))
+    for args, expected in (
+        (["index", "status", "by_link"], "index by_link: ready"),
+        (["query", "by_link", "--where", "link=http://example.com/3"], "example.com/3"),
+    ):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 0 and expected in result.output, result.output
+    refused = runner.invoke(cli, ["index", "create", "by_x", "--property", "n:int"])
+    assert refused.exit_code == 1 and "permission denied" in refused.stderr
+    with pytest.raises(PermissionDenied) as login:
+        open_as(local_cluster, store, User(app.name, "wrong-" + app.password))
+    assert "(MySQL error 1045)" in str(login.value) and "grants" not in str(login.value)
+
+
+# -- the Cleaner user -----------------------------------------------------------------
+
+
+def test_the_cleaner_user_backfills_and_repairs_but_never_writes_a_body(
+    local_cluster: LocalCluster, store: DataStore, users: dict[str, User]
+) -> None:
+    cleaner = users["cleaner"]
+    assert store.declare_index(BY_N) == "building"
+    # the index table is new: the grants are made again (table-level grants)
+    applied = schemaless(
+        local_cluster, store, "grants", "cleaner", "--user", cleaner.name, "--apply"
+    )
+    assert applied.exit_code == 0, applied.output
+    assert applied.output.count(f"grants applied to {cleaner.account} (role cleaner)") == 2
+    env = user_env(local_cluster, store, cleaner)
+
+    backfill = CliRunner().invoke(cleaner_main, ["--index=by_n", "-q"], env=env)
+    assert backfill.exit_code == 0, backfill.output
+    assert store.cluster.refresh().indexes["by_n"].state == "ready"
+
+    # orphans: of an absent entity (fenced), ahead of a live one (its version raised),
+    # a stale row (deleted); and a tombstone old enough to purge
+    topo = store.cluster.refresh()
+    absent = new_id()
+    plant(store, BY_LINK, ("http://orphan.example/",), absent, 2**62)
+    version = store.put({"link": "http://live.example/", "n": 700})
+    live = store.query("by_n", n=700)[0]
+    assert live.version == version
+    plant(store, BY_LINK, ("http://ahead.example/",), live.id, version + 10)
+    plant(store, BY_N, (800,), live.id, version)
+    doomed = {"link": "http://doomed.example/", "n": 9}
+    store.put(doomed)
+    store.delete(doomed["id"])
+    assert not all(d.clean for d in diff_indexes(store).values())
+
+    once = CliRunner().invoke(
+        cleaner_main, ["--once", "--fence-after", "0", "--tombstone-retention", "0"], env=env
+    )
+    assert once.exit_code == 0, once.output
+    assert "tombstone purge skipped: the cleaner user may not delete entities" in once.output
+    assert once.output.count("tombstone purge skipped") == 1
+    assert "orphans deleted 3" in once.output and "fenced 2" in once.output
+    assert all(d.clean for d in diff_indexes(store).values())
+    after = store.get(live.id)
+    assert after == live and after is not None and after.version == version + 10
+    tombstones = _tombstones(store)
+    assert absent in tombstones and doomed["id"] in tombstones
+
+    # verify --repair under the same grant
+    plant(store, BY_N, (900,), new_id(), 2**62)
+    repaired = CliRunner().invoke(
+        cleaner_main, ["verify", "--repair", "--fence-after", "0"], env=env
+    )
+    assert repaired.exit_code == 0, repaired.output
+    assert "1 entities fenced" in repaired.output and "after repair: clean" in repaired.output
+
+    # raw statements outside the grant
+    with open_as(local_cluster, store, cleaner) as ds:
+        shard = ds.cluster.shard_of_id(live.id)
+        server = ds.cluster.server_of_shard(topo, shard)
+        entities = quote(shard_db(topo.prefix, shard), "entities")
+        with pytest.raises(PermissionDenied, match=r"UPDATE command denied .* column 'body'"):
+            server.run(f"UPDATE {entities} SET `body` = %s WHERE `id` = %s", (b"x", live.id))
+        with pytest.raises(PermissionDenied, match="DELETE command denied"):
+            server.run(f"DELETE FROM {entities}")
+        with pytest.raises(PermissionDenied, match=r"INSERT command denied .* column 'body'"):
+            server.run(
+                f"INSERT INTO {entities} (`id`, `version`, `updated`, `body`)"
+                " VALUES (%s, 1, 1, %s)",
+                (new_id(), b"x"),
+            )
+        with pytest.raises(PermissionDenied, match="DROP command denied"):
+            server.run(f"DROP TABLE {quote(shard_db(topo.prefix, shard), BY_N.table)}")
+        with pytest.raises(PermissionDenied, match="INSERT command denied"):
+            ds.cluster.catalog.add_dictionary(b"d" * 100)
+        # in-process too: the purge is skipped and counted, the pass goes on
+        figures = Cleaner(ds, tombstone_retention=0).run_once()
+        assert figures["purge_skipped"] == 1 and figures["purged"] == 0
+    assert store.get(live.id) == live
+
+    # the admin's Cleaner purges them
+    assert Cleaner(store, tombstone_retention=0).run_once()["purged"] >= 2
+    assert not {absent, doomed["id"]} & _tombstones(store)
+    assert all(d.clean for d in diff_indexes(store).values())
+
+
+def _tombstones(store: DataStore) -> set[bytes]:
+    topo = store.cluster.refresh()
+    found: set[bytes] = set()
+    for shard in range(topo.n_shards):
+        table = quote(shard_db(topo.prefix, shard), "entities")
+        rows = store.cluster.server_of_shard(topo, shard).run(
+            f"SELECT `id` FROM {table} WHERE `body` IS NULL"
+        )[0]
+        found |= {bytes(r[0]) for r in rows}
+    return found
+
+
+# -- the admin user -------------------------------------------------------------------
+
+
+def test_the_admin_user_inits_declares_and_moves(
+    local_cluster: LocalCluster, store: DataStore, users: dict[str, User]
+) -> None:
+    admin = users["admin"]
+    prefix = "grantsinit_" + uuid.uuid4().hex[:8]
+    try:
+        # init needs CREATE on <prefix>\_% before there is a catalog to read: by hand
+        for server in local_cluster.servers:
+            conn = _admin(local_cluster, server.port)
+            try:
+                escaped = prefix.replace("_", "\\_")
+                conn.cursor().execute(
+                    f"GRANT ALL PRIVILEGES ON `{escaped}\\_%`.* TO {admin.account}"
+                )
+            finally:
+                conn.close()
+        with DataStore(
+            local_cluster.addresses,
+            [BY_LINK],
+            user=admin.name,
+            password=admin.password,
+            prefix=prefix,
+            shards=2,
+        ) as ds:
+            assert ds.indexes()["by_link"].state == "ready"
+            assert len(grant_statements(ds, "admin", admin.account)) == 2
+    finally:
+        drop_prefix(local_cluster, prefix)
+
+    apply_grants(store, "admin", admin.account)
+    apply_grants(store, "cleaner", users["cleaner"].account)
+    with open_as(local_cluster, store, admin) as ds:
+        assert ds.declare_index(Index("by_both", {"n": "int", "link": "str(100)"})) == "building"
+        ds.drop_index("by_both")
+        ds.purge_index("by_both")
+        topo = ds.cluster.refresh()
+        target = 1 - topo.shard_servers[3]
+        report = ShardMover(ds).move(3, target)
+        assert report.rows_copied > 0
+        assert ShardMover(ds).drop_old_copies()
+    # the application follows the shard without new grants
+    store.cluster.refresh()  # (iter does not reroute after a move: a fresh map)
+    with open_as(local_cluster, store, users["app"]) as ds:
+        assert len(list(ds.iter("by_link"))) == len(list(store.iter("by_link")))
+        ds.put({"link": "http://after-move.example/", "n": 0})
+    # the Cleaner's grants follow the shards: made again after the move
+    with open_as(local_cluster, store, users["cleaner"]) as ds:
+        with pytest.raises(PermissionDenied, match="SELECT command denied"):
+            Cleaner(ds).run_once()
+        apply_grants(store, "cleaner", users["cleaner"].account)
+        assert Cleaner(ds).run_once()["passes"] == 1

@@ -1,0 +1,284 @@
+"""Backfill of a new index: the Cleaner against MariaDB's own ``ALTER TABLE ADD INDEX``.
+
+With the dataset loaded, in the same run:
+
+* **MariaDB**: the same entities as JSON documents, then ``ALTER TABLE docs ADD COLUMN
+  v BIGINT AS (JSON_VALUE(doc, '$.updated')) VIRTUAL, ADD INDEX (v)``, twice: on one
+  table holding every document (one server, as the issue's reference figure), and on
+  one table per server holding that server's share, both servers in parallel (the
+  same hardware the Cleaner uses).
+* **naive loop** (a reference, written here): one thread scans every logical shard by
+  ``added_id`` (1000 rows a batch), decodes, and inserts the index rows with one
+  multi-row INSERT per target shard into tables of the index's shape.
+* **the Cleaner** (``schemaless.cleaner``): a new index ``by_updated`` on ``updated`` is
+  declared (``building``); after the grace period the Cleaner's backfill runs to
+  ``ready`` in its own process (``cleaner --index=by_updated``, as an operator runs
+  it), while a writer thread in this process puts new entities the whole time; its
+  p99 latency during the backfill is compared with its p99 during the grace period
+  (idle: the same writer, the same indexes maintained, no backfill running).
+
+If the ``cleaner`` command is missing, ``schemaless.cleaner.daemon.Cleaner.backfill``
+runs in this process instead (the writer then shares the GIL with it), marked so in
+the results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from schemaless import Index
+from schemaless.names import quote
+
+from .measure import percentile
+from .ops import Bench, raw_decode
+
+if TYPE_CHECKING:
+    from .harness import Config
+
+__all__ = ["backfill_bench"]
+
+NEW_INDEX = Index("by_updated", {"updated": "int"}, shard_on="updated")
+
+
+def _json_doc(entity: dict[str, Any]) -> str:
+    return json.dumps(
+        {k: (v.hex() if isinstance(v, bytes) else v) for k, v in entity.items()},
+        separators=(",", ":"),
+    )
+
+
+def load_json(b: Bench, n: int, batch: int = 1000) -> float:
+    """The entities as JSON documents, one ``docs`` table per server; seconds taken."""
+    db = f"{b.prefix}_json"
+    t0 = time.perf_counter()
+    for sid in range(len(b.servers.addresses)):
+        b.raw.run(
+            sid,
+            f"CREATE DATABASE IF NOT EXISTS {quote(db)};"
+            + ";".join(
+                f"CREATE TABLE IF NOT EXISTS {quote(db, t)} ("
+                " `id` BINARY(16) NOT NULL PRIMARY KEY, `doc` JSON NOT NULL) ENGINE=InnoDB"
+                for t in ("docs", "docs_all")
+            ),
+        )
+    for start in range(0, n, batch):
+        per_sid: dict[int, list[Any]] = {}
+        every: list[Any] = []
+        for i in range(start, min(n, start + batch)):
+            entity = b.ds.entity(i)
+            sid = b.shard_sid[b.id_shard(entity["id"])]
+            doc = (entity["id"], _json_doc(entity))
+            per_sid.setdefault(sid, []).extend(doc)
+            every.extend(doc)
+        for sid, table, params in [(s, "docs", p) for s, p in per_sid.items()] + [
+            (0, "docs_all", every)
+        ]:
+            rows = ", ".join(["(%s, %s)"] * (len(params) // 2))
+            b.raw.run(sid, f"INSERT INTO {quote(db, table)} (`id`, `doc`) VALUES {rows}", params)
+    return time.perf_counter() - t0
+
+
+def alter(b: Bench, single: bool) -> float:
+    """``ALTER TABLE ... ADD COLUMN ... VIRTUAL, ADD INDEX``: on the one table holding
+    every document, or on every server's share in parallel; seconds."""
+    table = quote(f"{b.prefix}_json", "docs_all" if single else "docs")
+    sql = (
+        f"ALTER TABLE {table} ADD COLUMN `v` BIGINT AS (JSON_VALUE(`doc`, '$.updated'))"
+        " VIRTUAL, ADD INDEX `by_v` (`v`)"
+    )
+    sids = [0] if single else list(range(len(b.servers.addresses)))
+    calls = {sid: (lambda sid=sid: b.raw.run(sid, sql)) for sid in sids}
+    t0 = time.perf_counter()
+    b.raw.fanout(calls)
+    return time.perf_counter() - t0
+
+
+def naive_backfill(b: Bench, batch: int = 1000) -> tuple[float, int]:
+    """The naive loop into the raw twin's shards; (seconds, rows written)."""
+    index = NEW_INDEX
+    for sid in range(len(b.servers.addresses)):
+        ddl = [
+            index.create_table_sql(b.raw_db("i3", s))
+            for s in range(b.n_shards)
+            if b.shard_sid[s] == sid
+        ]
+        b.raw.run(sid, ";\n".join(ddl))
+    codec = b.stores["i3"].codec
+    cols = ", ".join(quote(c) for c in index.columns)
+    written = 0
+    t0 = time.perf_counter()
+    for shard in range(b.n_shards):
+        sid = b.shard_sid[shard]
+        table = quote(b.stores["i3"].cluster.db(shard), "entities")
+        after = 0
+        while True:
+            rows = b.raw.run(
+                sid,
+                f"SELECT `added_id`, `id`, `version`, `body` FROM {table}"
+                " WHERE `added_id` > %s ORDER BY `added_id` LIMIT %s",
+                (after, batch),
+            )[0]
+            if not rows:
+                break
+            after = int(rows[-1][0])
+            targets: dict[int, list[Any]] = {}
+            for _, key, version, body in rows:
+                if body is None:
+                    continue
+                entity = raw_decode(body) if body[1] in (0, 1) else codec.decode(body)
+                for row in index.rows(entity):
+                    target = b.row_shard(index, row)
+                    targets.setdefault(target, []).extend((*row, bytes(key), int(version)))
+            for target, params in targets.items():
+                marks = ", ".join(["(%s, %s, %s)"] * (len(params) // 3))
+                b.raw.run(
+                    b.shard_sid[target],
+                    f"INSERT INTO {quote(b.raw_db('i3', target), index.table)}"
+                    f" ({cols}, `entity_id`, `entity_version`) VALUES {marks}"
+                    " ON DUPLICATE KEY UPDATE"
+                    " `entity_version` = GREATEST(`entity_version`, VALUES(`entity_version`))",
+                    params,
+                )
+                written += len(params) // 3
+            if len(rows) < batch:
+                break
+    return time.perf_counter() - t0, written
+
+
+class _Writer(threading.Thread):
+    """Puts new entities in a loop, recording (end time, latency) of each."""
+
+    def __init__(self, b: Bench) -> None:
+        super().__init__(daemon=True)
+        self.b = b
+        self.stop = threading.Event()
+        self.samples: list[tuple[float, float]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        store = self.b.stores["i3"]
+        try:
+            while not self.stop.is_set():
+                entity = self.b.ds.entity(next(self.b.next_new))
+                t0 = time.perf_counter()
+                store.put(entity)
+                t1 = time.perf_counter()
+                self.samples.append((t1, t1 - t0))
+                time.sleep(0.002)  # a steady writer, not a saturating one
+        except BaseException as exc:
+            self.error = exc
+
+    def window(self, start: float, stop: float) -> list[float]:
+        return sorted(lat for end, lat in self.samples if start <= end - lat and end <= stop)
+
+
+def _run_cleaner(b: Bench, name: str, local_dir: str) -> tuple[float, str, str, str]:
+    """Backfill ``name`` with the Cleaner; (seconds, state, how it ran, its summary)."""
+    store = b.stores["i3"]
+    exe = Path(sys.executable).with_name("cleaner")
+    if exe.exists():
+        env = dict(os.environ)
+        env["SCHEMALESS_LOCAL_DIR"] = local_dir
+        env.pop("SCHEMALESS_URL", None)
+        cmd = [str(exe), f"--index={name}", f"--prefix={b.prefix}_i3", "--quiet"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        took = time.perf_counter() - t0
+        state = store.cluster.refresh().indexes[name].state
+        how = "subprocess: cleaner " + " ".join(cmd[1:]) + f" (exit {proc.returncode})"
+        summary = (proc.stdout.strip() or proc.stderr.strip())[-600:]
+        return took, state, how, summary
+    from schemaless.cleaner.daemon import Cleaner  # type: ignore[import-not-found,unused-ignore]
+
+    cleaner = Cleaner(store)
+    t0 = time.perf_counter()
+    try:
+        state = cleaner.backfill(name)
+    finally:
+        cleaner.close()
+    took = time.perf_counter() - t0
+    return took, state, "in process: Cleaner.backfill (shares the GIL)", cleaner.summary()
+
+
+def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
+    """Time the backfills; the writer's p99 idle and during the Cleaner's."""
+    n = cfg.entities
+    out: dict[str, Any] = {"entities": n, "index": NEW_INDEX.to_dict()}
+    out["json_load_s"] = round(load_json(b, n), 2)
+    single = alter(b, single=True)
+    sharded = alter(b, single=False)
+    out["alter"] = {
+        "seconds": round(single, 3),
+        "per_million_s": round(single * 1e6 / n, 2),
+        "note": "one table with every document, on one server",
+    }
+    out["alter_sharded"] = {
+        "seconds": round(sharded, 3),
+        "per_million_s": round(sharded * 1e6 / n, 2),
+        "note": "one table per server, that server's documents, servers in parallel",
+    }
+
+    took, rows = naive_backfill(b)
+    out["naive"] = {
+        "seconds": round(took, 3),
+        "rows": rows,
+        "vs_alter": round(took / single, 2),
+        "vs_alter_sharded": round(took / sharded, 2),
+        "note": "single thread: scan by added_id, decode, multi-row INSERT per target shard",
+    }
+
+    store = b.stores["i3"]
+    writer = _Writer(b)
+    writer.start()
+    store.declare_index(NEW_INDEX)
+    info = store.cluster.refresh().indexes[NEW_INDEX.name]
+    # The Cleaner waits until every writer maintains the index: two catalog refresh
+    # intervals after the declaration, plus one second.  Wait here (the writer's idle
+    # window), so the Cleaner's time is its scan.
+    grace_end = info.changed / 1e6 + 2 * store.cluster.topology.refresh_interval + 1.5
+    idle_start = time.perf_counter()
+    time.sleep(max(3.0, grace_end - time.time()))
+    idle_stop = time.perf_counter()
+    try:
+        took, state, how, summary = _run_cleaner(b, NEW_INDEX.name, cfg.cluster_dir_abs)
+        during_stop = time.perf_counter()
+    finally:
+        writer.stop.set()
+        writer.join()
+    if writer.error is not None:
+        raise writer.error
+    # The Cleaner's own clock ("done after N s": from opening the datastore to ready)
+    # leaves out the interpreter's start; fall back to the process's wall time.
+    m = re.search(r"after ([0-9.]+)s", summary)
+    own = float(m.group(1)) if m else took
+    out["cleaner"] = {
+        "seconds": round(own, 3),
+        "process_seconds": round(took, 3),
+        "state": state,
+        "how": how,
+        "summary": summary,
+        "vs_alter": round(own / single, 2),
+        "vs_alter_sharded": round(own / sharded, 2),
+    }
+    idle = writer.window(idle_start + 0.5, idle_stop)
+    during = writer.window(during_stop - took, during_stop)
+    if idle and during:
+        p_idle, p_during = percentile(idle, 99), percentile(during, 99)
+        out["writer"] = {
+            "idle_ops": len(idle),
+            "during_ops": len(during),
+            "idle_p50_ms": round(percentile(idle, 50) * 1000, 3),
+            "idle_p99_ms": round(p_idle * 1000, 3),
+            "during_p50_ms": round(percentile(during, 50) * 1000, 3),
+            "during_p99_ms": round(p_during * 1000, 3),
+            "p99_ratio": round(p_during / p_idle, 2),
+        }
+    return out

@@ -1,0 +1,235 @@
+"""The servers a benchmark runs on, and the raw mysqlclient baseline's connections.
+
+The raw client connects exactly as the library does (same credentials, charset,
+session settings, multi-statements, autocommit), keeps a small pool per server, and
+sends each batch with the driver's lowest-level calls (``literal`` + ``query`` +
+``store_result``), so the baseline is as cheap as raw SQL from Python gets.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import MySQLdb
+from MySQLdb.constants import CLIENT
+
+from schemaless.connection import SESSION_SQL
+from schemaless.local import LocalCluster
+
+__all__ = ["RawClient", "Recorder", "Servers", "machine_info", "start_cluster"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Servers:
+    """Where to connect: ``host:port`` addresses and the option file with credentials."""
+
+    addresses: tuple[str, ...]
+    option_file: str
+
+    def connect(self, i: int, **extra: Any) -> Any:
+        """A driver connection to server ``i`` with the library's session settings."""
+        host, _, port = self.addresses[i].rpartition(":")
+        return MySQLdb.connect(
+            host=host,
+            port=int(port),
+            read_default_file=self.option_file,
+            read_default_group="client",
+            charset="utf8mb4",
+            autocommit=True,
+            client_flag=CLIENT.MULTI_STATEMENTS | CLIENT.MULTI_RESULTS,
+            init_command=SESSION_SQL,
+            **extra,
+        )
+
+    def admin(self, i: int, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement on server ``i`` on a fresh connection; its rows."""
+        db = self.connect(i)
+        try:
+            cur = db.cursor()
+            cur.execute(sql, tuple(params) or None)
+            rows = list(cur.fetchall() or ())
+            while cur.nextset():  # a multi-statement batch runs to its end
+                pass
+            return rows
+        finally:
+            db.close()
+
+
+def start_cluster(base_dir: str | Path, servers: int = 2, durable: bool = True) -> Servers:
+    """Start (or find running) the local cluster in ``base_dir``."""
+    cluster = LocalCluster(base_dir, servers=servers, durable=durable).up()
+    return Servers(tuple(cluster.addresses), str(cluster.option_file))
+
+
+class Recorder:
+    """Collects round trips (server, start, end, thread) while enabled; thread-safe."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.calls: list[tuple[str, float, float, int]] = []
+        self._lock = threading.Lock()
+
+    def tracer(self, server: str, sql: str, seconds: float) -> None:
+        """A ``DataStore(tracer=...)`` hook."""
+        if self.enabled:
+            self.record(server, time.perf_counter() - seconds)
+
+    def record(self, server: str, started: float) -> None:
+        end = time.perf_counter()
+        with self._lock:
+            self.calls.append((server, started, end, threading.get_ident()))
+
+    def take(self) -> list[tuple[str, float, float, int]]:
+        with self._lock:
+            calls, self.calls = self.calls, []
+        return calls
+
+
+def summarise_round_trips(
+    calls: list[tuple[str, float, float, int]], caller: int
+) -> tuple[int, int, dict[str, int]]:
+    """(round trips, sequential steps, round trips per server) of one operation.
+
+    A parallel fan-out (the library's and the raw client's alike) runs its first call
+    in the calling thread and the others on worker threads, so every sequential step
+    makes exactly one round trip from the caller's thread: steps are counted there.
+    """
+    per_server: dict[str, int] = {}
+    for server, *_ in calls:
+        per_server[server] = per_server.get(server, 0) + 1
+    steps = sum(1 for *_, ident in calls if ident == caller)
+    return len(calls), steps, per_server
+
+
+class RawClient:
+    """Raw mysqlclient: a pool of connections per server and a parallel fan-out."""
+
+    def __init__(self, servers: Servers, recorder: Recorder | None = None) -> None:
+        self.servers = servers
+        self.recorder = recorder
+        self._idle: list[deque[Any]] = [deque() for _ in servers.addresses]
+        self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="raw")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        for idle in self._idle:
+            while idle:
+                idle.pop().close()
+
+    def run(self, sid: int, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Send one batch to server ``sid``; the rows of every result set."""
+        idle = self._idle[sid]
+        try:
+            db = idle.pop()
+        except IndexError:
+            db = self.servers.connect(sid)
+        started = time.perf_counter()
+        query = sql.encode() % tuple(db.literal(p) for p in params) if params else sql
+        db.query(query)
+        results: list[tuple[Any, ...]] = []
+        while True:
+            result = db.store_result()
+            if result is not None:
+                results.append(result.fetch_row(maxrows=0))
+            if db.next_result() != 0:
+                break
+        # A result object takes the connection's lock when it is freed: free it before
+        # the connection goes back to the pool, or another thread may find it locked.
+        del result
+        rec = self.recorder
+        if rec is not None and rec.enabled:
+            rec.record(self.servers.addresses[sid], started)
+        idle.append(db)
+        return results
+
+    def fanout(self, calls: Mapping[int, Callable[[], T]]) -> dict[int, T]:
+        """Run one callable per server in parallel (the first in this thread)."""
+        items = list(calls.items())
+        if len(items) == 1:
+            sid, fn = items[0]
+            return {sid: fn()}
+        futures: dict[int, Future[T]] = {s: self._executor.submit(fn) for s, fn in items[1:]}
+        out = {items[0][0]: items[0][1]()}
+        for sid, future in futures.items():
+            out[sid] = future.result()
+        return out
+
+
+def machine_info(servers: Servers) -> dict[str, Any]:
+    """What the figures were measured on."""
+    rows = servers.admin(
+        0,
+        "SELECT @@version, @@innodb_flush_log_at_trx_commit, @@innodb_buffer_pool_size",
+    )
+    version, flush, pool = rows[0]
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        ram = 0.0
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "library": library_version(),
+        "nproc": os.cpu_count() or 0,
+        "ram_gib": round(ram, 1),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "mariadb": str(version),
+        "servers": len(servers.addresses),
+        "innodb_flush_log_at_trx_commit": int(flush),
+        "durable": int(flush) == 1,
+        "innodb_buffer_pool_mib": int(pool) // 2**20,
+    }
+
+
+def library_version() -> str:
+    """The commit the library was measured at (``+dirty`` if schemaless/ had changes)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "schemaless", "cleaner"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def set_server_globals(servers: Servers, durable: bool | None, buffer_pool_mib: int) -> None:
+    """Make every server durable (or not) and size its buffer pool, for this run."""
+    for i in range(len(servers.addresses)):
+        if durable is not None:
+            servers.admin(i, f"SET GLOBAL innodb_flush_log_at_trx_commit = {1 if durable else 2}")
+        if buffer_pool_mib:
+            servers.admin(i, f"SET GLOBAL innodb_buffer_pool_size = {int(buffer_pool_mib) << 20}")

@@ -1,0 +1,476 @@
+"""``python -m bench``: every operation through schemaless and as raw SQL, same run.
+
+For each operation and each client thread count, both sides run alternately
+(raw, schemaless, schemaless, raw; half the time each) after a short warm-up, on the
+same servers, with the same durability.  The ratio is schemaless time per operation
+over raw time per operation at that concurrency (raw throughput / schemaless
+throughput): 1.0 means no overhead, lower is better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .codecbench import codec_bench
+from .data import Dataset
+from .env import (
+    RawClient,
+    Recorder,
+    Servers,
+    machine_info,
+    set_server_globals,
+    start_cluster,
+    summarise_round_trips,
+)
+from .measure import Sample, run_threads
+from .ops import Bench, Op, operations
+
+__all__ = ["Config", "drop_prefix", "main", "run"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+#: ratio targets of issue 6 (schemaless time / raw time)
+TARGETS = {
+    "put_0idx": 1.25,
+    "put_1idx": 1.25,
+    "put_3idx": 1.25,
+    "get": 1.25,
+    "get_many": 1.25,
+    "delete": 1.25,
+    "query_eq": 1.25,
+    "scatter_p1": 1.5,
+    "scatter_p10": 1.5,
+}
+#: sequential round trips the protocol allows
+ROUND_TRIP_TARGETS = {"put_0idx": 1, "put_1idx": 2, "put_3idx": 2, "get": 1, "get_many": 1}
+
+
+@dataclass
+class Config:
+    """One benchmark run."""
+
+    entities: int = 20_000
+    shards: int = 16
+    threads: list[int] = field(default_factory=lambda: [1, 4, 16])
+    seconds: float = 1.0
+    write_ops: int = 4000
+    ops: list[str] | None = None  # None: all
+    prefix: str = "bench"
+    cluster_dir: str = ".bench-cluster"
+    durable: bool | None = True  # None: leave the servers as they are
+    buffer_pool_mib: int = 1024  # 0: leave as it is
+    codec: bool = True
+    codec_entities: int = 5000
+    backfill: bool = False
+    keep: bool = False
+    round_trip_samples: int = 10
+    rounds: int = 2  # each side runs 2 * rounds alternating slices (raw, sl, sl, raw, ...)
+    warmup: float = 0.15
+
+    @property
+    def cluster_dir_abs(self) -> str:
+        return str(Path(self.cluster_dir).absolute())
+
+
+def drop_prefix(servers: Servers, prefix: str) -> None:
+    """Drop every database this benchmark makes under ``prefix`` (and only those)."""
+    pattern = re.compile(
+        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013])_[0-9]{{4}}|i[013]_catalog|json|naive"
+        r"|tl_[a-z0-9_]+)\Z"
+    )
+    for i in range(len(servers.addresses)):
+        names = [r[0] for r in servers.admin(i, "SHOW DATABASES")]
+        drops = [n for n in names if pattern.match(n)]
+        if drops:
+            servers.admin(i, ";".join(f"DROP DATABASE IF EXISTS `{n}`" for n in drops))
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _measure_op(b: Bench, op: Op, threads: int, cfg: Config) -> dict[str, Any]:
+    budget = cfg.write_ops
+    if op.name in ("update", "delete"):
+        budget = max(10, min(budget, b.ds.n // (2 * len(cfg.threads))))
+    items = op.items(threads, budget if op.write else 0)
+    sides = {
+        "raw": (op.raw, [r for _, r in items]),
+        "schemaless": (op.sl, [s for s, _ in items]),
+    }
+    iters = {
+        name: (itertools.cycle(xs) if op.cycle else iter(xs)) for name, (_, xs) in sides.items()
+    }
+    for name, (call, _) in sides.items():  # warm up: connections, caches
+        run_threads(call, iters[name], threads, cfg.warmup, max_ops=max(2 * threads, 20))
+    samples = {name: Sample() for name in sides}
+    order = ("raw", "schemaless", "schemaless", "raw") * cfg.rounds
+    for name in order:  # alternate, so a change of background load hits both sides
+        call, _ = sides[name]
+        samples[name].add(run_threads(call, iters[name], threads, cfg.seconds / (2 * cfg.rounds)))
+    sl, raw = samples["schemaless"].summary(), samples["raw"].summary()
+    ratio = raw["throughput"] / sl["throughput"] if sl["throughput"] else 0.0
+    ratio_p50 = sl["p50_ms"] / raw["p50_ms"] if raw["p50_ms"] else 0.0
+    return {
+        "op": op.name,
+        "title": op.title,
+        "threads": threads,
+        "schemaless": sl,
+        "raw": raw,
+        "ratio": round(ratio, 3),
+        "ratio_p50": round(ratio_p50, 3),
+    }
+
+
+def _round_trips(b: Bench, cfg: Config, ops: list[Op]) -> dict[str, Any]:
+    """Round trips per operation, from the DataStore tracer (and the raw client's)."""
+    rec = Recorder()
+    traced = Bench.create(
+        b.servers,
+        cfg.prefix,
+        cfg.shards,
+        b.ds,
+        tracer=rec.tracer,
+        raw=RawClient(b.servers, rec),
+    )
+    traced.next_new, traced.order = b.next_new, b.order
+    traced.update_pos, traced.delete_pos, traced.raw_updated = (
+        b.update_pos,
+        b.delete_pos,
+        b.raw_updated,
+    )
+    by_name = {op.name: op for op in operations(traced)}
+    out: dict[str, Any] = {}
+    try:
+        for op in ops:
+            top = by_name[op.name]
+            n = cfg.round_trip_samples
+            items = top.items(1, n if top.write else 0)
+            row: dict[str, Any] = {}
+            for side, call, pick in (("schemaless", top.sl, 0), ("raw", top.raw, 1)):
+                calls = steps = 0
+                servers: dict[str, int] = {}
+                done = 0
+                for item in itertools.islice(itertools.cycle(items), n):
+                    rec.take()
+                    rec.enabled = True
+                    call(item[pick])
+                    rec.enabled = False
+                    c, s, per = summarise_round_trips(rec.take(), threading.get_ident())
+                    calls, steps, done = calls + c, steps + s, done + 1
+                    for k, v in per.items():
+                        servers[k] = servers.get(k, 0) + v
+                row[side] = {
+                    "round_trips": round(calls / done, 2),
+                    "sequential": round(steps / done, 2),
+                    "per_server": {k: round(v / done, 2) for k, v in sorted(servers.items())},
+                }
+            out[op.name] = row
+    finally:
+        b.next_new = traced.next_new
+        b.update_pos, b.delete_pos = traced.update_pos, traced.delete_pos
+        traced.close()
+    return out
+
+
+def run(cfg: Config, servers: Servers | None = None) -> dict[str, Any]:
+    """Run the benchmark; return the results (what goes into the JSON file)."""
+    started = time.time()
+    if servers is None:
+        _log(f"cluster: {cfg.cluster_dir} (2 servers)")
+        servers = start_cluster(cfg.cluster_dir, 2, durable=cfg.durable is not False)
+    set_server_globals(servers, cfg.durable, cfg.buffer_pool_mib)
+    drop_prefix(servers, cfg.prefix)
+    ds = Dataset(cfg.entities)
+    b = Bench.create(
+        servers,
+        cfg.prefix,
+        cfg.shards,
+        ds,
+        refresh_interval=5.0,
+    )
+    results: dict[str, Any] = {
+        "meta": {
+            "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+            "config": asdict(cfg),
+            "machine": machine_info(servers),
+            "ratio": "schemaless time per op / raw time per op (raw ops/s / schemaless ops/s)",
+        },
+    }
+    try:
+        b.create_raw_tables()
+        _log(f"loading {cfg.entities} entities (3 indexes) into schemaless and raw tables")
+        results["load"] = b.load(0, cfg.entities)
+        _log(f"  loaded: {results['load']}")
+        ops = [op for op in operations(b) if cfg.ops is None or op.name in cfg.ops]
+        _log("counting round trips")
+        results["round_trips"] = _round_trips(b, cfg, ops)
+        results["ops"] = []
+        for op in ops:
+            for threads in cfg.threads:
+                row = _measure_op(b, op, threads, cfg)
+                results["ops"].append(row)
+                _log(
+                    f"  {op.name:<12} {threads:>3} thr: ratio {row['ratio']:.2f} "
+                    f"(schemaless {row['schemaless']['throughput']:.0f}/s, "
+                    f"raw {row['raw']['throughput']:.0f}/s)"
+                    + "".join(
+                        f" {side} errors: {row[side]['errors']} ({row[side]['first_error']})"
+                        for side in ("schemaless", "raw")
+                        if row[side].get("errors")
+                    )
+                )
+        if cfg.codec:
+            _log("codec")
+            results["codec"] = codec_bench(n=cfg.codec_entities)
+        if cfg.backfill:
+            from .backfill import backfill_bench
+
+            _log("backfill")
+            results["backfill"] = backfill_bench(b, cfg)
+        results["targets"] = evaluate(results)
+        results["meta"]["seconds"] = round(time.time() - started, 1)
+    finally:
+        b.close()
+        if not cfg.keep:
+            drop_prefix(servers, cfg.prefix)
+    return results
+
+
+def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of issue 6 with the measured figure and met / missed."""
+    out: list[dict[str, Any]] = []
+    for row in results.get("ops", []):
+        limit = TARGETS.get(row["op"])
+        if limit is not None:
+            out.append(
+                {
+                    "target": f"{row['op']} ratio <= {limit} at {row['threads']} threads",
+                    "measured": row["ratio"],
+                    "met": row["ratio"] <= limit,
+                }
+            )
+    for name, limit in ROUND_TRIP_TARGETS.items():
+        rt = results.get("round_trips", {}).get(name)
+        if rt:
+            got = rt["schemaless"]["sequential"]
+            out.append(
+                {
+                    "target": f"{name}: {limit} sequential round trip(s)",
+                    "measured": got,
+                    "met": got <= limit,
+                }
+            )
+    codec = results.get("codec")
+    if codec:
+        by = {f["format"]: f for f in codec["formats"]}
+        for fmt in ("schemaless", "schemaless+dict"):
+            f = by[fmt]
+            out.append(
+                {
+                    "target": f"codec {fmt}: size <= 0.55x pickle2+zlib",
+                    "measured": f["size_vs_pickle2"],
+                    "met": f["size_vs_pickle2"] <= 0.55,
+                }
+            )
+            out.append(
+                {
+                    "target": f"codec {fmt}: round trip >= 4x faster than pickle2+zlib",
+                    "measured": f["speedup_vs_pickle2"],
+                    "met": f["speedup_vs_pickle2"] >= 4.0,
+                }
+            )
+    bf = results.get("backfill")
+    if bf and bf.get("cleaner", {}).get("seconds"):
+        for key, what in (("vs_alter", "one table"), ("vs_alter_sharded", "per server")):
+            ratio = bf["cleaner"][key]
+            out.append(
+                {
+                    "target": f"Cleaner backfill <= 2x ALTER ({what})",
+                    "measured": ratio,
+                    "met": ratio <= 2.0,
+                }
+            )
+        if bf.get("writer"):
+            w = bf["writer"]["p99_ratio"]
+            out.append({"target": "writer p99 during backfill <= 2x idle", "measured": w,
+                        "met": w <= 2.0})  # fmt: skip
+    return out
+
+
+# -- output ------------------------------------------------------------------------------
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The results as a text table."""
+    lines = []
+    m = results["meta"]["machine"]
+    cfg = results["meta"]["config"]
+    lines.append(
+        f"schemaless vs raw mysqlclient: {cfg['entities']} entities, {cfg['shards']} logical "
+        f"shards, {m['servers']} servers, MariaDB {m['mariadb']}, "
+        f"{'durable' if m['durable'] else 'NOT durable'} "
+        f"(flush_log_at_trx_commit={m['innodb_flush_log_at_trx_commit']}), "
+        f"{m['nproc']} cores, {m['ram_gib']} GiB"
+    )
+    head = (
+        f"{'operation':<46} {'thr':>3} | {'sl ops/s':>9} {'p50 ms':>7} {'p99 ms':>7} | "
+        f"{'raw ops/s':>9} {'p50 ms':>7} {'p99 ms':>7} | {'ratio':>5} {'p50':>5} | "
+        f"{'RT sl':>9} {'RT raw':>9}"
+    )
+    lines += [head, "-" * len(head)]
+    rts = results.get("round_trips", {})
+    for row in results.get("ops", []):
+        sl, raw = row["schemaless"], row["raw"]
+        rt = rts.get(row["op"], {})
+
+        def fmt_rt(side: str, rt: dict[str, Any] = rt) -> str:
+            r = rt.get(side)
+            return f"{r['round_trips']:g}/{r['sequential']:g}" if r else "-"
+
+        lines.append(
+            f"{row['title']:<46} {row['threads']:>3} | {sl['throughput']:>9.0f} "
+            f"{sl['p50_ms']:>7.3f} {sl['p99_ms']:>7.3f} | {raw['throughput']:>9.0f} "
+            f"{raw['p50_ms']:>7.3f} {raw['p99_ms']:>7.3f} | {row['ratio']:>5.2f} "
+            f"{row['ratio_p50']:>5.2f} | {fmt_rt('schemaless'):>9} {fmt_rt('raw'):>9}"
+            + "".join(
+                f"  !{row[side]['errors']} {side} errors"
+                for side in ("schemaless", "raw")
+                if row[side].get("errors")
+            )
+        )
+    lines.append("RT = round trips per operation / sequential steps (from the tracer)")
+    codec = results.get("codec")
+    if codec:
+        lines.append("")
+        lines.append(
+            f"codec ({codec['entities']} FriendFeed-like entities; dictionary "
+            f"{codec['dictionary_bytes']} bytes trained on {codec['dictionary_samples']} others)"
+        )
+        lines.append(
+            f"{'format':<18} {'bytes':>7} {'enc us':>7} {'dec us':>7} {'rt us':>7} "
+            f"{'size/p2':>7} {'speedup':>7}"
+        )
+        for f in codec["formats"]:
+            lines.append(
+                f"{f['format']:<18} {f['bytes_mean']:>7.1f} {f['encode_us']:>7.2f} "
+                f"{f['decode_us']:>7.2f} {f['round_trip_us']:>7.2f} "
+                f"{f['size_vs_pickle2']:>7.3f} {f['speedup_vs_pickle2']:>7.2f}"
+            )
+    bf = results.get("backfill")
+    if bf:
+        lines.append("")
+        lines.append(format_backfill(bf))
+    targets = results.get("targets", [])
+    if targets:
+        lines.append("")
+        lines.append("targets:")
+        for t in targets:
+            lines.append(f"  [{'met' if t['met'] else 'MISSED':>6}] {t['target']}: {t['measured']}")
+    return "\n".join(lines)
+
+
+def format_backfill(bf: dict[str, Any]) -> str:
+    lines = [f"backfill of a new int index over {bf['entities']} entities:"]
+    for key in ("alter", "alter_sharded"):
+        a = bf.get(key)
+        if a:
+            lines.append(
+                f"  MariaDB ALTER TABLE ... ADD COLUMN (virtual, JSON_VALUE) + ADD INDEX, "
+                f"{a['note']}: {a['seconds']:.2f} s ({a['per_million_s']:.1f} s per million rows)"
+            )
+    for key, label in (("cleaner", "Cleaner"), ("naive", "naive loop (bench reference)")):
+        r = bf.get(key)
+        if not r:
+            continue
+        if r.get("seconds"):
+            lines.append(
+                f"  {label}: {r['seconds']:.2f} s = {r['vs_alter']:.2f}x ALTER (one table), "
+                f"{r.get('vs_alter_sharded', 0):.2f}x ALTER (per server)"
+                + (f"  [{r.get('note') or r.get('how')}]" if r.get("note") or r.get("how") else "")
+            )
+        else:
+            lines.append(f"  {label}: not measured ({r.get('note', '')})")
+    w = bf.get("writer")
+    if w:
+        lines.append(
+            f"  concurrent writer p99: idle {w['idle_p99_ms']:.2f} ms, during backfill "
+            f"{w['during_p99_ms']:.2f} ms ({w['p99_ratio']:.2f}x), {w['during_ops']} puts"
+        )
+    return "\n".join(lines)
+
+
+def write_results(results: dict[str, Any], out: str | None) -> list[Path]:
+    """Write the JSON to bench/results/<timestamp>.json (and ``out`` if given)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    paths = [RESULTS_DIR / f"{stamp}.json"]
+    if out:
+        paths.append(Path(out))
+    text = json.dumps(results, indent=2, default=str) + "\n"
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return paths
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="schemaless vs raw mysqlclient on the same servers, same run "
+        "(example: python -m bench --entities 100000 --threads 1,4,16 --backfill)",
+    )
+    p.add_argument("--entities", type=int, default=20_000, help="entities loaded (default 20000)")
+    p.add_argument("--shards", type=int, default=16, help="logical shards (default 16)")
+    p.add_argument("--threads", default="1,4,16", help="client thread counts (default 1,4,16)")
+    p.add_argument("--seconds", type=float, default=1.0, help="per op, thread count and side")
+    p.add_argument("--write-ops", type=int, default=4000, help="cap of writes per measurement")
+    p.add_argument("--ops", default=None, help="comma-separated operations (default: all)")
+    p.add_argument("--dir", default=".bench-cluster", help="local cluster directory")
+    p.add_argument("--prefix", default="bench", help="database prefix (dropped first!)")
+    p.add_argument(
+        "--no-durable",
+        action="store_true",
+        help="innodb_flush_log_at_trx_commit=2 (default: 1, durable)",
+    )
+    p.add_argument("--buffer-pool-mb", type=int, default=1024, help="0: leave as configured")
+    p.add_argument("--no-codec", action="store_true", help="skip the codec benchmark")
+    p.add_argument("--backfill", action="store_true", help="also the backfill benchmark")
+    p.add_argument("--keep", action="store_true", help="keep the databases afterwards")
+    p.add_argument("--out", default=None, help="also write the JSON results here")
+    a = p.parse_args(argv)
+    cfg = Config(
+        entities=a.entities,
+        shards=a.shards,
+        threads=[int(t) for t in a.threads.split(",") if t.strip()],
+        seconds=a.seconds,
+        write_ops=a.write_ops,
+        ops=[o.strip() for o in a.ops.split(",")] if a.ops else None,
+        prefix=a.prefix,
+        cluster_dir=a.dir,
+        durable=not a.no_durable,
+        buffer_pool_mib=a.buffer_pool_mb,
+        codec=not a.no_codec,
+        backfill=a.backfill,
+        keep=a.keep,
+    )
+    return cfg, a.out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg, out = parse_args(argv)
+    results = run(cfg)
+    print(format_table(results))
+    for path in write_results(results, out):
+        print(f"results: {path}")

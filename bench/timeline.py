@@ -1,0 +1,592 @@
+"""``python -m bench.timeline``: "Implementing Timeline in Web Services" (Kazuho Oku, 2008).
+
+The post measured two designs of a Twitter-like timeline on MySQL, with 10,000 users,
+1,000,000 messages and 42.9 followers per user on average:
+
+* **push**: on submit, the message id goes into every follower's mailbox; a timeline
+  is one indexed read of the reader's mailbox (joined with the messages);
+* **pull**: a message is written once; a timeline merges the newest messages of
+  every followee at read time.
+
+Both run twice on the same servers, in the same run: as the post's raw SQL (tables
+``message`` and ``mailbox`` on the first server, one statement per followee for pull),
+and built on schemaless:
+
+* pull: messages are entities ``{id, user_id, body}``; index ``by_user_id`` on
+  ``(user_id, id)`` sharded on ``user_id``.  A timeline asks each server ONE
+  statement (a UNION ALL of one ``(... WHERE p_user_id = ? ORDER BY p_id DESC LIMIT
+  20)`` per followee on that server), merges, then fetches the 20 entities with
+  ``get_many`` (one statement per server) and re-checks them.  The datastore has no
+  public query over many ``shard_on`` values yet, so this part speaks SQL to the index
+  tables through ``store.cluster`` (see docs/benchmarks.md for the API it needs).  The
+  same timeline through the public API (one ``query()`` per followee) is measured too.
+* push: messages carry their ``recipients`` (the author's followers); index
+  ``mailbox`` on ``(recipients, id)``, multi-valued on ``recipients`` and sharded on
+  it.  A timeline is one ``store.query("mailbox", recipients=me, order="desc")``.
+
+The follow graph lives in the application's memory on both sides.  Data size is
+``data_length + index_length`` from information_schema after ``ANALYZE TABLE``.
+
+Example: ``python -m bench.timeline --scale 0.1`` (default), ``--scale 1`` for the
+post's full size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from schemaless import DataStore, Index
+from schemaless.hashing import shard_of
+from schemaless.index import key_encode
+from schemaless.names import quote
+from schemaless.schema import shard_db
+
+from .data import WORDS, entity_id
+from .env import RawClient, Servers, machine_info, set_server_globals, start_cluster
+from .measure import run_threads
+
+__all__ = ["TimelineConfig", "run_timeline"]
+
+PAGE = 20
+BY_USER_ID = Index("by_user_id", {"user_id": "int", "id": "uuid"}, shard_on="user_id")
+MAILBOX = Index(
+    "mailbox", {"recipients": "int", "id": "uuid"}, shard_on="recipients", multi="recipients"
+)
+MODELS = ("raw push", "schemaless push", "raw pull", "schemaless pull")
+
+
+@dataclass
+class TimelineConfig:
+    scale: float = 0.1
+    followees: float = 42.9
+    shards: int = 16
+    seconds: float = 2.0
+    threads: int = 1
+    prefix: str = "bench"
+    cluster_dir: str = ".bench-cluster"
+    durable: bool | None = True
+    buffer_pool_mib: int = 1024
+    keep: bool = False
+    per_followee_api: bool = True  # also time pull through query() per followee
+
+
+class Graph:
+    """Users, who follows whom, and the messages (deterministic)."""
+
+    def __init__(self, users: int, messages: int, followees: float, seed: int = 2008) -> None:
+        self.users = users
+        self.messages = messages
+        rng = random.Random(seed)
+        low = int(followees)
+        frac = followees - low
+        self.followees: list[list[int]] = []
+        for u in range(users):
+            k = min(users - 1, low + (1 if rng.random() < frac else 0))
+            others = rng.sample(range(users - 1), k)
+            self.followees.append([o if o < u else o + 1 for o in others])
+        self.followers: list[list[int]] = [[] for _ in range(users)]
+        for u, fs in enumerate(self.followees):
+            for f in fs:
+                self.followers[f].append(u)
+        self.seed = seed
+
+    def message(self, k: int) -> tuple[int, bytes, str]:
+        """(author, schemaless id, body) of message ``k``; its raw id is ``k + 1``."""
+        rng = random.Random(self.seed * 7_919 + k)
+        author = rng.randrange(self.users)
+        key = entity_id(k, rng)
+        words: list[str] = []
+        while sum(map(len, words)) + len(words) < 70:
+            words.append(rng.choice(WORDS))
+        return author, key, " ".join(words)[:90]
+
+
+class Timeline:
+    """The four implementations on one set of servers."""
+
+    def __init__(self, servers: Servers, cfg: TimelineConfig, graph: Graph) -> None:
+        self.servers = servers
+        self.cfg = cfg
+        self.g = graph
+        self.raw = RawClient(servers)
+        self.db_pull = f"{cfg.prefix}_tl_rawpull"
+        self.db_push = f"{cfg.prefix}_tl_rawpush"
+        common: dict[str, Any] = {
+            "shards": cfg.shards,
+            "option_file": servers.option_file,
+            "pool_size": 32,
+        }
+        self.pull = DataStore(
+            list(servers.addresses), [BY_USER_ID], prefix=f"{cfg.prefix}_tl_pull", **common
+        )
+        self.push = DataStore(
+            list(servers.addresses), [MAILBOX], prefix=f"{cfg.prefix}_tl_push", **common
+        )
+        self.next_message = itertools.count(graph.messages)
+
+    def close(self) -> None:
+        self.pull.close()
+        self.push.close()
+        self.raw.close()
+
+    # -- schema and loading ---------------------------------------------------------------
+
+    def create_raw(self) -> None:
+        msg = (
+            "CREATE TABLE IF NOT EXISTS {db}.`message` ("
+            " `id` INT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+            " `user_id` INT UNSIGNED NOT NULL, `body` VARCHAR(255) NOT NULL,"
+            " KEY `user_id_id` (`user_id`, `id`)) ENGINE=InnoDB"
+        )
+        self.raw.run(
+            0,
+            f"CREATE DATABASE IF NOT EXISTS {quote(self.db_pull)};"
+            f"CREATE DATABASE IF NOT EXISTS {quote(self.db_push)};"
+            + msg.format(db=quote(self.db_pull))
+            + ";"
+            + msg.format(db=quote(self.db_push))
+            + f";CREATE TABLE IF NOT EXISTS {quote(self.db_push, 'mailbox')} ("
+            " `user_id` INT UNSIGNED NOT NULL, `message_id` INT UNSIGNED NOT NULL,"
+            " PRIMARY KEY (`user_id`, `message_id`)) ENGINE=InnoDB",
+        )
+
+    def load(self, batch: int = 500) -> dict[str, float]:
+        """All messages into the four models; seconds per model."""
+        out = {}
+        n = self.g.messages
+        chunks = [(a, min(n, a + batch)) for a in range(0, n, batch)]
+
+        def raw_pull(a: int, b: int) -> None:
+            rows = [self.g.message(k) for k in range(a, b)]
+            params: list[Any] = []
+            for k, (author, _, body) in zip(range(a, b), rows, strict=True):
+                params += [k + 1, author, body]
+            values = ", ".join(["(%s, %s, %s)"] * len(rows))
+            self.raw.run(
+                0,
+                f"INSERT INTO {quote(self.db_pull, 'message')} (`id`, `user_id`, `body`)"
+                f" VALUES {values}",
+                params,
+            )
+
+        def raw_push(a: int, b: int) -> None:
+            params: list[Any] = []
+            box: list[int] = []
+            for k in range(a, b):
+                author, _, body = self.g.message(k)
+                params += [k + 1, author, body]
+                for f in self.g.followers[author]:
+                    box += [f, k + 1]
+            values = ", ".join(["(%s, %s, %s)"] * (b - a))
+            sql = (
+                f"START TRANSACTION; INSERT INTO {quote(self.db_push, 'message')}"
+                f" (`id`, `user_id`, `body`) VALUES {values}"
+            )
+            if box:
+                sql += (
+                    f"; INSERT INTO {quote(self.db_push, 'mailbox')} (`user_id`, `message_id`)"
+                    f" VALUES {', '.join(['(%s, %s)'] * (len(box) // 2))}"
+                )
+            self.raw.run(0, sql + "; COMMIT", params + box)
+
+        def sl_pull(a: int, b: int) -> None:
+            self.pull.put_many([self.pull_entity(k) for k in range(a, b)])
+
+        def sl_push(a: int, b: int) -> None:
+            self.push.put_many([self.push_entity(k) for k in range(a, b)])
+
+        for name, fn, size in (
+            ("raw pull", raw_pull, 2000),
+            ("raw push", raw_push, 200),
+            ("schemaless pull", sl_pull, batch),
+            ("schemaless push", sl_push, 100),
+        ):
+            t0 = time.perf_counter()
+            parts = [(a, min(n, a + size)) for a in range(0, n, size)] if size != batch else chunks
+            _parallel(_star(fn), parts, 2)
+            out[name] = round(time.perf_counter() - t0, 2)
+            _log(f"  loaded {name}: {out[name]} s")
+        return out
+
+    def pull_entity(self, k: int) -> dict[str, Any]:
+        author, key, body = self.g.message(k)
+        return {"id": key, "user_id": author, "body": body}
+
+    def push_entity(self, k: int) -> dict[str, Any]:
+        author, key, body = self.g.message(k)
+        return {"id": key, "user_id": author, "body": body, "recipients": self.g.followers[author]}
+
+    def sizes(self) -> dict[str, float]:
+        """MB (data + indexes) of each model, after ANALYZE TABLE."""
+        out: dict[str, float] = {}
+        for name, dbs in (
+            ("raw pull", {0: [self.db_pull]}),
+            ("raw push", {0: [self.db_push]}),
+            ("schemaless pull", _shard_dbs(self.pull)),
+            ("schemaless push", _shard_dbs(self.push)),
+        ):
+            total = 0
+            for sid, names in dbs.items():
+                tables = self.servers.admin(
+                    sid,
+                    "SELECT table_schema, table_name FROM information_schema.tables"
+                    f" WHERE table_schema IN ({', '.join(['%s'] * len(names))})",
+                    names,
+                )
+                if tables:
+                    stmt = ", ".join(quote(s, t) for s, t in tables)
+                    self.servers.admin(sid, f"ANALYZE TABLE {stmt}")
+                rows = self.servers.admin(
+                    sid,
+                    "SELECT COALESCE(SUM(data_length + index_length), 0)"
+                    " FROM information_schema.tables"
+                    f" WHERE table_schema IN ({', '.join(['%s'] * len(names))})",
+                    names,
+                )
+                total += int(rows[0][0])
+            out[name] = round(total / 1e6, 1)
+        return out
+
+    # -- submissions ----------------------------------------------------------------------
+
+    def submit_raw_pull(self, k: int) -> None:
+        author, _, body = self.g.message(k)
+        self.raw.run(
+            0,
+            f"INSERT INTO {quote(self.db_pull, 'message')} (`user_id`, `body`) VALUES (%s, %s)",
+            (author, body),
+        )
+
+    def submit_raw_push(self, k: int) -> None:
+        author, _, body = self.g.message(k)
+        fs = self.g.followers[author]
+        sql = (
+            f"START TRANSACTION; INSERT INTO {quote(self.db_push, 'message')}"
+            " (`user_id`, `body`) VALUES (%s, %s)"
+        )
+        if fs:
+            sql += (
+                f"; INSERT INTO {quote(self.db_push, 'mailbox')} (`user_id`, `message_id`)"
+                f" VALUES {', '.join(['(%s, LAST_INSERT_ID())'] * len(fs))}"
+            )
+        self.raw.run(0, sql + "; COMMIT", [author, body, *fs])
+
+    # -- timelines ------------------------------------------------------------------------
+
+    def raw_pull_timeline(self, user: int, before: int | None) -> list[tuple[Any, ...]]:
+        """The post's pull: the newest messages of each followee, one query each."""
+        cond = "" if before is None else " AND `id` < %s"
+        sql = (
+            f"SELECT `id`, `user_id`, `body` FROM {quote(self.db_pull, 'message')}"
+            f" WHERE `user_id` = %s{cond} ORDER BY `id` DESC LIMIT {PAGE}"
+        )
+        rows: list[tuple[Any, ...]] = []
+        for f in self.g.followees[user]:
+            rows += self.raw.run(0, sql, (f,) if before is None else (f, before))[0]
+        rows.sort(reverse=True)
+        return rows[:PAGE]
+
+    def raw_push_timeline(self, user: int, before: int | None) -> list[tuple[Any, ...]]:
+        cond = "" if before is None else " AND b.`message_id` < %s"
+        sql = (
+            f"SELECT m.`id`, m.`user_id`, m.`body` FROM {quote(self.db_push, 'mailbox')} b"
+            f" JOIN {quote(self.db_push, 'message')} m ON m.`id` = b.`message_id`"
+            f" WHERE b.`user_id` = %s{cond} ORDER BY b.`message_id` DESC LIMIT {PAGE}"
+        )
+        return list(self.raw.run(0, sql, (user,) if before is None else (user, before))[0])
+
+    def sl_push_timeline(self, user: int, before: bytes | None) -> list[Any]:
+        if before is None:
+            return self.push.query(MAILBOX, recipients=user, order="desc", limit=PAGE)
+        return self.push.query(MAILBOX, recipients=user, id__lt=before, order="desc", limit=PAGE)
+
+    def sl_pull_timeline(self, user: int, before: bytes | None) -> list[dict[str, Any]]:
+        """One statement per server over all followees there, then get_many."""
+        store = self.pull
+        cluster = store.cluster
+        topo = cluster.current()
+        parts_sql = self._pull_parts(topo.prefix, topo.n_shards, before is not None)
+        by_sid: dict[int, list[tuple[str, list[Any]]]] = {}
+        for f in self.g.followees[user]:
+            shard = shard_of(key_encode(f), topo.n_shards)
+            by_sid.setdefault(topo.shard_servers[shard], []).append(
+                (parts_sql[shard], [f] if before is None else [f, before])
+            )
+        calls: dict[int, Callable[[], Any]] = {}
+        for sid, parts in by_sid.items():
+            server = cluster.server(topo.servers[sid])
+            sql = " UNION ALL ".join(p for p, _ in parts)
+            params = [x for _, ps in parts for x in ps]
+            calls[sid] = _bind(server.run, sql, params)
+        rows = [r for res in cluster.fanout(calls).values() for r in res[0]]
+        rows.sort(key=lambda r: r[1], reverse=True)
+        out: list[dict[str, Any]] = []
+        pos = 0
+        while len(out) < PAGE and pos < len(rows):
+            chunk = rows[pos : pos + PAGE - len(out)]
+            pos += len(chunk)
+            found = store.get_many([bytes(r[2]) for r in chunk])
+            for r, entity in zip(chunk, found, strict=True):
+                # re-check: an index row is a hint, never the truth
+                if entity is not None and entity.get("user_id") == r[0] and entity.id == r[1]:
+                    out.append(entity)
+        return out
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 - a handful of entries, one object
+    def _pull_parts(self, prefix: str, n_shards: int, older: bool) -> list[str]:
+        """Per logical shard: the subquery of one followee's newest index rows."""
+        cond = " AND `p_id` < %s" if older else ""
+        return [
+            f"(SELECT `p_user_id`, `p_id`, `entity_id`"
+            f" FROM {quote(shard_db(prefix, shard), BY_USER_ID.table)}"
+            f" WHERE `p_user_id` = %s{cond} ORDER BY `p_id` DESC LIMIT {PAGE})"
+            for shard in range(n_shards)
+        ]
+
+    def sl_pull_timeline_per_followee(self, user: int, before: bytes | None) -> list[Any]:
+        """The same through the public API: one query() per followee."""
+        rows: list[Any] = []
+        for f in self.g.followees[user]:
+            if before is None:
+                page = self.pull.query(BY_USER_ID, user_id=f, order="desc", limit=PAGE)
+            else:
+                page = self.pull.query(
+                    BY_USER_ID, user_id=f, id__lt=before, order="desc", limit=PAGE
+                )
+            rows += page
+        rows.sort(key=lambda e: e["id"], reverse=True)
+        return rows[:PAGE]
+
+
+def _shard_dbs(store: DataStore) -> dict[int, list[str]]:
+    topo = store.cluster.refresh()
+    position = {addr: i for i, addr in enumerate(str(a) for a in topo.servers.values())}
+    out: dict[int, list[str]] = {}
+    for shard, sid in enumerate(topo.shard_servers):
+        out.setdefault(position[str(topo.servers[sid])], []).append(shard_db(topo.prefix, shard))
+    return out
+
+
+def _star(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...]], Any]:
+    return lambda args: fn(*args)
+
+
+def _with(fn: Callable[[Any, Any], Any], second: Any) -> Callable[[Any], Any]:
+    return lambda first: fn(first, second)
+
+
+def _bind(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+    return lambda: fn(*args)
+
+
+def _parallel(fn: Callable[[Any], None], items: list[Any], threads: int) -> None:
+    from .ops import _parallel as parallel
+
+    parallel(fn, items, threads)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _rate(
+    fn: Callable[[Any], object], items: list[Any], threads: int, seconds: float
+) -> dict[str, float]:
+    sample = run_threads(fn, itertools.cycle(items), threads, seconds)
+    s = sample.summary()
+    return {"per_s": s["throughput"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"]}
+
+
+def run_timeline(cfg: TimelineConfig, servers: Servers | None = None) -> dict[str, Any]:
+    """Build, load and measure the four models; the results."""
+    from .harness import drop_prefix
+
+    started = time.time()
+    if servers is None:
+        servers = start_cluster(cfg.cluster_dir, 2, durable=cfg.durable is not False)
+    set_server_globals(servers, cfg.durable, cfg.buffer_pool_mib)
+    drop_prefix(servers, cfg.prefix)
+    users = max(2, round(10_000 * cfg.scale))
+    messages = max(10, round(1_000_000 * cfg.scale))
+    graph = Graph(users, messages, cfg.followees)
+    _log(f"timeline: {users} users, {messages} messages, {cfg.followees} followees per user")
+    tl = Timeline(servers, cfg, graph)
+    results: dict[str, Any] = {
+        "meta": {
+            "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+            "config": asdict(cfg),
+            "machine": machine_info(servers),
+            "users": users,
+            "messages": messages,
+            "followers_mean": round(sum(map(len, graph.followers)) / users, 2),
+        }
+    }
+    try:
+        tl.create_raw()
+        results["load_s"] = tl.load()
+        results["size_mb"] = tl.sizes()
+        rng = random.Random(5)
+        readers = [rng.randrange(users) for _ in range(2000)]
+        mid = messages // 2
+        cut_raw, cut_sl = mid + 1, graph.message(mid)[1]
+        # sanity: the four models return the same timeline
+        for u in readers[:5]:
+            a = [r[0] for r in tl.raw_push_timeline(u, None)]
+            b = [r[0] for r in tl.raw_pull_timeline(u, None)]
+            c = [e["id"] for e in tl.sl_push_timeline(u, None)]
+            d = [e["id"] for e in tl.sl_pull_timeline(u, None)]
+            assert a == b, "raw push and raw pull disagree"
+            assert c == d, "schemaless push and pull disagree"
+            assert [graph.message(i - 1)[1] for i in a] == c, "raw and schemaless disagree"
+        timelines: dict[str, Callable[[Any, Any], Any]] = {
+            "raw push": tl.raw_push_timeline,
+            "schemaless push": tl.sl_push_timeline,
+            "raw pull": tl.raw_pull_timeline,
+            "schemaless pull": tl.sl_pull_timeline,
+        }
+        if cfg.per_followee_api:
+            timelines["schemaless pull, query() per followee"] = tl.sl_pull_timeline_per_followee
+        rows: dict[str, dict[str, Any]] = {}
+        for name, fn in timelines.items():
+            raw_side = name.startswith("raw")
+            cut: Any = cut_raw if raw_side else cut_sl
+            short = cfg.seconds / 4 if "per followee" in name else cfg.seconds
+            first = _rate(_with(fn, None), readers, cfg.threads, short)
+            older = _rate(_with(fn, cut), readers, cfg.threads, short)
+            rows[name] = {"timelines_first": first, "timelines_older": older}
+            _log(f"  {name}: {first['per_s']:.0f} timelines/s, older {older['per_s']:.0f}/s")
+        submit: dict[str, Callable[[int], object]] = {
+            "raw push": tl.submit_raw_push,
+            "schemaless push": lambda k: tl.push.put(tl.push_entity(k)),
+            "raw pull": tl.submit_raw_pull,
+            "schemaless pull": lambda k: tl.pull.put(tl.pull_entity(k)),
+        }
+        for name, sub in submit.items():
+            ks = [next(tl.next_message) for _ in range(20000)]
+            s = run_threads(sub, iter(ks), cfg.threads, cfg.seconds).summary()
+            rows[name]["submissions"] = {
+                "per_s": s["throughput"],
+                "p50_ms": s["p50_ms"],
+                "p99_ms": s["p99_ms"],
+            }
+            _log(f"  {name}: {s['throughput']:.0f} submissions/s")
+        results["models"] = rows
+        r = rows
+        results["goals"] = {
+            "pull_retrieval_vs_raw": round(
+                r["schemaless pull"]["timelines_first"]["per_s"]
+                / r["raw pull"]["timelines_first"]["per_s"],
+                2,
+            ),
+            "pull_older_vs_raw": round(
+                r["schemaless pull"]["timelines_older"]["per_s"]
+                / r["raw pull"]["timelines_older"]["per_s"],
+                2,
+            ),
+            "push_retrieval_vs_raw": round(
+                r["schemaless push"]["timelines_first"]["per_s"]
+                / r["raw push"]["timelines_first"]["per_s"],
+                2,
+            ),
+            "push_older_vs_raw": round(
+                r["schemaless push"]["timelines_older"]["per_s"]
+                / r["raw push"]["timelines_older"]["per_s"],
+                2,
+            ),
+        }
+        results["meta"]["seconds"] = round(time.time() - started, 1)
+    finally:
+        tl.close()
+        if not cfg.keep:
+            drop_prefix(servers, cfg.prefix)
+    return results
+
+
+def format_timeline(results: dict[str, Any]) -> str:
+    m = results["meta"]
+    mach = m["machine"]
+    lines = [
+        f"timeline: {m['users']} users, {m['messages']} messages, "
+        f"{m['followers_mean']} followers per user; {mach['servers']} servers, MariaDB "
+        f"{mach['mariadb']}, {'durable' if mach['durable'] else 'NOT durable'}, "
+        f"{mach['nproc']} cores; {m['config']['threads']} client thread(s)",
+        f"{'model':<40} {'size MB':>8} {'submit/s':>9} {'timelines/s':>12} {'older/s':>8}"
+        f" {'p50 ms':>7}",
+    ]
+    lines.append("-" * len(lines[-1]))
+    for name, row in results["models"].items():
+        size = results["size_mb"].get(name)
+        sub = row.get("submissions", {}).get("per_s")
+        lines.append(
+            f"{name:<40} {size if size is not None else '':>8} "
+            f"{sub if sub is not None else '':>9} "
+            f"{row['timelines_first']['per_s']:>12.0f} {row['timelines_older']['per_s']:>8.0f}"
+            f" {row['timelines_first']['p50_ms']:>7.2f}"
+        )
+    g = results["goals"]
+    lines.append("")
+    lines.append(
+        f"schemaless pull / raw pull retrieval: {g['pull_retrieval_vs_raw']}x first page, "
+        f"{g['pull_older_vs_raw']}x older page (goal >= 3x, aim 5x)"
+    )
+    lines.append(
+        f"schemaless push / raw push retrieval: {g['push_retrieval_vs_raw']}x first page, "
+        f"{g['push_older_vs_raw']}x older page (goal >= 0.5x)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.timeline",
+        description="Timeline push/pull, raw SQL vs schemaless (example: --scale 0.1)",
+    )
+    p.add_argument("--scale", type=float, default=0.1, help="1 = 10,000 users, 1M messages")
+    p.add_argument("--followees", type=float, default=42.9)
+    p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=2.0, help="per measurement")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    p.add_argument("--no-durable", action="store_true")
+    p.add_argument("--buffer-pool-mb", type=int, default=1024)
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    cfg = TimelineConfig(
+        scale=a.scale,
+        followees=a.followees,
+        shards=a.shards,
+        seconds=a.seconds,
+        threads=a.threads,
+        prefix=a.prefix,
+        cluster_dir=a.dir,
+        durable=not a.no_durable,
+        buffer_pool_mib=a.buffer_pool_mb,
+        keep=a.keep,
+    )
+    results = run_timeline(cfg)
+    print(format_timeline(results))
+    from .harness import RESULTS_DIR
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    paths = [RESULTS_DIR / f"timeline-{stamp}.json"] + ([Path(a.out)] if a.out else [])
+    for path in paths:
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The benchmark harnesses at a tiny scale on the test cluster: shapes, not timings."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.env import Servers
+from bench.harness import Config, drop_prefix, format_table, run, write_results
+from bench.timeline import TimelineConfig, format_timeline, run_timeline
+from schemaless.local import LocalCluster
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture
+def servers(local_cluster: LocalCluster) -> Servers:
+    return Servers(tuple(local_cluster.addresses), str(local_cluster.option_file))
+
+
+def _databases(servers: Servers, prefix: str) -> list[str]:
+    out = []
+    for i in range(len(servers.addresses)):
+        out += [r[0] for r in servers.admin(i, "SHOW DATABASES") if r[0].startswith(prefix)]
+    return out
+
+
+def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
+    prefix = "bs_" + uuid.uuid4().hex[:8]
+    cfg = Config(
+        entities=300,
+        shards=8,
+        threads=[1],
+        seconds=0.1,
+        write_ops=40,
+        ops=["put_1idx", "get", "get_many", "query_eq", "scatter_p10", "delete"],
+        prefix=prefix,
+        durable=None,  # leave the shared test cluster's settings alone
+        buffer_pool_mib=0,
+        codec_entities=300,
+        round_trip_samples=3,
+        warmup=0.02,
+    )
+    try:
+        results = run(cfg, servers=servers)
+    finally:
+        drop_prefix(servers, prefix)
+    assert _databases(servers, prefix) == []
+
+    data = json.loads(json.dumps(results))
+    assert {"meta", "load", "round_trips", "ops", "codec", "targets"} <= set(data)
+    assert data["meta"]["machine"]["servers"] == 2
+    assert [r["op"] for r in data["ops"]] == cfg.ops
+    for row in data["ops"]:
+        assert row["threads"] == 1
+        assert _positive(row["ratio"]) and _positive(row["ratio_p50"]), row
+        for side in ("schemaless", "raw"):
+            s = row[side]
+            assert s["ops"] > 0 and _positive(s["throughput"]), row
+            assert 0 < s["p50_ms"] <= s["p99_ms"], row
+            assert "errors" not in s, row
+    rt = data["round_trips"]
+    assert rt["put_1idx"]["schemaless"]["sequential"] == 2
+    assert rt["get"]["schemaless"]["round_trips"] == 1
+    formats = {f["format"]: f for f in data["codec"]["formats"]}
+    assert set(formats) >= {"pickle2+zlib6", "schemaless", "schemaless+dict"}
+    assert all(_positive(f["size_vs_pickle2"]) for f in formats.values())
+    assert all(isinstance(t["met"], bool) for t in data["targets"])
+    assert "get_many(100)" in format_table(results)
+
+    paths = write_results(results, str(tmp_path / "out.json"))
+    try:
+        assert json.loads((tmp_path / "out.json").read_text())["ops"] == data["ops"]
+    finally:
+        paths[0].unlink()
+
+
+def test_timeline_benchmark_json(servers: Servers) -> None:
+    prefix = "bt_" + uuid.uuid4().hex[:8]
+    cfg = TimelineConfig(
+        scale=0.002,  # 20 users, 2000 messages
+        shards=8,
+        seconds=0.1,
+        prefix=prefix,
+        durable=None,
+        buffer_pool_mib=0,
+    )
+    try:
+        results = run_timeline(cfg, servers=servers)
+    finally:
+        drop_prefix(servers, prefix)
+    assert _databases(servers, prefix) == []
+    data = json.loads(json.dumps(results))
+    assert set(data["size_mb"]) == {"raw push", "schemaless push", "raw pull", "schemaless pull"}
+    for name in data["size_mb"]:
+        row = data["models"][name]
+        for key in ("submissions", "timelines_first", "timelines_older"):
+            assert _positive(row[key]["per_s"]), (name, key)
+    assert all(_positive(v) for v in data["goals"].values())
+    assert "schemaless pull" in format_timeline(results)

@@ -128,8 +128,9 @@ class Server:
         self.options = options
         self.tracer = tracer
         self._idle: deque[_Conn] = deque()
-        self._slots = threading.BoundedSemaphore(options.pool_size)
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)
+        self._in_use = 0
         self._closed = False
 
     def __repr__(self) -> str:
@@ -165,35 +166,53 @@ class Server:
     @contextmanager
     def connection(self) -> Iterator[Any]:
         """A healthy connection for this thread; discarded if the block raises."""
-        if not self._slots.acquire(timeout=self.options.pool_wait):
-            raise ShardUnavailable(
-                f"{self.name}: all {self.options.pool_size} connections busy "
-                f"for {self.options.pool_wait:g}s"
-            )
-        conn: _Conn | None = None
+        conn = self._acquire()
         try:
-            conn = self._checkout()
             yield conn.db
         except BaseException:
-            if conn is not None:
-                _close_quietly(conn.db)
-                conn = None
+            self._release(conn, healthy=False)
             raise
-        finally:
-            if conn is not None:
-                conn.last_used = time.monotonic()
-                with self._lock:
-                    if self._closed:
-                        _close_quietly(conn.db)
-                    else:
-                        self._idle.append(conn)
-            self._slots.release()
+        self._release(conn, healthy=True)
+
+    def _acquire(self) -> _Conn:
+        """Take a pooled connection (or a new one), waiting at most ``pool_wait``."""
+        with self._lock:
+            if self._in_use >= self.options.pool_size:
+                deadline = time.monotonic() + self.options.pool_wait
+                while self._in_use >= self.options.pool_size:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._returned.wait(left):
+                        raise ShardUnavailable(
+                            f"{self.name}: all {self.options.pool_size} connections busy "
+                            f"for {self.options.pool_wait:g}s"
+                        )
+            if self._closed:
+                raise ShardUnavailable(f"{self.name}: datastore closed")
+            self._in_use += 1
+        try:
+            return self._checkout()
+        except BaseException:
+            with self._lock:
+                self._in_use -= 1
+                self._returned.notify()
+            raise
+
+    def _release(self, conn: _Conn, *, healthy: bool) -> None:
+        """Return a connection; one that saw an error is closed, never reused."""
+        keep = healthy and not self._closed
+        if keep:
+            conn.last_used = time.monotonic()
+        else:
+            _close_quietly(conn.db)
+        with self._lock:
+            self._in_use -= 1
+            if keep:
+                self._idle.append(conn)
+            self._returned.notify()
 
     def _checkout(self) -> _Conn:
         while True:
             with self._lock:
-                if self._closed:
-                    raise ShardUnavailable(f"{self.name}: datastore closed")
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
                 return self._connect()
@@ -225,8 +244,12 @@ class Server:
         *,
         commits: bool = False,
         idempotent: bool = True,
+        counts: list[int] | None = None,
     ) -> list[tuple[tuple[Any, ...], ...]]:
         """Send one batch; return the rows of each result set, in order.
+
+        ``counts``: filled with the affected rows of each statement without a result
+        set (INSERT, UPDATE, DELETE; also START TRANSACTION and COMMIT, as 0).
 
         ``commits``: the batch contains a COMMIT, so a connection lost after sending it
         raises ``OutcomeUnknown``.  ``idempotent``: the batch may be sent again after a
@@ -236,7 +259,9 @@ class Server:
         delays = self.options.retry.delays()
         while True:
             try:
-                return self._run_once(sql, params, commits=commits)
+                if counts is not None:
+                    counts.clear()
+                return self._run_once(sql, params, commits=commits, counts=counts)
             except _Retryable as exc:
                 delay = next(delays, None)
                 if delay is None or (exc.after_send and not idempotent):
@@ -244,16 +269,22 @@ class Server:
                 time.sleep(delay)
 
     def _run_once(
-        self, sql: str, params: Sequence[Any], *, commits: bool
+        self, sql: str, params: Sequence[Any], *, commits: bool, counts: list[int] | None
     ) -> list[tuple[tuple[Any, ...], ...]]:
-        started = time.perf_counter()
+        started = time.perf_counter() if self.tracer is not None else 0.0
         sent = False
         try:
-            with self.connection() as db:
+            conn = self._acquire()
+            healthy = False
+            try:
+                db = conn.db
                 query = sql.encode() % _literals(db, params) if params else sql
                 sent = True
                 db.query(query)
-                results = _read_results(db)
+                results = _read_results(db, counts)
+                healthy = True
+            finally:
+                self._release(conn, healthy=healthy)
         except MySQLdb.Error as exc:
             error = self._translate(exc, sent=sent, commits=commits)
             code = _code(exc)
@@ -346,8 +377,9 @@ def _literals(db: Any, params: Sequence[Any]) -> tuple[bytes, ...]:
     return tuple(out)
 
 
-def _read_results(db: Any) -> list[tuple[tuple[Any, ...], ...]]:
-    """Every result set of the batch just sent.
+def _read_results(db: Any, counts: list[int] | None) -> list[tuple[tuple[Any, ...], ...]]:
+    """Every result set of the batch just sent (and, into ``counts``, the affected rows
+    of each statement that has no result set).
 
     The driver's result objects are freed when this function returns, while the
     calling thread still owns the connection (freeing one takes the connection's lock).
@@ -357,6 +389,8 @@ def _read_results(db: Any) -> list[tuple[tuple[Any, ...], ...]]:
         result = db.store_result()
         if result is not None:
             results.append(result.fetch_row(maxrows=0))
+        elif counts is not None:
+            counts.append(db.affected_rows())
         if db.next_result() != 0:
             return results
 

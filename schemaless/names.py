@@ -6,6 +6,7 @@ name passes :func:`check_identifier` before :func:`quote` puts it into SQL.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from .errors import IndexDefinitionError
@@ -25,6 +26,7 @@ def check_identifier(name: object, what: str = "name") -> str:
     return name
 
 
+@functools.lru_cache(maxsize=65536)
 def quote(*parts: str) -> str:
     """Quote a dotted identifier (``db``.``table``) after validating each part."""
     return ".".join(f"`{check_identifier(p)}`" for p in parts)

@@ -65,7 +65,7 @@ class Query:
     partial: bool = False
     consistency: str = "primary"
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> bytes:
         """Identifies the query a cursor belongs to."""
         data = msgpack.packb(

@@ -8,6 +8,7 @@ longer produces, deleted only where ``entity_version < V``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ from .writes import (
     IndexRow,
     delete_rows_sql,
     entity_batch_sql,
+    states_sql,
     upsert_rows_sql,
 )
 
@@ -184,7 +186,15 @@ class DataStore:
         ``consistency="replica"`` may read from a replica lagging at most
         ``max_replica_lag`` seconds (so it may miss this client's latest writes).
         """
-        return self.get_many([entity_id], consistency=consistency)[0]
+        key = to_id(entity_id)
+        return self._rerouted(lambda: self._get_one(key, consistency))
+
+    def _get_one(self, key: bytes, consistency: str) -> Entity | None:
+        topo = self.cluster.current()
+        shard = self.cluster.shard_of_id(key)
+        server = self.cluster.reader(topo, topo.shard_servers[shard], consistency)
+        rows = server.run(_get_sql(topo.dbs[shard]), (key,))[0]
+        return self.decode(key, shard, rows[0][0], rows[0][1]) if rows else None
 
     def get_many(
         self, ids: Iterable[bytes | Any], *, consistency: str = "primary"
@@ -466,36 +476,53 @@ class DataStore:
         indexes = topo.maintained()
         by_name = {index.name: index for index in indexes}
         dbs = topo.dbs
-        now = self.clock.next()
-        writes = []
-        shards = {}
-        for key in keys:
-            shards[key] = shard = self.cluster.shard_of_id(key)
-            writes.append(
-                EntityWrite(
-                    dbs[shard], shard, key, self.clock.next(), now, None, mode, bool(indexes)
-                )
-            )
-        failpoints.hit("delete.before_entity")
-        outcomes = self._run_entities(topo, writes)
-        failpoints.hit("delete.after_entity")
+        shards = {key: self.cluster.shard_of_id(key) for key in keys}
         deleted = 0
         stale: list[IndexRow] = []
-        for key in keys:
-            out = outcomes[key]
-            if not out.applied:
-                if isinstance(mode, int):
+        pending = keys
+        for _ in range(_BLIND_ATTEMPTS):
+            now = self.clock.next()
+            writes = [
+                EntityWrite(
+                    dbs[shards[key]],
+                    shards[key],
+                    key,
+                    self.clock.next() if mode == BLIND else int(mode) + 1,
+                    now,
+                    None,
+                    mode,
+                    bool(indexes),
+                )
+                for key in pending
+            ]
+            failpoints.hit("delete.before_entity")
+            outcomes = self._run_entities(topo, writes)
+            failpoints.hit("delete.after_entity")
+            again = []
+            for key in pending:
+                out = outcomes[key]
+                if out.applied:
+                    deleted += 1
+                    assert out.stored is not None
+                    if out.old_body is not None:
+                        stale += self._stale_rows(
+                            topo, by_name, key, shards[key], out.old_body, {}, out.stored
+                        )
+                elif isinstance(mode, int):
                     raise _conflict(key, mode, out)
-                continue
-            deleted += 1
-            if out.stored is not None:
-                self.clock.observe(out.stored)
-                if out.old_body is not None:
-                    stale += self._stale_rows(
-                        topo, by_name, key, shards[key], out.old_body, {}, out.stored
-                    )
+                elif out.alive and out.stored is not None:
+                    self.clock.observe(out.stored)  # a clock behind the stored version
+                    again.append(key)
+            pending = again
+            if not pending:
+                break
         if stale:
             self._remove_stale(topo, stale, dbs)
+        if pending:
+            raise ConflictError(
+                f"entity {id_hex(pending[0])}: stored version kept moving ahead "
+                f"after {_BLIND_ATTEMPTS} attempts"
+            )
         return deleted
 
     def _row_shard(self, topo: Topology, index: Index, row: tuple[Any, ...]) -> int:
@@ -523,31 +550,63 @@ class DataStore:
         self.cluster.fanout({sid: call(sid, group) for sid, group in by_server.items()})
 
     def _run_entities(self, topo: Topology, writes: list[EntityWrite]) -> dict[bytes, Outcome]:
-        """Step 2: what happened to each entity."""
+        """Step 2: what happened to each entity.
+
+        A write that applied is known from its affected-row count; only for those that
+        did not (a conflict, a clock behind, an absent entity) is the stored state read.
+        """
         by_server: dict[int, list[EntityWrite]] = {}
         for w in writes:
             by_server.setdefault(topo.shard_servers[w.shard], []).append(w)
         servers = self.cluster.all_servers(topo)
 
         def call(sid: int, group: list[EntityWrite]) -> Callable[[], Any]:
-            sql, params = entity_batch_sql(group)
-            return lambda: servers[sid].run(sql, params, commits=True, idempotent=False)
+            sql, params, first = entity_batch_sql(group)
+
+            def run() -> tuple[Any, list[int], int]:
+                counts: list[int] = []
+                sets = servers[sid].run(sql, params, commits=True, idempotent=False, counts=counts)
+                return sets, counts, first
+
+            return run
 
         results = self.cluster.fanout({sid: call(sid, g) for sid, g in by_server.items()})
-        out = {}
+        out: dict[bytes, Outcome] = {}
+        refused: dict[int, dict[str, list[bytes]]] = {}
         for sid, group in by_server.items():
-            sets = results[sid]
+            sets, counts, first = results[sid]
             ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
+            pos = 0
             for n, w in enumerate(ordered):
-                before, after = sets[2 * n], sets[2 * n + 1]
-                body = before[0][2] if before and w.want_body and not before[0][1] else None
+                body = None
+                if w.want_body:
+                    before, pos = sets[pos], pos + 1
+                    body = before[0][2] if before and not before[0][1] else None
+                applied = counts[first + n] > 0
                 out[w.entity_id] = Outcome(
-                    applied=bool(after) and int(after[0][0]) > 0,
+                    applied=applied,
                     old_body=bytes(body) if body is not None else None,
-                    stored=int(after[0][1]) if after else None,
-                    alive=bool(after) and not after[0][2],
+                    stored=w.version if applied else None,
+                    alive=applied and w.body is not None,
                 )
+                if not applied:
+                    refused.setdefault(sid, {}).setdefault(w.db, []).append(w.entity_id)
+        if refused:
+            for key, (version, alive) in self._states(refused).items():
+                out[key] = Outcome(False, None, version, alive)
         return out
+
+    def _states(self, keys: dict[int, dict[str, list[bytes]]]) -> dict[bytes, tuple[int, bool]]:
+        """The stored ``(version, alive)`` of entities, by server (absent ones omitted)."""
+        topo = self.cluster.current()
+        servers = self.cluster.all_servers(topo)
+
+        def call(sid: int, by_db: dict[str, list[bytes]]) -> Callable[[], Any]:
+            sql, params = states_sql(by_db)
+            return lambda: servers[sid].run(sql, params)[0]
+
+        rows = self.cluster.fanout({sid: call(sid, by_db) for sid, by_db in keys.items()})
+        return {bytes(r[0]): (int(r[1]), not r[2]) for part in rows.values() for r in part}
 
     def train_dictionary(self, samples: int = 5000, size: int = 16384) -> int:
         """Train a zstd dictionary on stored entities, store it in the catalog and use it
@@ -720,6 +779,14 @@ class DataStore:
                 )
             )
         return info.index
+
+
+@functools.lru_cache(maxsize=65536)
+def _get_sql(db: str) -> str:
+    return (
+        f"SELECT `version`, `body` FROM {quote(db, 'entities')}"
+        " WHERE `id` = %s AND `body` IS NOT NULL"
+    )
 
 
 def _merge(where: Mapping[str, Any] | None, conditions: dict[str, Any]) -> dict[str, Any]:

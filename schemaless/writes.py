@@ -8,6 +8,7 @@ the old body's rows only where ``entity_version < V``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "IndexRow",
     "delete_rows_sql",
     "entity_batch_sql",
+    "states_sql",
     "upsert_rows_sql",
 ]
 
@@ -29,7 +31,7 @@ BLIND = "blind"  # last writer wins; refused only if the stored version is alrea
 CREATE = "create"  # expect_version=0: the entity must be absent (or a tombstone)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class IndexRow:
     """One index row of one entity, placed on a logical shard."""
 
@@ -40,7 +42,7 @@ class IndexRow:
     version: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EntityWrite:
     """Step 2 for one entity: ``mode`` is BLIND, CREATE or the expected version."""
 
@@ -76,7 +78,7 @@ def upsert_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
             params.extend(row.values)
             params.append(row.entity_id)
             params.append(row.version)
-    return ";\n".join(stmts), params
+    return _in_transaction(stmts), params
 
 
 def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
@@ -92,72 +94,101 @@ def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
         params.extend(row.values)
         params.append(row.entity_id)
         params.append(row.version)
-    return ";\n".join(stmts), params
+    return _in_transaction(stmts), params
 
 
-def entity_batch_sql(writes: Sequence[EntityWrite]) -> tuple[str, list[Any]]:
-    """Step 2: read, write and report each entity, in one round trip.
+def entity_batch_sql(writes: Sequence[EntityWrite]) -> tuple[str, list[Any], int]:
+    """Step 2: write each entity with one atomic conditional statement, in one round
+    trip; return the SQL, its parameters and the position of the first write among the
+    statements without a result set (whose affected-row counts say what applied).
 
-    Result sets per entity, in order: the row before, ``(version, is_tombstone[,
-    body])`` (0 or 1 row; a plain read, only a hint of which rows step 3 removes), then
-    the row after, ``(ROW_COUNT(), version, is_tombstone)`` (0 or 1 row).  Each write is
-    one atomic conditional statement; several entities share one transaction (one
-    commit), locked in id order so concurrent batches cannot deadlock.
+    When indexes need the old body, each write is preceded by a plain read of the row
+    before, ``(version, is_tombstone, body)`` (a hint of which rows step 3 removes).
+    Several entities share one transaction (one commit), in id order so concurrent
+    batches cannot deadlock.
     """
     stmts: list[str] = []
     params: list[Any] = []
     for w in sorted(writes, key=lambda w: (w.db, w.entity_id)):
-        table = quote(w.db, "entities")
-        old_cols = "`version`, `body` IS NULL" + (", `body`" if w.want_body else "")
-        stmts.append(f"SELECT {old_cols} FROM {table} WHERE `id` = %s")
-        params.append(w.entity_id)
-        if w.body is None:
-            sql, args = _tombstone(table, w)
-        elif w.mode in (BLIND, CREATE):
-            sql, args = _upsert(table, w)
+        kind = _kind(w)
+        stmts.append(_entity_sql(w.db, kind, w.want_body))
+        if w.want_body:
+            params.append(w.entity_id)
+        if kind in ("blind", "create"):
+            params += [w.entity_id, w.version, w.updated, w.body]
+        elif kind == "cas":
+            params += [w.body, w.updated, w.version, w.entity_id, w.mode]
+        elif kind == "delete":
+            params += [w.updated, w.version, w.entity_id, w.version]
         else:
-            sql, args = _compare_and_set(table, w)
-        stmts.append(sql)
-        params.extend(args)
-        stmts.append(f"SELECT ROW_COUNT(), `version`, `body` IS NULL FROM {table} WHERE `id` = %s")
-        params.append(w.entity_id)
+            params += [w.updated, w.version, w.entity_id, w.mode]
     if len(writes) > 1:
-        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
-    return ";\n".join(stmts), params
+        return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1
+    return ";\n".join(stmts), params, 0
 
 
-def _upsert(table: str, w: EntityWrite) -> tuple[str, list[Any]]:
+def _kind(w: EntityWrite) -> str:
+    if w.body is None:
+        return "delete" if w.mode == BLIND else "delete_cas"
     if w.mode == BLIND:
+        return "blind"
+    return "create" if w.mode == CREATE else "cas"
+
+
+@functools.lru_cache(maxsize=4096)
+def _entity_sql(db: str, kind: str, want_body: bool) -> str:
+    """The statements of one entity's step 2 (their parameters: see entity_batch_sql).
+
+    Each write applies only if the stored version is below the new one (and, for
+    compare-and-set, equal to the expected one), so versions only grow; a write that
+    does not apply changes nothing and affects 0 rows.
+    """
+    table = quote(db, "entities")
+    stmts = []
+    if want_body:
+        stmts.append(f"SELECT `version`, `body` IS NULL, `body` FROM {table} WHERE `id` = %s")
+    if kind in ("blind", "create"):
         cond = "`version` < VALUES(`version`)"
+        if kind == "create":
+            cond = "`body` IS NULL AND " + cond
+        # The condition is evaluated once, before any column changes (assignments in
+        # ON DUPLICATE KEY UPDATE see the values assigned to their left).
+        stmts.append(
+            f"INSERT INTO {table} (`id`, `version`, `updated`, `body`) VALUES (%s, %s, %s, %s)"
+            f" ON DUPLICATE KEY UPDATE `updated` = IF(@ok := ({cond}), VALUES(`updated`),"
+            " `updated`), `body` = IF(@ok, VALUES(`body`), `body`),"
+            " `version` = IF(@ok, VALUES(`version`), `version`)"
+        )
+    elif kind == "cas":
+        stmts.append(
+            f"UPDATE {table} SET `body` = %s, `updated` = %s, `version` = %s"
+            " WHERE `id` = %s AND `version` = %s AND `body` IS NOT NULL"
+        )
     else:
-        cond = "`body` IS NULL AND `version` < VALUES(`version`)"
-    # The condition is evaluated once, before any column changes (assignments in
-    # ON DUPLICATE KEY UPDATE see the values assigned to their left).
-    sql = (
-        f"INSERT INTO {table} (`id`, `version`, `updated`, `body`) VALUES (%s, %s, %s, %s)"
-        f" ON DUPLICATE KEY UPDATE `updated` = IF(@ok := ({cond}), VALUES(`updated`), `updated`),"
-        " `body` = IF(@ok, VALUES(`body`), `body`),"
-        " `version` = IF(@ok, VALUES(`version`), `version`)"
-    )
-    return sql, [w.entity_id, w.version, w.updated, w.body]
+        guard = "`version` < %s" if kind == "delete" else "`version` = %s"
+        stmts.append(
+            f"UPDATE {table} SET `body` = NULL, `updated` = %s, `version` = %s"
+            f" WHERE `id` = %s AND `body` IS NOT NULL AND {guard}"
+        )
+    return ";\n".join(stmts)
 
 
-def _compare_and_set(table: str, w: EntityWrite) -> tuple[str, list[Any]]:
-    sql = (
-        f"UPDATE {table} SET `body` = %s, `updated` = %s, `version` = %s"
-        " WHERE `id` = %s AND `version` = %s AND `body` IS NOT NULL"
-    )
-    return sql, [w.body, w.updated, w.version, w.entity_id, w.mode]
+def states_sql(keys: dict[str, list[bytes]]) -> tuple[str, list[Any]]:
+    """Read ``(id, version, is_tombstone)`` of entities, ``db -> ids``, one statement."""
+    parts = []
+    params: list[Any] = []
+    for db, ids in sorted(keys.items()):
+        marks = ", ".join(["%s"] * len(ids))
+        parts.append(
+            f"SELECT `id`, `version`, `body` IS NULL FROM {quote(db, 'entities')}"
+            f" WHERE `id` IN ({marks})"
+        )
+        params += ids
+    return " UNION ALL ".join(parts), params
 
 
-def _tombstone(table: str, w: EntityWrite) -> tuple[str, list[Any]]:
-    sql = (
-        f"UPDATE {table} SET `body` = NULL, `updated` = %s,"
-        " `version` = GREATEST(`version` + 1, %s)"
-        " WHERE `id` = %s AND `body` IS NOT NULL"
-    )
-    args: list[Any] = [w.updated, w.version, w.entity_id]
-    if isinstance(w.mode, int):
-        sql += " AND `version` = %s"
-        args.append(w.mode)
-    return sql, args
+def _in_transaction(stmts: list[str]) -> str:
+    """Several idempotent statements share one commit (one redo-log flush)."""
+    if len(stmts) > 1:
+        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
+    return ";\n".join(stmts)

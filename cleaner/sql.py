@@ -12,6 +12,7 @@ from typing import Any
 from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.schema import shard_db
+from schemaless.writes import by_id_sql
 
 __all__ = [
     "Guarded",
@@ -38,16 +39,7 @@ def _entities(prefix: str, shard: int) -> str:
 def entities_by_id_sql(prefix: str, ids: Mapping[int, Sequence[bytes]]) -> tuple[str, list[Any]]:
     """Entity rows (tombstones included) of some ids, grouped by logical shard:
     ``(id, version, body, shard)``, one ``UNION ALL`` statement."""
-    parts: list[str] = []
-    params: list[Any] = []
-    for shard, keys in sorted(ids.items()):
-        marks = ", ".join(["%s"] * len(keys))
-        parts.append(
-            f"SELECT `id`, `version`, `body`, {int(shard)} FROM {_entities(prefix, shard)}"
-            f" WHERE `id` IN ({marks})"
-        )
-        params.extend(keys)
-    return " UNION ALL ".join(parts), params
+    return by_id_sql(prefix, ids, "`id`, `version`, `body`")
 
 
 def rows_by_entity_sql(

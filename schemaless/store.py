@@ -43,9 +43,9 @@ from .writes import (
     CREATE,
     EntityWrite,
     IndexRow,
+    by_id_sql,
     delete_rows_sql,
     entity_batch_sql,
-    states_sql,
     upsert_rows_sql,
 )
 
@@ -572,7 +572,7 @@ class DataStore:
 
         results = self.cluster.fanout({sid: call(sid, g) for sid, g in by_server.items()})
         out: dict[bytes, Outcome] = {}
-        refused: dict[int, dict[str, list[bytes]]] = {}
+        refused: dict[int, dict[int, list[bytes]]] = {}
         for sid, group in by_server.items():
             sets, counts, first = results[sid]
             ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
@@ -590,22 +590,23 @@ class DataStore:
                     alive=applied and w.body is not None,
                 )
                 if not applied:
-                    refused.setdefault(sid, {}).setdefault(w.db, []).append(w.entity_id)
+                    refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
         if refused:
             for key, (version, alive) in self._states(refused).items():
                 out[key] = Outcome(False, None, version, alive)
         return out
 
-    def _states(self, keys: dict[int, dict[str, list[bytes]]]) -> dict[bytes, tuple[int, bool]]:
-        """The stored ``(version, alive)`` of entities, by server (absent ones omitted)."""
+    def _states(self, keys: dict[int, dict[int, list[bytes]]]) -> dict[bytes, tuple[int, bool]]:
+        """The stored ``(version, alive)`` of entities, by server and logical shard
+        (absent ones omitted)."""
         topo = self.cluster.current()
         servers = self.cluster.all_servers(topo)
 
-        def call(sid: int, by_db: dict[str, list[bytes]]) -> Callable[[], Any]:
-            sql, params = states_sql(by_db)
+        def call(sid: int, by_shard: dict[int, list[bytes]]) -> Callable[[], Any]:
+            sql, params = by_id_sql(topo.prefix, by_shard, "`id`, `version`, `body` IS NULL")
             return lambda: servers[sid].run(sql, params)[0]
 
-        rows = self.cluster.fanout({sid: call(sid, by_db) for sid, by_db in keys.items()})
+        rows = self.cluster.fanout({sid: call(sid, by) for sid, by in keys.items()})
         return {bytes(r[0]): (int(r[1]), not r[2]) for part in rows.values() for r in part}
 
     def train_dictionary(self, samples: int = 5000, size: int = 16384) -> int:
@@ -810,17 +811,7 @@ def _read_call(
     shards: dict[int, list[bytes]],
     consistency: str,
 ) -> Callable[[], dict[bytes, Entity]]:
-    parts = []
-    params: list[Any] = []
-    for shard, keys in sorted(shards.items()):
-        marks = ", ".join(["%s"] * len(keys))
-        parts.append(
-            f"SELECT `id`, `version`, `body`, {int(shard)}"
-            f" FROM {quote(shard_db(topo.prefix, shard), 'entities')}"
-            f" WHERE `id` IN ({marks}) AND `body` IS NOT NULL"
-        )
-        params.extend(keys)
-    sql = " UNION ALL ".join(parts)
+    sql, params = by_id_sql(topo.prefix, shards, "`id`, `version`, `body`", live_only=True)
     server = store.cluster.reader(topo, sid, consistency)
 
     def run() -> dict[bytes, Entity]:

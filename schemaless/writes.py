@@ -9,21 +9,22 @@ the old body's rows only where ``entity_version < V``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .index import Index
 from .names import quote
+from .schema import shard_db
 
 __all__ = [
     "BLIND",
     "CREATE",
     "EntityWrite",
     "IndexRow",
+    "by_id_sql",
     "delete_rows_sql",
     "entity_batch_sql",
-    "states_sql",
     "upsert_rows_sql",
 ]
 
@@ -173,17 +174,21 @@ def _entity_sql(db: str, kind: str, want_body: bool) -> str:
     return ";\n".join(stmts)
 
 
-def states_sql(keys: dict[str, list[bytes]]) -> tuple[str, list[Any]]:
-    """Read ``(id, version, is_tombstone)`` of entities, ``db -> ids``, one statement."""
+def by_id_sql(
+    prefix: str, ids: Mapping[int, Sequence[bytes]], columns: str, *, live_only: bool = False
+) -> tuple[str, list[Any]]:
+    """``SELECT <columns>, <logical shard>`` of entities by id (``shard -> ids``), in
+    one ``UNION ALL`` statement; tombstones too unless ``live_only``."""
     parts = []
     params: list[Any] = []
-    for db, ids in sorted(keys.items()):
-        marks = ", ".join(["%s"] * len(ids))
+    live = " AND `body` IS NOT NULL" if live_only else ""
+    for shard, keys in sorted(ids.items()):
+        marks = ", ".join(["%s"] * len(keys))
         parts.append(
-            f"SELECT `id`, `version`, `body` IS NULL FROM {quote(db, 'entities')}"
-            f" WHERE `id` IN ({marks})"
+            f"SELECT {columns}, {int(shard)} FROM {quote(shard_db(prefix, shard), 'entities')}"
+            f" WHERE `id` IN ({marks}){live}"
         )
-        params += ids
+        params += keys
     return " UNION ALL ".join(parts), params
 
 

@@ -34,7 +34,6 @@ post's full size.
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import json
 import random
@@ -47,8 +46,6 @@ from pathlib import Path
 from typing import Any
 
 from schemaless import DataStore, Index
-from schemaless.hashing import shard_of
-from schemaless.index import key_encode
 from schemaless.names import quote
 from schemaless.schema import shard_db
 
@@ -311,48 +308,16 @@ class Timeline:
             return self.push.query(MAILBOX, recipients=user, order="desc", limit=PAGE)
         return self.push.query(MAILBOX, recipients=user, id__lt=before, order="desc", limit=PAGE)
 
-    def sl_pull_timeline(self, user: int, before: bytes | None) -> list[dict[str, Any]]:
-        """One statement per server over all followees there, then get_many."""
-        store = self.pull
-        cluster = store.cluster
-        topo = cluster.current()
-        parts_sql = self._pull_parts(topo.prefix, topo.n_shards, before is not None)
-        by_sid: dict[int, list[tuple[str, list[Any]]]] = {}
-        for f in self.g.followees[user]:
-            shard = shard_of(key_encode(f), topo.n_shards)
-            by_sid.setdefault(topo.shard_servers[shard], []).append(
-                (parts_sql[shard], [f] if before is None else [f, before])
-            )
-        calls: dict[int, Callable[[], Any]] = {}
-        for sid, parts in by_sid.items():
-            server = cluster.server(topo.servers[sid])
-            sql = " UNION ALL ".join(p for p, _ in parts)
-            params = [x for _, ps in parts for x in ps]
-            calls[sid] = _bind(server.run, sql, params)
-        rows = [r for res in cluster.fanout(calls).values() for r in res[0]]
-        rows.sort(key=lambda r: r[1], reverse=True)
-        out: list[dict[str, Any]] = []
-        pos = 0
-        while len(out) < PAGE and pos < len(rows):
-            chunk = rows[pos : pos + PAGE - len(out)]
-            pos += len(chunk)
-            found = store.get_many([bytes(r[2]) for r in chunk])
-            for r, entity in zip(chunk, found, strict=True):
-                # re-check: an index row is a hint, never the truth
-                if entity is not None and entity.get("user_id") == r[0] and entity.id == r[1]:
-                    out.append(entity)
-        return out
-
-    @functools.lru_cache(maxsize=8)  # noqa: B019 - a handful of entries, one object
-    def _pull_parts(self, prefix: str, n_shards: int, older: bool) -> list[str]:
-        """Per logical shard: the subquery of one followee's newest index rows."""
-        cond = " AND `p_id` < %s" if older else ""
-        return [
-            f"(SELECT `p_user_id`, `p_id`, `entity_id`"
-            f" FROM {quote(shard_db(prefix, shard), BY_USER_ID.table)}"
-            f" WHERE `p_user_id` = %s{cond} ORDER BY `p_id` DESC LIMIT {PAGE})"
-            for shard in range(n_shards)
-        ]
+    def sl_pull_timeline(self, user: int, before: bytes | None) -> list[Any]:
+        """One statement per server over all followees there (``user_id__in``)."""
+        followees = self.g.followees[user]
+        if not followees:
+            return []
+        if before is None:
+            return self.pull.query(BY_USER_ID, user_id__in=followees, order="desc", limit=PAGE)
+        return self.pull.query(
+            BY_USER_ID, user_id__in=followees, id__lt=before, order="desc", limit=PAGE
+        )
 
     def sl_pull_timeline_per_followee(self, user: int, before: bytes | None) -> list[Any]:
         """The same through the public API: one query() per followee."""

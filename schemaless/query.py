@@ -25,7 +25,6 @@ from .errors import InvalidEntity, InvalidQuery
 from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
-from .schema import shard_db
 
 if TYPE_CHECKING:
     from .store import DataStore, Entity
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["Page", "Query", "QueryEngine"]
 
 MAX_LIMIT = 1000
+MAX_IN = 1000
 _OPS = {"gt": (">", False), "gte": (">=", True), "lt": ("<", False), "lte": ("<=", True)}
 _CURSOR_VERSION = 1
 _MAX_CURSOR = 16384
@@ -56,7 +56,7 @@ class Query:
     """A planned query: equality prefix, optional range, direction, page size."""
 
     index: Index
-    eq: tuple[Any, ...]  # coerced values of the first len(eq) properties
+    eqs: tuple[tuple[Any, ...], ...]  # allowed values of the equality prefix (several: __in)
     lower: tuple[Any, bool] | None  # (coerced value, inclusive) on properties[len(eq)]
     upper: tuple[Any, bool] | None
     bounds: tuple[bytes, bytes] | None  # auto columns: keep the range within one type
@@ -71,7 +71,7 @@ class Query:
         data = msgpack.packb(
             [
                 json.dumps(self.index.to_dict(), sort_keys=True),
-                list(self.eq),
+                [list(eq) for eq in self.eqs],
                 list(self.lower or ()),
                 list(self.upper or ()),
                 self.descending,
@@ -80,17 +80,33 @@ class Query:
         )
         return hashlib.blake2b(data, digest_size=8).digest()
 
-    def shard(self, n_shards: int) -> int | None:
-        """The one logical shard this query touches, if it fixes ``shard_on``."""
+    @functools.cached_property
+    def one_row_per_entity(self) -> bool:
+        """At most one index row of an entity can match: no multi-valued property, or
+        one fixed by a single equality prefix (so no "first match" to look for)."""
+        multi = self.index.multi_pos
+        return multi is None or (multi < self.k and len(self.eqs) == 1)
+
+    @property
+    def k(self) -> int:
+        """How many properties the equality prefix fixes."""
+        return len(self.eqs[0])
+
+    @functools.cached_property
+    def _eq_set(self) -> frozenset[tuple[Any, ...]]:
+        return frozenset(self.eqs)
+
+    def shard(self, eq: tuple[Any, ...], n_shards: int) -> int | None:
+        """The one logical shard an equality prefix touches, if it fixes ``shard_on``."""
         pos = self.index.shard_pos
-        if pos < len(self.eq):
-            return shard_of(key_encode(self.eq[pos]), n_shards)
+        if pos < len(eq):
+            return shard_of(key_encode(eq[pos]), n_shards)
         return None
 
     def matches(self, row: tuple[Any, ...]) -> bool:
         """Whether an index row (coerced values) satisfies the query."""
-        k = len(self.eq)
-        if row[:k] != self.eq:
+        k = self.k
+        if row[:k] not in self._eq_set:
             return False
         if self.lower is None and self.upper is None:
             return True
@@ -132,6 +148,7 @@ class QueryEngine:
             raise InvalidQuery(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
         eq: dict[str, Any] = {}
         ranges: dict[str, dict[str, Any]] = {}
+        in_prop: str | None = None
         for key, value in conditions.items():
             prop, _, op = key.partition("__")
             if prop not in idx.properties:
@@ -141,6 +158,15 @@ class QueryEngine:
                 )
             if not op:
                 eq[prop] = idx.coerce_query_value(prop, value)
+            elif op == "in":
+                if in_prop is not None:
+                    raise InvalidQuery("at most one __in condition per query")
+                if not isinstance(value, (list, tuple, set, frozenset)) or not (
+                    1 <= len(value) <= MAX_IN
+                ):
+                    raise InvalidQuery(f"{key} takes a list of 1 to {MAX_IN} values")
+                in_prop = prop
+                eq[prop] = list(dict.fromkeys(idx.coerce_query_value(prop, v) for v in value))
             elif op == "between":
                 if not isinstance(value, (tuple, list)) or len(value) != 2:
                     raise InvalidQuery(f"{key} takes a pair (low, high)")
@@ -150,7 +176,7 @@ class QueryEngine:
                 ranges.setdefault(prop, {})[op] = idx.coerce_query_value(prop, value)
             else:
                 raise InvalidQuery(
-                    f"unknown operator {op!r} in {key!r}: use gt, gte, lt, lte or between"
+                    f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte or between"
                 )
         k = len(eq)
         if set(eq) != set(idx.properties[:k]):
@@ -183,9 +209,13 @@ class QueryEngine:
         descending = self._direction(idx, k, order)
         if consistency not in ("primary", "replica"):
             raise InvalidQuery(f"consistency must be 'primary' or 'replica', got {consistency!r}")
+        eqs = [()]  # type: list[tuple[Any, ...]]
+        for p in idx.properties[:k]:
+            options = eq[p] if p == in_prop else [eq[p]]
+            eqs = [(*prefix, v) for prefix in eqs for v in options]
         return Query(
             idx,
-            tuple(eq[p] for p in idx.properties[:k]),
+            tuple(eqs),
             lower,
             upper,
             bounds,
@@ -220,22 +250,26 @@ class QueryEngine:
             want = q.limit - len(out)
             batch, exhausted, gone = self._scan(q, position, want + max(4, want // 4))
             missing |= gone
-            entities, gone = self.store.fetch(
-                {row[-1] for row in batch}, q.consistency, partial=q.partial
-            )
-            missing |= gone
-            for row in batch:
-                position = row
-                entity = entities.get(row[-1])
-                if entity is not None and self._keep(q, row, entity):
-                    out.append(entity)
-                    if len(out) == q.limit:
-                        more = not exhausted or row is not batch[-1]
-                        return Page(
-                            out,
-                            self._encode_cursor(q, row) if more else None,
-                            tuple(sorted(missing)),
-                        )
+            done = 0
+            while done < len(batch):  # fetch only as many candidates as the page needs
+                chunk = batch[done : done + q.limit - len(out)]
+                done += len(chunk)
+                entities, gone = self.store.fetch(
+                    {row[-1] for row in chunk}, q.consistency, partial=q.partial
+                )
+                missing |= gone
+                for row in chunk:
+                    position = row
+                    entity = entities.get(row[-1])
+                    if entity is not None and self._keep(q, row, entity):
+                        out.append(entity)
+                        if len(out) == q.limit:
+                            more = not exhausted or row is not batch[-1]
+                            return Page(
+                                out,
+                                self._encode_cursor(q, row) if more else None,
+                                tuple(sorted(missing)),
+                            )
             if exhausted:
                 return Page(out, None, tuple(sorted(missing)))
 
@@ -251,14 +285,16 @@ class QueryEngine:
 
     def _keep(self, q: Query, row: tuple[Any, ...], entity: Entity) -> bool:
         """The re-filter: the stored entity produces this row, and it is its first match."""
+        values = row[:-1]
+        if q.one_row_per_entity:
+            return q.matches(values) and _produces(q.index, entity, values)
         try:
             produced = q.index.rows(entity)
         except InvalidEntity:
             return False
-        values = row[:-1]
         if values not in produced or not q.matches(values):
             return False
-        k = len(q.eq)
+        k = q.k
         matching = [r[k:] for r in produced if q.matches(r)]
         first = max(matching) if q.descending else min(matching)
         return first == values[k:]
@@ -273,48 +309,56 @@ class QueryEngine:
         """
         cluster = self.store.cluster
         topo = cluster.current()
-        only = q.shard(topo.n_shards)
-        shards = [only] if only is not None else list(range(topo.n_shards))
-        by_server: dict[int, list[int]] = {}
-        for shard in shards:
-            by_server.setdefault(topo.shard_servers[shard], []).append(shard)
-        where, params = self._where(q, after)
+        by_server: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
+        for eq in q.eqs:
+            only = q.shard(eq, topo.n_shards)
+            for shard in [only] if only is not None else range(topo.n_shards):
+                by_server.setdefault(topo.shard_servers[shard], []).append((shard, eq))
         cols = ", ".join(quote(c) for c in q.index.columns)
-        k = len(q.eq)
+        k = q.k
         direction = " DESC" if q.descending else ""
         order = ", ".join(f"{quote(c)}{direction}" for c in (*q.index.columns[k:], "entity_id"))
         calls: dict[int, Callable[[], Any]] = {}
         for sid, group in by_server.items():
-            parts = [
-                f"(SELECT {cols}, `entity_id` FROM {quote(shard_db(topo.prefix, s), q.index.table)}"
-                f" WHERE {where} ORDER BY {order} LIMIT {int(n)})"
-                for s in group
-            ]
+            parts = []
+            params: list[Any] = []
+            for part, (shard, eq) in enumerate(group):
+                where, args = self._where(q, eq, after)
+                parts.append(
+                    f"(SELECT {cols}, `entity_id`, {part} FROM"
+                    f" {quote(topo.dbs[shard], q.index.table)}"
+                    f" WHERE {where} ORDER BY {order} LIMIT {int(n)})"
+                )
+                params += args
             server = cluster.reader(topo, sid, q.consistency)
-            calls[sid] = _call(server, " UNION ALL ".join(parts), params * len(group))
+            calls[sid] = _call(server, " UNION ALL ".join(parts), params)
         if q.partial:
             results, errors = cluster.fanout_partial(calls)
             unreachable_only(errors)
-            gone = {s for sid in errors for s in by_server[sid]}
+            gone = {shard for sid in errors for shard, _ in by_server[sid]}
         else:
             results, gone = cluster.fanout(calls), set()
         rows: list[tuple[Any, ...]] = []
         exhausted = True
         for result in results.values():
-            got = [tuple(r) for r in result[0]]
-            rows += got
-            if len(got) >= n:
-                exhausted = False  # some shard may hold more
+            per_part: dict[int, int] = {}
+            for r in result[0]:
+                rows.append(tuple(r[:-1]))
+                per_part[r[-1]] = per_part.get(r[-1], 0) + 1
+            if any(count >= n for count in per_part.values()):
+                exhausted = False  # that part may hold more
         rows.sort(key=lambda r: r[k:], reverse=q.descending)
         if len(rows) > n:
             rows, exhausted = rows[:n], False
         return rows, exhausted, gone
 
-    def _where(self, q: Query, after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
+    def _where(
+        self, q: Query, eq: tuple[Any, ...], after: tuple[Any, ...] | None
+    ) -> tuple[str, list[Any]]:
         cols = q.index.columns
-        k = len(q.eq)
+        k = q.k
         clauses = [f"{quote(c)} = %s" for c in cols[:k]] or ["TRUE"]
-        params: list[Any] = list(q.eq)
+        params: list[Any] = list(eq)
         if k < len(cols):
             col = quote(cols[k])
             if q.bounds is not None:
@@ -366,6 +410,25 @@ class QueryEngine:
         if not isinstance(row[-1], bytes) or len(row[-1]) != 16:
             raise InvalidQuery("invalid cursor")
         return tuple(row)
+
+
+def _produces(index: Index, entity: Entity, values: tuple[Any, ...]) -> bool:
+    """Whether the entity produces this index row, without computing all its rows."""
+    for pos, (prop, ctype) in enumerate(zip(index.properties, index.types, strict=True)):
+        value = entity.get(prop)
+        if value is None:
+            return False
+        try:
+            if pos == index.multi_pos:
+                if not isinstance(value, list) or not any(
+                    v is not None and ctype.coerce(v) == values[pos] for v in value
+                ):
+                    return False
+            elif isinstance(value, list) or ctype.coerce(value) != values[pos]:
+                return False
+        except ValueError:
+            return False
+    return True
 
 
 def _call(server: Any, sql: str, params: list[Any]) -> Callable[[], Any]:

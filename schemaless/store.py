@@ -722,7 +722,9 @@ class DataStore:
         """One page of entities matching ``conditions`` on an index, in index order.
 
         Conditions are ``prop=value`` (equality; "contains" for a multi-valued
-        property) on a prefix of the index's properties, then at most one range on the
+        property) or ``prop__in=[...]`` (any of the values; at most one per query,
+        answered with one statement per server) on a prefix of the index's
+        properties, then at most one range on the
         next property: ``prop__gt``, ``__gte``, ``__lt``, ``__lte``, ``__between=(lo,
         hi)``; a property named like a parameter of this method (``order``,
         ``limit``...) goes in ``where={...}``.  ``order`` is "asc" or "desc" (or

@@ -287,3 +287,37 @@ def test_oracle_after_concurrent_random_writes(make_store: Any) -> None:
         assert sorted(e["id"] for e in got_tag) == sorted(
             e["id"] for e in brute(store, lambda e, t=tag: t in e.get("tags", []))
         )
+
+
+def test_in_asks_each_server_once_and_pages_in_index_order(make_store: Any) -> None:
+    """A timeline: the newest entries of many users, one statement per server."""
+    calls: list[str] = []
+    store = make_store(indexes=[BY_USER], tracer=lambda s, sql, t: calls.append(sql))
+    entities = [entity(u, random.randrange(10_000)) for u in range(40) for _ in range(5)]
+    store.put_many(entities)
+    followed = random.sample(range(40), 15)
+    calls.clear()
+    page = store.query(BY_USER, user__in=followed, order="desc", limit=10)
+    scans = [sql for sql in calls if "index_by_user" in sql]
+    assert len(scans) <= 2  # one statement per server, whatever the number of users
+    want = sorted(
+        (e for e in entities if e["user"] in followed),
+        key=lambda e: (e["published"], e["id"]),
+        reverse=True,
+    )
+    assert [e["id"] for e in page] == [e["id"] for e in want[:10]]
+    seen = [e["id"] for e in page]
+    cursor = page.cursor
+    while cursor is not None:
+        more = store.query(BY_USER, user__in=followed, order="desc", limit=10, cursor=cursor)
+        seen += [e["id"] for e in more]
+        cursor = more.cursor
+    assert seen == [e["id"] for e in want]
+    ranged = store.query(BY_USER, user__in=followed[:3], published__gte=5000, limit=1000)
+    assert {e["id"] for e in ranged} == {
+        e["id"] for e in want if e["user"] in followed[:3] and e["published"] >= 5000
+    }
+    with pytest.raises(InvalidQuery, match="list of 1 to"):
+        store.query(BY_USER, user__in=[])
+    with pytest.raises(InvalidQuery, match="another query"):
+        store.query(BY_USER, user__in=followed[:2], cursor=page.cursor)

@@ -66,6 +66,7 @@ class Cluster:
         self._lags: dict[Address, tuple[float, float | None]] = {}
         self._servers: dict[Address, Server] = {}
         self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="schemaless")
         self.catalog = Catalog(self.server(addresses[0]), prefix)
         if not self.catalog.exists():
@@ -107,8 +108,13 @@ class Cluster:
     def current(self) -> Topology:
         """The topology, reloaded from the catalog when older than its refresh interval."""
         topo = self.topology
-        if time.monotonic() - self._loaded >= topo.refresh_interval:
-            self.refresh()
+        if time.monotonic() - self._loaded >= topo.refresh_interval and self._refreshing.acquire(
+            blocking=False
+        ):  # one thread reloads; the others keep using the map they have
+            try:
+                self.refresh()
+            finally:
+                self._refreshing.release()
         return self.topology
 
     def refresh(self) -> Topology:

@@ -7,11 +7,12 @@ from typing import Any
 
 import click
 
+from schemaless.entity import Entity
 from schemaless.errors import InvalidId, SchemalessError
 from schemaless.ids import id_hex, parse_id
 from schemaless.index import Index
 from schemaless.query import MAX_LIMIT
-from schemaless.store import DataStore, Entity
+from schemaless.store import DataStore
 
 from .options import BadOption, CliError, Connection, pass_connection
 from .output import cell, echo_table, entities_from_text, entity_to_json, json_line

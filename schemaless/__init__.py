@@ -7,6 +7,7 @@
 >>> by_user.get_all(ds, user_id=user)
 """
 
+from .entity import Entity
 from .errors import (
     CatalogError,
     ConflictError,
@@ -29,7 +30,7 @@ from .errors import (
 from .ids import new_id
 from .index import Index
 from .query import Page
-from .store import DataStore, Entity
+from .store import DataStore
 
 __all__ = [
     "CatalogError",

@@ -29,7 +29,8 @@ from .errors import IndexDefinitionError, InvalidEntity, InvalidQuery
 from .names import check_identifier, quote
 
 if TYPE_CHECKING:
-    from .store import DataStore, Entity
+    from .entity import Entity
+    from .store import DataStore
 
 __all__ = ["ColumnType", "Index", "key_encode", "parse_type"]
 

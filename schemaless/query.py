@@ -27,7 +27,8 @@ from .index import Index, key_encode
 from .names import quote
 
 if TYPE_CHECKING:
-    from .store import DataStore, Entity
+    from .entity import Entity
+    from .store import DataStore
 
 __all__ = ["Page", "Query", "QueryEngine"]
 

@@ -1,0 +1,348 @@
+"""The write protocol: index rows first, the entity second, stale rows last.
+
+docs/architecture.md explains why each step is safe.  ``Writer.write`` runs steps 1-3
+for a batch of entities (one statement batch per server per step, servers in
+parallel), again with larger versions for those whose stored version was ahead;
+``Writer.delete`` writes tombstones and removes the old bodies' rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import failpoints
+from .catalog import Topology
+from .clock import VersionClock
+from .cluster import Cluster
+from .codec import Codec
+from .entity import Entity
+from .errors import ConflictError, CorruptEntity, InvalidEntity, SchemalessError
+from .hashing import shard_of
+from .ids import id_hex, new_id, to_id
+from .index import Index
+from .writes import (
+    BLIND,
+    CREATE,
+    EntityWrite,
+    IndexRow,
+    by_id_sql,
+    delete_rows_sql,
+    entity_batch_sql,
+    upsert_rows_sql,
+)
+
+__all__ = ["Writer"]
+
+log = logging.getLogger(__name__)
+
+_BLIND_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What step 2 did to one entity."""
+
+    applied: bool
+    old_body: bytes | None  # the live body read just before (when indexes need it)
+    stored: int | None  # the version stored after the write (None: no row)
+    alive: bool  # the row after the write is a live entity (not a tombstone)
+
+
+def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
+    current = out.stored if out.alive else None
+    expected = 0 if mode == CREATE else mode
+    return ConflictError(
+        f"entity {id_hex(key)}: expected version {expected}, stored version is "
+        f"{current if current is not None else 'absent'}",
+        current_version=current,
+    )
+
+
+class Writer:
+    """Runs the write protocol for one datastore."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        codec: Codec,
+        clock: VersionClock,
+        decode: Callable[[bytes, int, int, bytes], Entity],
+    ) -> None:
+        self.cluster = cluster
+        self.codec = codec
+        self.clock = clock
+        self.decode = decode
+
+    def write(self, entities: list[Mapping[str, Any]], mode: str | int) -> list[int]:
+        """Validate everything, then run steps 1-3; return the versions."""
+        if not entities:
+            return []
+        topo = self.cluster.current()
+        indexes = topo.maintained()
+        prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]] = []
+        seen: set[bytes] = set()
+        for entity in entities:
+            if not isinstance(entity, Mapping):
+                raise InvalidEntity(f"an entity must be a dict, got {type(entity).__name__}")
+            if "id" not in entity:
+                if not isinstance(entity, dict):
+                    raise InvalidEntity("an entity without 'id' must be a dict to receive one")
+                entity["id"] = new_id()
+            key = to_id(entity["id"])
+            if key in seen:
+                raise InvalidEntity(f"entity {id_hex(key)} appears twice in one put_many")
+            seen.add(key)
+            try:
+                body = self.codec.encode(entity)
+                rows = {index.name: index.rows(entity) for index in indexes}
+            except InvalidEntity as exc:
+                raise type(exc)(f"entity {id_hex(key)}: {exc}") from exc
+            prepared.append((key, self.cluster.shard_of_id(key), body, rows))
+        versions: dict[bytes, int] = {}
+        pending = prepared
+        for _ in range(_BLIND_ATTEMPTS):
+            pending = self._attempt(topo, indexes, pending, mode, versions)
+            if not pending:
+                return [versions[p[0]] for p in prepared]
+        raise ConflictError(
+            f"entity {id_hex(pending[0][0])}: stored version kept moving ahead "
+            f"after {_BLIND_ATTEMPTS} attempts"
+        )
+
+    def _attempt(
+        self,
+        topo: Topology,
+        indexes: list[Index],
+        prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]],
+        mode: str | int,
+        versions: dict[bytes, int],
+    ) -> list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]:
+        """One pass of steps 1-3; return the entities to write again with a new V."""
+        dbs = topo.dbs
+        by_name = {index.name: index for index in indexes}
+        now = self.clock.next()
+        writes: list[EntityWrite] = []
+        new_rows: list[IndexRow] = []
+        for key, shard, body, rows in prepared:
+            if mode == BLIND:
+                version = self.clock.next()
+            elif mode == CREATE:
+                version = max(versions.get(key, 0) + 1, 1)
+            else:
+                assert isinstance(mode, int)
+                version = mode + 1
+            versions[key] = version
+            writes.append(
+                EntityWrite(dbs[shard], shard, key, version, now, body, mode, bool(indexes))
+            )
+            for name, values in rows.items():
+                index = by_name[name]
+                for row in values:
+                    target = self._row_shard(topo, index, row)
+                    new_rows.append(IndexRow(index, target, row, key, version))
+        failpoints.hit("put.before_index_rows")
+        self._run_rows(topo, new_rows, dbs, upsert_rows_sql)
+        failpoints.hit("put.after_index_rows")
+        outcomes = self._run_entities(topo, writes)
+        failpoints.hit("put.after_entity")
+        again = []
+        stale_rows: list[IndexRow] = []
+        for key, shard, body, rows in prepared:
+            out = outcomes[key]
+            if out.applied:
+                if out.old_body is not None:
+                    stale_rows += self._stale_rows(
+                        topo, by_name, key, shard, out.old_body, rows, versions[key]
+                    )
+                continue
+            if out.stored is not None:
+                self.clock.observe(out.stored)
+            if mode == BLIND:
+                again.append((key, shard, body, rows))
+            elif mode == CREATE and not out.alive and out.stored is not None:
+                versions[key] = out.stored  # a tombstone: create above its version
+                again.append((key, shard, body, rows))
+            else:
+                raise _conflict(key, mode, out)
+        if stale_rows:
+            self._remove_stale(topo, stale_rows, dbs)
+            failpoints.hit("put.after_stale_rows")
+        return again
+
+    def _remove_stale(self, topo: Topology, rows: list[IndexRow], dbs: Sequence[str]) -> None:
+        """Step 3.  The write is already committed: if a server cannot be reached, the
+        stale rows stay as orphans (filtered by queries, removed by the Cleaner)."""
+        try:
+            self._run_rows(topo, rows, dbs, delete_rows_sql)
+        except SchemalessError as exc:  # unreachable, or the shard is moving
+            log.warning("stale index rows left for the Cleaner: %s", exc)
+
+    def _stale_rows(
+        self,
+        topo: Topology,
+        by_name: dict[str, Index],
+        key: bytes,
+        shard: int,
+        old_body: bytes,
+        new_rows: dict[str, set[tuple[Any, ...]]],
+        version: int,
+    ) -> list[IndexRow]:
+        """Rows the old body produced that the new one does not (step 3)."""
+        try:
+            old = self.decode(key, shard, 0, old_body)
+        except CorruptEntity:
+            log.warning(
+                "entity %s: old body undecodable; stale rows left to the Cleaner", id_hex(key)
+            )
+            return []
+        out = []
+        for name, index in by_name.items():
+            try:
+                old_rows = index.rows(old)
+            except InvalidEntity:
+                continue  # never indexed: nothing to remove
+            for row in old_rows - new_rows.get(name, set()):
+                out.append(IndexRow(index, self._row_shard(topo, index, row), row, key, version))
+        return out
+
+    def delete(self, keys: list[bytes], mode: str | int) -> int:
+        """Write tombstones, then remove the old bodies' rows; return how many existed."""
+        topo = self.cluster.current()
+        indexes = topo.maintained()
+        by_name = {index.name: index for index in indexes}
+        dbs = topo.dbs
+        shards = {key: self.cluster.shard_of_id(key) for key in keys}
+        deleted = 0
+        stale: list[IndexRow] = []
+        pending = keys
+        for _ in range(_BLIND_ATTEMPTS):
+            now = self.clock.next()
+            writes = [
+                EntityWrite(
+                    dbs[shards[key]],
+                    shards[key],
+                    key,
+                    self.clock.next() if mode == BLIND else int(mode) + 1,
+                    now,
+                    None,
+                    mode,
+                    bool(indexes),
+                )
+                for key in pending
+            ]
+            failpoints.hit("delete.before_entity")
+            outcomes = self._run_entities(topo, writes)
+            failpoints.hit("delete.after_entity")
+            again = []
+            for key in pending:
+                out = outcomes[key]
+                if out.applied:
+                    deleted += 1
+                    assert out.stored is not None
+                    if out.old_body is not None:
+                        stale += self._stale_rows(
+                            topo, by_name, key, shards[key], out.old_body, {}, out.stored
+                        )
+                elif isinstance(mode, int):
+                    raise _conflict(key, mode, out)
+                elif out.alive and out.stored is not None:
+                    self.clock.observe(out.stored)  # a clock behind the stored version
+                    again.append(key)
+            pending = again
+            if not pending:
+                break
+        if stale:
+            self._remove_stale(topo, stale, dbs)
+        if pending:
+            raise ConflictError(
+                f"entity {id_hex(pending[0])}: stored version kept moving ahead "
+                f"after {_BLIND_ATTEMPTS} attempts"
+            )
+        return deleted
+
+    def _row_shard(self, topo: Topology, index: Index, row: tuple[Any, ...]) -> int:
+        return shard_of(index.shard_key(row), topo.n_shards)
+
+    def _run_rows(
+        self,
+        topo: Topology,
+        rows: list[IndexRow],
+        dbs: Sequence[str],
+        build: Callable[[Iterable[IndexRow], Sequence[str]], tuple[str, list[Any]]],
+    ) -> None:
+        """Steps 1 and 3: one idempotent batch per server, servers in parallel."""
+        if not rows:
+            return
+        by_server: dict[int, list[IndexRow]] = {}
+        for row in rows:
+            by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
+        servers = self.cluster.all_servers(topo)
+
+        def call(sid: int, group: list[IndexRow]) -> Callable[[], object]:
+            sql, params = build(group, dbs)
+            return lambda: servers[sid].run(sql, params)
+
+        self.cluster.fanout({sid: call(sid, group) for sid, group in by_server.items()})
+
+    def _run_entities(self, topo: Topology, writes: list[EntityWrite]) -> dict[bytes, Outcome]:
+        """Step 2: what happened to each entity.
+
+        A write that applied is known from its affected-row count; only for those that
+        did not (a conflict, a clock behind, an absent entity) is the stored state read.
+        """
+        by_server: dict[int, list[EntityWrite]] = {}
+        for w in writes:
+            by_server.setdefault(topo.shard_servers[w.shard], []).append(w)
+        servers = self.cluster.all_servers(topo)
+
+        def call(sid: int, group: list[EntityWrite]) -> Callable[[], Any]:
+            sql, params, first = entity_batch_sql(group)
+
+            def run() -> tuple[Any, list[int], int]:
+                counts: list[int] = []
+                sets = servers[sid].run(sql, params, commits=True, idempotent=False, counts=counts)
+                return sets, counts, first
+
+            return run
+
+        results = self.cluster.fanout({sid: call(sid, g) for sid, g in by_server.items()})
+        out: dict[bytes, Outcome] = {}
+        refused: dict[int, dict[int, list[bytes]]] = {}
+        for sid, group in by_server.items():
+            sets, counts, first = results[sid]
+            ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
+            pos = 0
+            for n, w in enumerate(ordered):
+                body = None
+                if w.want_body:
+                    before, pos = sets[pos], pos + 1
+                    body = before[0][2] if before and not before[0][1] else None
+                applied = counts[first + n] > 0
+                out[w.entity_id] = Outcome(
+                    applied=applied,
+                    old_body=bytes(body) if body is not None else None,
+                    stored=w.version if applied else None,
+                    alive=applied and w.body is not None,
+                )
+                if not applied:
+                    refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
+        if refused:
+            for key, (version, alive) in self._states(refused).items():
+                out[key] = Outcome(False, None, version, alive)
+        return out
+
+    def _states(self, keys: dict[int, dict[int, list[bytes]]]) -> dict[bytes, tuple[int, bool]]:
+        """The stored ``(version, alive)`` of entities, by server and logical shard
+        (absent ones omitted)."""
+        topo = self.cluster.current()
+        servers = self.cluster.all_servers(topo)
+
+        def call(sid: int, by_shard: dict[int, list[bytes]]) -> Callable[[], Any]:
+            sql, params = by_id_sql(topo.prefix, by_shard, "`id`, `version`, `body` IS NULL")
+            return lambda: servers[sid].run(sql, params)[0]
+
+        rows = self.cluster.fanout({sid: call(sid, by) for sid, by in keys.items()})
+        return {bytes(r[0]): (int(r[1]), not r[2]) for part in rows.values() for r in part}

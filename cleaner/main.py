@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -130,6 +131,13 @@ def _open(url: str | None, prefix: str | None) -> DataStore:
 @click.option(
     "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
 )
+@click.option(
+    "--nice",
+    type=click.IntRange(0, 19),
+    default=10,
+    show_default=True,
+    help="CPU priority increment: live traffic on the same machine goes first.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress; warnings and errors only.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug log lines.")
 @click.pass_context
@@ -146,6 +154,7 @@ def main(
     fence_after: float,
     metrics_port: int | None,
     metrics_host: str,
+    nice: int,
     quiet: bool,
     verbose: bool,
 ) -> None:
@@ -165,6 +174,7 @@ def main(
     ctx.obj.update(url=url, prefix=prefix, quiet=quiet, verbose=verbose)
     if ctx.invoked_subcommand is not None:
         return
+    os.nice(nice)
     with _console(quiet, verbose):
         store = _open(url, prefix)
         cleaner = Cleaner(

@@ -144,15 +144,20 @@ class Catalog:
     # -- reading ------------------------------------------------------------------------
 
     def load(self) -> Topology:
-        """Read the whole catalog in one round trip."""
+        """Read the whole catalog in one round trip, as one consistent snapshot (the
+        session's READ COMMITTED would let each statement see a different moment, e.g.
+        the map version before a shard move's flip and the move list after it)."""
         out = self.server.run(
-            f"SELECT name, value FROM {self._t('meta')};"
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ;"
+            " START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY;"
+            f" SELECT name, value FROM {self._t('meta')};"
             f" SELECT server_id, host, port FROM {self._t('servers')} ORDER BY server_id;"
             f" SELECT shard, server_id FROM {self._t('shards')} ORDER BY shard;"
             f" SELECT definition, state, created, changed FROM {self._t('indexes')};"
             f" SELECT dict_id FROM {self._t('dictionaries')} ORDER BY dict_id;"
             f" SELECT shard, source, target, phase FROM {self._t('moves')};"
-            f" SELECT server_id, host, port FROM {self._t('replicas')} ORDER BY host, port"
+            f" SELECT server_id, host, port FROM {self._t('replicas')} ORDER BY host, port;"
+            " COMMIT"
         )
         meta = {str(k): str(v) for k, v in out[0]}
         if "shards" not in meta:

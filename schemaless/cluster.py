@@ -118,11 +118,18 @@ class Cluster:
         return self.topology
 
     def refresh(self) -> Topology:
-        """Reload the catalog now."""
+        """Reload the catalog now; return the newest map known to this client.
+
+        Loads that overlap may finish out of order: one that started before the map in
+        use was loaded is dropped, so the map never goes back to an older version.
+        """
+        started = time.monotonic()
         topo = self.catalog.load()
         self._sync_codec(topo)
-        self.topology, self._loaded = topo, time.monotonic()
-        return topo
+        with self._lock:
+            if started >= self._loaded:
+                self.topology, self._loaded = topo, time.monotonic()
+            return self.topology
 
     def reader(self, topo: Topology, server_id: int, consistency: str) -> Server:
         """Where to read a server's shards: the server itself, or with

@@ -274,13 +274,15 @@ class DataStore:
         the old server), refresh the map and run it again: writers wait, not fail."""
         deadline = time.monotonic() + self.move_wait
         delay = 0.01
+        retried = False
         while True:
             version = self.cluster.topology.map_version
             try:
                 return fn()
             except TableMissing:
                 topo = self.cluster.refresh()
-                if topo.map_version != version:
+                if topo.map_version != version or not retried:
+                    retried = True  # a newer map (or the one in use was not the newest)
                     continue
                 if not topo.moves or time.monotonic() >= deadline:
                     raise

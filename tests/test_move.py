@@ -62,7 +62,7 @@ def test_moves_back_and_forth_lose_nothing(make_store: Any) -> None:
         stop.set()
         for t in threads:
             t.join()
-    assert not errors
+    assert not errors, [repr(e) for e in errors]
     assert store.cluster.current().shard_servers[0] == topo.shard_servers[0]  # moved back
     assert store.cluster.current().shard_servers[1] != topo.shard_servers[1]
     assert store.cluster.current().map_version == topo.map_version + 4

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from schemaless import CatalogError, Index, new_id
+from schemaless import CatalogError, Index, TableMissing, new_id
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.move import ShardMover, rebalance_plan
 
@@ -102,3 +102,48 @@ def test_dry_run_rebalance_and_refusals(make_store: Any) -> None:
         mover.move(shard, dst)
     counts = [len(store.cluster.refresh().shards_of(sid)) for sid in topo.servers]
     assert counts == [4, 4]
+
+
+def _die_after_fence(mover: ShardMover, shard: int, target: int) -> None:
+    """Run a move up to its fence, as a mover killed right after it would leave it."""
+    store = mover.store
+    topo = store.cluster.refresh()
+    source = topo.shard_servers[shard]
+    src = store.cluster.server(topo.servers[source])
+    dst = store.cluster.server(topo.servers[target])
+    db = topo.dbs[shard]
+    tables = mover._tables(topo)
+    store.cluster.catalog.record_move(shard, source, target, "copying")
+    mover._create(dst, db, topo)
+    mover._sync_all(src, db, dst, db, tables)
+    side = f"{db}_old1"
+    mover._fence(src, db, side, tables)
+    store.cluster.catalog.record_move(shard, source, target, f"fenced:{side}")
+
+
+def test_an_interrupted_move_resumes_or_rolls_back(make_store: Any) -> None:
+    store = make_store(indexes=[BY_USER], move_wait=0.5)
+    entities = [{"id": new_id(), "user": i % 3, "n": i} for i in range(200)]
+    store.put_many(entities)
+    topo = store.cluster.current()
+    shard = store.cluster.shard_of_id(entities[0]["id"])
+    here = topo.shard_servers[shard]
+    there = 1 - here
+    # Killed after the fence: writers to that shard wait (and give up after move_wait).
+    _die_after_fence(ShardMover(store), shard, there)
+    with pytest.raises(TableMissing):
+        store.get(entities[0]["id"])
+    # Run again: the move finishes from the fenced copy.
+    report = ShardMover(store).move(shard, there)
+    assert report.verified["entities"][0] > 0
+    assert store.cluster.refresh().shard_servers[shard] == there
+    assert store.get_many(e["id"] for e in entities) == entities
+    # Killed again after the fence of a move back: roll back instead.
+    _die_after_fence(ShardMover(store), shard, here)
+    ShardMover(store).rollback(shard)
+    assert store.cluster.refresh().shard_servers[shard] == there
+    assert not store.cluster.current().moves
+    store.put({"id": entities[0]["id"], "user": 0, "n": -1})
+    assert store.get(entities[0]["id"]) == {"id": entities[0]["id"], "user": 0, "n": -1}
+    for diff in diff_indexes(store).values():
+        assert diff.missing == {} and diff.behind == {}

@@ -278,7 +278,7 @@ class QueryEngine:
         """Every matching entity, page by page."""
         cursor: str | None = None
         while True:
-            page = self.store._rerouted(functools.partial(self.page, q, cursor))
+            page = self.store.rerouted(functools.partial(self.page, q, cursor))
             yield from page
             if page.cursor is None:
                 return

@@ -137,7 +137,7 @@ class DataStore:
         ``max_replica_lag`` seconds (so it may miss this client's latest writes).
         """
         key = to_id(entity_id)
-        return self._rerouted(lambda: self._get_one(key, consistency))
+        return self.rerouted(lambda: self._get_one(key, consistency))
 
     def _get_one(self, key: bytes, consistency: str) -> Entity | None:
         topo = self.cluster.current()
@@ -154,7 +154,7 @@ class DataStore:
         One statement per server, servers in parallel.
         """
         keys = [to_id(i) for i in ids]
-        found, _ = self._rerouted(lambda: self.fetch(set(keys), consistency))
+        found, _ = self.rerouted(lambda: self.fetch(set(keys), consistency))
         return [found.get(k) for k in keys]
 
     def fetch(
@@ -217,7 +217,7 @@ class DataStore:
         ):
             raise InvalidEntity(f"expect_version must be an int >= 0, got {expect_version!r}")
         mode: str | int = BLIND if expect_version is None else expect_version or CREATE
-        return self._rerouted(lambda: self._writer.write([entity], mode))[0]
+        return self.rerouted(lambda: self._writer.write([entity], mode))[0]
 
     def put_many(self, entities: Iterable[Mapping[str, Any]]) -> list[int]:
         """Store many entities (last writer wins); return their new versions in order.
@@ -225,7 +225,7 @@ class DataStore:
         Each step is one statement batch per server, servers in parallel.
         """
         batch = list(entities)
-        return self._rerouted(lambda: self._writer.write(batch, BLIND))
+        return self.rerouted(lambda: self._writer.write(batch, BLIND))
 
     def delete(self, entity_id: bytes | Any, *, expect_version: int | None = None) -> bool:
         """Delete an entity; True if it existed.  See ``put`` for ``expect_version``."""
@@ -235,12 +235,12 @@ class DataStore:
             raise InvalidEntity(f"expect_version must be an int >= 1, got {expect_version!r}")
         mode: str | int = BLIND if expect_version is None else expect_version
         key = to_id(entity_id)
-        return self._rerouted(lambda: self._writer.delete([key], mode)) == 1
+        return self.rerouted(lambda: self._writer.delete([key], mode)) == 1
 
     def delete_many(self, ids: Iterable[bytes | Any]) -> int:
         """Delete many entities; return how many existed."""
         keys = list(dict.fromkeys(to_id(i) for i in ids))
-        return self._rerouted(lambda: self._writer.delete(keys, BLIND)) if keys else 0
+        return self.rerouted(lambda: self._writer.delete(keys, BLIND)) if keys else 0
 
     def update(
         self,
@@ -269,20 +269,19 @@ class DataStore:
             return Entity(new, stored)
         raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
 
-    def _rerouted(self, fn: Callable[[], T]) -> T:  # also used by the query engine
-        """Run ``fn``; while a logical shard is being moved (its tables are fenced off on
-        the old server), refresh the map and run it again: writers wait, not fail."""
+    def rerouted(self, fn: Callable[[], T]) -> T:
+        """Internal: run ``fn``; while a logical shard is being moved (its tables are
+        fenced off on the old server), refresh the map and run it again: writers wait,
+        not fail."""
         deadline = time.monotonic() + self.move_wait
         delay = 0.01
-        retried = False
         while True:
             version = self.cluster.topology.map_version
             try:
                 return fn()
             except TableMissing:
                 topo = self.cluster.refresh()
-                if topo.map_version != version or not retried:
-                    retried = True  # a newer map (or the one in use was not the newest)
+                if topo.map_version != version:
                     continue
                 if not topo.moves or time.monotonic() >= deadline:
                     raise
@@ -416,7 +415,7 @@ class DataStore:
         q = self._query.plan(
             index, _merge(where, conditions), order, limit, include_building, partial, consistency
         )
-        return self._rerouted(lambda: self._query.page(q, cursor))
+        return self.rerouted(lambda: self._query.page(q, cursor))
 
     def iter(
         self,

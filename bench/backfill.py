@@ -117,7 +117,7 @@ def naive_backfill(b: Bench, batch: int = 1000) -> tuple[float, int]:
     t0 = time.perf_counter()
     for shard in range(b.n_shards):
         sid = b.shard_sid[shard]
-        table = quote(b.stores["i3"].cluster.db(shard), "entities")
+        table = quote(b.stores["i3"].cluster.current().dbs[shard], "entities")
         after = 0
         while True:
             rows = b.raw.run(

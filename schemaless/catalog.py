@@ -257,10 +257,6 @@ class Catalog:
             (job, shard, position, int(done), rows, now_us()),
         )
 
-    def clear_checkpoints(self, job: str) -> None:
-        """Forget a job's checkpoints (a sweep that starts over)."""
-        self.server.run(f"DELETE FROM {self._t('checkpoints')} WHERE job = %s", (job,))
-
     def heartbeat(self, name: str, figures: dict[str, Any]) -> None:
         """Record that a daemon is alive, with its figures."""
         self.server.run(

@@ -28,7 +28,7 @@ from .errors import (
 from .hashing import shard_of
 from .index import Index
 from .names import quote
-from .schema import entities_table_sql, shard_db
+from .schema import entities_table_sql
 
 __all__ = ["DEFAULT_SHARDS", "Cluster", "unreachable_only"]
 
@@ -167,10 +167,6 @@ class Cluster:
         """The server a logical shard lives on."""
         return self.server(topo.servers[topo.shard_servers[shard]])
 
-    def db(self, shard: int) -> str:
-        """The database name of a logical shard."""
-        return shard_db(self.topology.prefix, shard)
-
     def all_servers(self, topo: Topology) -> dict[int, Server]:
         """Every server of the topology, by server id."""
         return {sid: self.server(addr) for sid, addr in topo.servers.items()}
@@ -222,7 +218,7 @@ class Cluster:
         """Create shard databases, entities tables and the given index tables."""
         by_server: dict[int, list[str]] = {}
         for shard, sid in enumerate(topo.shard_servers):
-            db = shard_db(topo.prefix, shard)
+            db = topo.dbs[shard]
             stmts = by_server.setdefault(sid, [])
             stmts.append(f"CREATE DATABASE IF NOT EXISTS {quote(db)}")
             stmts.append(entities_table_sql(db))
@@ -236,7 +232,7 @@ class Cluster:
         """Remove an index's table from every logical shard."""
         by_server: dict[int, list[str]] = {}
         for shard, sid in enumerate(topo.shard_servers):
-            table = quote(shard_db(topo.prefix, shard), index.table)
+            table = quote(topo.dbs[shard], index.table)
             by_server.setdefault(sid, []).append(f"DROP TABLE IF EXISTS {table}")
         servers = self.all_servers(topo)
         self.fanout(

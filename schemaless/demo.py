@@ -18,7 +18,7 @@ from typing import Any
 from .ids import id_hex, new_id
 from .index import Index
 from .local import LocalCluster
-from .schema import shard_db
+from .names import quote
 from .store import DataStore
 
 __all__ = ["main"]
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     for sid, server in store.cluster.all_servers(topo).items():
         shards = topo.shards_of(sid)
         sql = " UNION ALL ".join(
-            f"SELECT COUNT(*) FROM `{shard_db(topo.prefix, s)}`.`entities`" for s in shards
+            f"SELECT COUNT(*) FROM {quote(topo.dbs[s], 'entities')}" for s in shards
         )
         counts = [int(r[0]) for r in server.run(sql)[0]]
         print(

@@ -28,7 +28,7 @@ from .connection import Server
 from .errors import CatalogError
 from .index import Index
 from .names import check_identifier, quote
-from .schema import entities_table_sql, shard_db
+from .schema import entities_table_sql
 from .store import DataStore
 
 __all__ = ["MoveReport", "ShardMover", "rebalance_plan"]
@@ -130,7 +130,7 @@ class ShardMover:
             )
         src = self.cluster.server(topo.servers[source])
         dst = self.cluster.server(topo.servers[dest])
-        db = shard_db(topo.prefix, shard)
+        db = topo.dbs[shard]
         tables = self._tables(topo)
         side = record[2].partition(":")[2] if record and record[2].startswith("fenced:") else ""
         if not side:
@@ -173,7 +173,7 @@ class ShardMover:
         source, _, phase = record
         if phase.startswith("fenced:"):
             side = check_identifier(phase.partition(":")[2], "database")
-            db = shard_db(topo.prefix, shard)
+            db = topo.dbs[shard]
             src = self.cluster.server(topo.servers[source])
             present = self._table_names(src, side)
             pairs = [

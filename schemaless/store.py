@@ -297,7 +297,7 @@ class DataStore:
         for sid, server in self.cluster.all_servers(topo).items():
             parts = [
                 f"(SELECT `id`, `version`, `body`, {int(s)} FROM "
-                f"{quote(shard_db(topo.prefix, s), 'entities')} WHERE `body` IS NOT NULL "
+                f"{quote(topo.dbs[s], 'entities')} WHERE `body` IS NOT NULL "
                 f"ORDER BY `added_id` DESC LIMIT {int(per_shard)})"
                 for s in topo.shards_of(sid)
             ]
@@ -377,7 +377,7 @@ class DataStore:
         calls = {}
         for sid, server in servers.items():
             parts = [
-                f"(SELECT 1 FROM {quote(shard_db(topo.prefix, s), 'entities')} LIMIT 1)"
+                f"(SELECT 1 FROM {quote(topo.dbs[s], 'entities')} LIMIT 1)"
                 for s in topo.shards_of(sid)
             ]
             if parts:

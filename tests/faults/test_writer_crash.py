@@ -136,7 +136,7 @@ def _all_ids(store: DataStore) -> list[bytes]:
     out: list[bytes] = []
     for shard in range(topo.n_shards):
         server = store.cluster.server_of_shard(topo, shard)
-        sql = f"SELECT `id` FROM {quote(store.cluster.db(shard), 'entities')}"
+        sql = f"SELECT `id` FROM {quote(store.cluster.current().dbs[shard], 'entities')}"
         out += [bytes(r[0]) for r in server.run(sql)[0]]
     return out
 

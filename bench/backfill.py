@@ -95,7 +95,7 @@ def alter(b: Bench, single: bool) -> float:
         " VIRTUAL, ADD INDEX `by_v` (`v`)"
     )
     sids = [0] if single else list(range(len(b.servers.addresses)))
-    calls = {sid: (lambda sid=sid: b.raw.run(sid, sql)) for sid in sids}
+    calls: dict[int, tuple[str, list[Any]]] = {sid: (sql, []) for sid in sids}
     t0 = time.perf_counter()
     b.raw.fanout(calls)
     return time.perf_counter() - t0

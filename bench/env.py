@@ -13,8 +13,7 @@ import platform
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -97,46 +96,59 @@ class Recorder:
 
 
 def summarise_round_trips(
-    calls: list[tuple[str, float, float, int]], caller: int
+    calls: list[tuple[str, float, float, int]],
 ) -> tuple[int, int, dict[str, int]]:
     """(round trips, sequential steps, round trips per server) of one operation.
 
-    A parallel fan-out (the library's and the raw client's alike) runs its first call
-    in the calling thread and the others on worker threads, so every sequential step
-    makes exactly one round trip from the caller's thread: steps are counted there.
+    Round trips in flight at the same time (a parallel fan-out, the library's and the
+    raw client's alike) form one step: steps are the groups of overlapping intervals.
     """
     per_server: dict[str, int] = {}
     for server, *_ in calls:
         per_server[server] = per_server.get(server, 0) + 1
-    steps = sum(1 for *_, ident in calls if ident == caller)
+    steps, end = 0, float("-inf")
+    for _, started, ended, _ in sorted(calls, key=lambda c: c[1]):
+        if started > end:
+            steps += 1
+        end = max(end, ended)
     return len(calls), steps, per_server
 
 
 class RawClient:
-    """Raw mysqlclient: a pool of connections per server and a parallel fan-out."""
+    """Raw mysqlclient: a pool of connections per server and a pipelined fan-out."""
 
     def __init__(self, servers: Servers, recorder: Recorder | None = None) -> None:
         self.servers = servers
         self.recorder = recorder
         self._idle: list[deque[Any]] = [deque() for _ in servers.addresses]
-        self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="raw")
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
         for idle in self._idle:
             while idle:
                 idle.pop().close()
 
     def run(self, sid: int, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Send one batch to server ``sid``; the rows of every result set."""
+        return self._receive(sid, *self._send(sid, sql, params))
+
+    def fanout(self, batches: Mapping[int, tuple[str, Sequence[Any]]]) -> dict[int, Any]:
+        """One batch per server, servers in parallel: every batch is sent before any
+        reply is read (the same pipelining as the library's ``gather``)."""
+        sent = {sid: self._send(sid, sql, params) for sid, (sql, params) in batches.items()}
+        return {sid: self._receive(sid, *state) for sid, state in sent.items()}
+
+    def _send(self, sid: int, sql: str, params: Sequence[Any]) -> tuple[Any, float]:
         idle = self._idle[sid]
         try:
             db = idle.pop()
         except IndexError:
             db = self.servers.connect(sid)
         started = time.perf_counter()
-        query = sql.encode() % tuple(db.literal(p) for p in params) if params else sql
-        db.query(query)
+        db.send_query(sql.encode() % tuple(db.literal(p) for p in params) if params else sql)
+        return db, started
+
+    def _receive(self, sid: int, db: Any, started: float) -> list[tuple[Any, ...]]:
+        db.read_query_result()
         results: list[tuple[Any, ...]] = []
         while True:
             result = db.store_result()
@@ -150,20 +162,8 @@ class RawClient:
         rec = self.recorder
         if rec is not None and rec.enabled:
             rec.record(self.servers.addresses[sid], started)
-        idle.append(db)
+        self._idle[sid].append(db)
         return results
-
-    def fanout(self, calls: Mapping[int, Callable[[], T]]) -> dict[int, T]:
-        """Run one callable per server in parallel (the first in this thread)."""
-        items = list(calls.items())
-        if len(items) == 1:
-            sid, fn = items[0]
-            return {sid: fn()}
-        futures: dict[int, Future[T]] = {s: self._executor.submit(fn) for s, fn in items[1:]}
-        out = {items[0][0]: items[0][1]()}
-        for sid, future in futures.items():
-            out[sid] = future.result()
-        return out
 
 
 def machine_info(servers: Servers) -> dict[str, Any]:

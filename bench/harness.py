@@ -14,7 +14,6 @@ import itertools
 import json
 import re
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -167,7 +166,7 @@ def _round_trips(b: Bench, cfg: Config, ops: list[Op]) -> dict[str, Any]:
                     rec.enabled = True
                     call(item[pick])
                     rec.enabled = False
-                    c, s, per = summarise_round_trips(rec.take(), threading.get_ident())
+                    c, s, per = summarise_round_trips(rec.take())
                     calls, steps, done = calls + c, steps + s, done + 1
                     for k, v in per.items():
                         servers[k] = servers.get(k, 0) + v

@@ -262,7 +262,7 @@ class Bench:
             else:
                 sql = "START TRANSACTION;\n" + ";\n".join(s for s, _ in stmts) + ";\nCOMMIT"
                 params = [p for _, ps in stmts for p in ps]
-            calls[sid] = _bind(self.raw.run, sid, sql, params)
+            calls[sid] = (sql, params)
         return self.raw.fanout(calls)
 
     def raw_fetch(self, kind: str, keys: Sequence[bytes]) -> dict[bytes, dict[str, Any]]:
@@ -281,16 +281,12 @@ class Bench:
                     f" WHERE `id` IN ({', '.join(['%s'] * len(ks))})"
                 )
                 params += ks
-            calls[sid] = _bind(self.raw.run, sid, " UNION ALL ".join(parts), params)
+            calls[sid] = (" UNION ALL ".join(parts), params)
         out = {}
         for results in self.raw.fanout(calls).values():
             for key, body in results[0]:
                 out[bytes(key)] = raw_decode(body)
         return out
-
-
-def _bind(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
-    return lambda: fn(*args)
 
 
 def _index_insert_sql(table: str, index: Index) -> str:
@@ -535,7 +531,7 @@ def raw_scatter(b: Bench, after: tuple[int, bytes] | None) -> list[dict[str, Any
             f" ORDER BY `p_published` DESC, `entity_id` DESC LIMIT {PAGE})"
             for s in shards
         )
-        calls[sid] = _bind(b.raw.run, sid, sql, params * len(shards))
+        calls[sid] = (sql, params * len(shards))
     rows = [(int(p), bytes(e)) for res in b.raw.fanout(calls).values() for p, e in res[0]]
     rows.sort(reverse=True)
     keys = [e for _, e in rows[:PAGE]]

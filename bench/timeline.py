@@ -351,10 +351,6 @@ def _with(fn: Callable[[Any, Any], Any], second: Any) -> Callable[[Any], Any]:
     return lambda first: fn(first, second)
 
 
-def _bind(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
-    return lambda: fn(*args)
-
-
 def _parallel(fn: Callable[[Any], None], items: list[Any], threads: int) -> None:
     from .ops import _parallel as parallel
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from schemaless.catalog import Topology, now_us
-from schemaless.connection import Server
+from schemaless.connection import Batch, Rows, gather_partial
+from schemaless.errors import SchemalessError
 from schemaless.hashing import shard_of
 from schemaless.index import Index
 from schemaless.schema import shard_db
@@ -78,20 +79,28 @@ def placed(
     return IndexRow(index, shard_of(index.shard_key(values), n_shards), values, entity_id, version)
 
 
-def _servers(store: DataStore, topo: Topology) -> dict[int, Server]:
-    return store.cluster.all_servers(topo)
-
-
 def _fanout(
     store: DataStore, topo: Topology, batches: Mapping[int, list[tuple[str, list[Any]]]]
-) -> dict[int, list[list[tuple[tuple[Any, ...], ...]]]]:
-    """Send each server its batches (in order), servers in parallel."""
-    servers = _servers(store, topo)
-
-    def call(sid: int, sqls: list[tuple[str, list[Any]]]) -> Callable[[], Any]:
-        return lambda: [servers[sid].run(sql, params) for sql, params in sqls]
-
-    return store.cluster.fanout({sid: call(sid, b) for sid, b in batches.items() if b})
+) -> dict[int, list[Rows]]:
+    """Send each server its batches in order, servers in parallel: one round of
+    ``gather`` per position; a server that failed gets no more, the first error is
+    raised at the end."""
+    servers = store.cluster.all_servers(topo)
+    out: dict[int, list[Rows]] = {sid: [] for sid, b in batches.items() if b}
+    errors: dict[int, SchemalessError] = {}
+    for n in range(max((len(b) for b in batches.values()), default=0)):
+        round_ = {
+            sid: Batch(servers[sid], *b[n])
+            for sid, b in batches.items()
+            if n < len(b) and sid not in errors
+        }
+        results, failed = gather_partial(round_)
+        errors.update(failed)
+        for sid, rows in results.items():
+            out[sid].append(rows)
+    for error in errors.values():
+        raise error
+    return out
 
 
 def _row_bytes(index: Index) -> int:

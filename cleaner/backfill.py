@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 
 from schemaless import failpoints
 from schemaless.catalog import IndexInfo, Topology
-from schemaless.connection import Server
+from schemaless.connection import Batch, gather
 from schemaless.errors import (
     CatalogError,
     CorruptEntity,
@@ -130,11 +129,11 @@ class Backfill:
                 by_server.setdefault(topo.shard_servers[s.shard], []).append(s.shard)
         servers = self.rt.store.cluster.all_servers(topo)
         calls = {
-            sid: _run(servers[sid], max_added_sql(topo.prefix, shards))
+            sid: Batch(servers[sid], max_added_sql(topo.prefix, shards))
             for sid, shards in by_server.items()
         }
-        for rows in self.rt.store.cluster.fanout(calls).values():
-            for shard, end in rows:
+        for rows in gather(calls).values():
+            for shard, end in rows[0]:
                 self._shards[int(shard)].end = int(end)
 
     def _run_lanes(self, topo: Topology, index: Index) -> None:
@@ -288,10 +287,3 @@ class Backfill:
             elapsed = time.monotonic() - self._started
             rows = self.rt.figures.as_dict()["rows_backfilled"]
             self.rt.figures.set(rows_per_s=round(rows / elapsed, 1) if elapsed > 0 else 0.0)
-
-
-def _run(server: Server, sql: str) -> Callable[[], list[tuple[int, int]]]:
-    def call() -> list[tuple[int, int]]:
-        return [(int(a), int(b)) for a, b in server.run(sql)[0]]
-
-    return call

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemaless.catalog import Topology, now_us
-from schemaless.connection import Server
+from schemaless.connection import Batch, gather_partial
 from schemaless.names import quote
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
@@ -39,12 +39,12 @@ def _per_server(
 ) -> dict[int, list[tuple[Any, ...]] | None]:
     """Run one ``UNION ALL`` of ``part(shard, db)`` per server; None where it failed."""
     servers = ds.cluster.all_servers(topo)
-    calls: dict[int, Callable[[], Any]] = {}
+    calls: dict[int, Batch] = {}
     for sid, server in servers.items():
         parts = [part(s, shard_db(topo.prefix, s)) for s in topo.shards_of(sid)]
         if parts:
-            calls[sid] = _runner(server, " UNION ALL ".join(parts))
-    results, _errors = ds.cluster.fanout_partial(calls)
+            calls[sid] = Batch(server, " UNION ALL ".join(parts))
+    results, _errors = gather_partial(calls)
     return {sid: _rows(sid, calls, results) for sid in servers}
 
 
@@ -55,10 +55,6 @@ def _rows(
     if sid not in calls:
         return []
     return list(results[sid][0]) if sid in results else None
-
-
-def _runner(server: Server, sql: str, params: tuple[Any, ...] = ()) -> Callable[[], Any]:
-    return lambda: server.run(sql, params)
 
 
 def max_added_ids(ds: DataStore, topo: Topology) -> dict[int, int | None]:
@@ -308,13 +304,13 @@ def _estimated_counts(ds: DataStore, topo: Topology) -> dict[int, list[tuple[Any
         index.update({shard_db(topo.prefix, s): s for s in topo.shards_of(sid)})
         if dbs:
             marks = ", ".join(["%s"] * len(dbs))
-            calls[sid] = _runner(
+            calls[sid] = Batch(
                 server,
                 "SELECT table_schema, table_rows FROM information_schema.tables"
                 f" WHERE table_name = 'entities' AND table_schema IN ({marks})",
                 tuple(dbs),
             )
-    results, _ = ds.cluster.fanout_partial(calls)
+    results, _ = gather_partial(calls)
     out: dict[int, list[tuple[Any, ...]] | None] = {}
     for sid in servers:
         rows = _rows(sid, calls, results)
@@ -330,12 +326,12 @@ def _sizes(ds: DataStore, topo: Topology) -> dict[int, list[tuple[Any, ...]] | N
         dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
         dbs.append(ds.cluster.catalog.db)
         marks = ", ".join(["%s"] * len(dbs))
-        calls[sid] = _runner(
+        calls[sid] = Batch(
             server,
             "SELECT table_schema, SUM(data_length + index_length)"
             f" FROM information_schema.tables WHERE table_schema IN ({marks})"
             " GROUP BY table_schema",
             tuple(dbs),
         )
-    results, _ = ds.cluster.fanout_partial(calls)
+    results, _ = gather_partial(calls)
     return {sid: (list(results[sid][0]) if sid in results else None) for sid in servers}

@@ -1,7 +1,7 @@
-"""Routing: the servers of a datastore, its shard map, and parallel fan-out.
+"""Routing: the servers of a datastore and its shard map.
 
 A ``Cluster`` opens (or initialises) the catalog, keeps a refreshed ``Topology`` and
-one connection pool per server, and runs per-server batches in parallel.
+one connection pool per server (``connection.gather`` runs batches on several).
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .catalog import Catalog, Topology
 from .codec import Codec
-from .connection import ConnectOptions, Server, Tracer
+from .connection import Batch, ConnectOptions, Server, Tracer, gather
 from .dsn import Address
 from .errors import (
     CatalogError,
@@ -37,8 +36,6 @@ log = logging.getLogger(__name__)
 #: Logical shards created when a datastore is initialised without saying how many.
 DEFAULT_SHARDS = 64
 _PACKET_MARGIN = 64 * 1024
-
-T = TypeVar("T")
 
 
 class Cluster:
@@ -67,7 +64,6 @@ class Cluster:
         self._servers: dict[Address, Server] = {}
         self._lock = threading.Lock()
         self._refreshing = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="schemaless")
         self.catalog = Catalog(self.server(addresses[0]), prefix)
         if not self.catalog.exists():
             if not create:
@@ -171,47 +167,6 @@ class Cluster:
         """Every server of the topology, by server id."""
         return {sid: self.server(addr) for sid, addr in topo.servers.items()}
 
-    # -- parallel fan-out ----------------------------------------------------------------
-
-    def fanout(self, calls: Mapping[Any, Callable[[], T]]) -> dict[Any, T]:
-        """Run one callable per key in parallel (the first in this thread).
-
-        Every call finishes before this returns; the first error is raised after.
-        """
-        items = list(calls.items())
-        if len(items) == 1:
-            key, fn = items[0]
-            return {key: fn()}
-        futures: dict[Any, Future[T]] = {k: self._executor.submit(fn) for k, fn in items[1:]}
-        results: dict[Any, T] = {}
-        errors: list[BaseException] = []
-        try:
-            results[items[0][0]] = items[0][1]()
-        except SchemalessError as exc:
-            errors.append(exc)
-        for key, future in futures.items():
-            try:
-                results[key] = future.result()
-            except SchemalessError as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-        return results
-
-    def fanout_partial(
-        self, calls: Mapping[Any, Callable[[], T]]
-    ) -> tuple[dict[Any, T], dict[Any, SchemalessError]]:
-        """Like ``fanout`` but returns the errors per key instead of raising."""
-        futures = {k: self._executor.submit(fn) for k, fn in calls.items()}
-        results: dict[Any, T] = {}
-        errors: dict[Any, SchemalessError] = {}
-        for key, future in futures.items():
-            try:
-                results[key] = future.result()
-            except SchemalessError as exc:
-                errors[key] = exc
-        return results, errors
-
     # -- schema --------------------------------------------------------------------------
 
     def create_tables(self, topo: Topology, indexes: Sequence[Index]) -> None:
@@ -224,9 +179,7 @@ class Cluster:
             stmts.append(entities_table_sql(db))
             stmts.extend(index.create_table_sql(db) for index in indexes)
         servers = self.all_servers(topo)
-        self.fanout(
-            {sid: _runner(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()}
-        )
+        gather({sid: Batch(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()})
 
     def drop_tables(self, topo: Topology, index: Index) -> None:
         """Remove an index's table from every logical shard."""
@@ -235,9 +188,7 @@ class Cluster:
             table = quote(topo.dbs[shard], index.table)
             by_server.setdefault(sid, []).append(f"DROP TABLE IF EXISTS {table}")
         servers = self.all_servers(topo)
-        self.fanout(
-            {sid: _runner(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()}
-        )
+        gather({sid: Batch(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()})
 
     def _initialise(self, addresses: list[Address], n_shards: int, refresh: float) -> None:
         """Create the shards first, then the catalog that makes them visible."""
@@ -271,15 +222,14 @@ class Cluster:
     def _limit_body_size(self) -> None:
         """Keep bodies below every server's max_allowed_packet."""
         servers = self.all_servers(self.topology)
-        packets = self.fanout(
-            {sid: _runner(s, "SELECT @@max_allowed_packet") for sid, s in servers.items()}
+        packets = gather(
+            {sid: Batch(s, "SELECT @@max_allowed_packet") for sid, s in servers.items()}
         )
         smallest = min(int(rows[0][0][0]) for rows in packets.values())
         self.codec.max_body_bytes = min(self.codec.max_body_bytes, smallest - _PACKET_MARGIN)
 
     def close(self) -> None:
-        """Close every pool and the worker threads."""
-        self._executor.shutdown(wait=True)
+        """Close every pool."""
         with self._lock:
             servers = list(self._servers.values())
         for server in servers:
@@ -291,7 +241,3 @@ def unreachable_only(errors: Mapping[Any, SchemalessError]) -> None:
     for error in errors.values():
         if not isinstance(error, ShardUnavailable):
             raise error
-
-
-def _runner(server: Server, sql: str) -> Callable[[], list[tuple[tuple[Any, ...], ...]]]:
-    return lambda: server.run(sql)

@@ -15,10 +15,10 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import MySQLdb
 from MySQLdb.constants import CLIENT
@@ -37,7 +37,20 @@ from .errors import (
     TableMissing,
 )
 
-__all__ = ["ConnectOptions", "Retry", "Server", "Tracer"]
+__all__ = [
+    "Batch",
+    "ConnectOptions",
+    "Reply",
+    "Retry",
+    "Rows",
+    "Server",
+    "Tracer",
+    "gather",
+    "gather_partial",
+]
+
+Rows = list[tuple[tuple[Any, ...], ...]]
+K = TypeVar("K")
 
 #: Called after every round trip with the server's name, the SQL template and seconds.
 Tracer = Callable[[str, str, float], None]
@@ -245,7 +258,7 @@ class Server:
         commits: bool = False,
         idempotent: bool = True,
         counts: list[int] | None = None,
-    ) -> list[tuple[tuple[Any, ...], ...]]:
+    ) -> Rows:
         """Send one batch; return the rows of each result set, in order.
 
         ``counts``: filled with the affected rows of each statement without a result
@@ -256,47 +269,59 @@ class Server:
         lost connection.  Deadlocks and lock timeouts are always retried (the server
         rolled the transaction back).
         """
-        delays = self.options.retry.delays()
-        while True:
-            try:
-                if counts is not None:
-                    counts.clear()
-                return self._run_once(sql, params, commits=commits, counts=counts)
-            except _Retryable as exc:
-                delay = next(delays, None)
-                if delay is None or (exc.after_send and not idempotent):
-                    raise exc.error from exc.error.__cause__
-                time.sleep(delay)
+        return Batch(self, sql, params, commits, idempotent, counts).send().result()
 
-    def _run_once(
-        self, sql: str, params: Sequence[Any], *, commits: bool, counts: list[int] | None
-    ) -> list[tuple[tuple[Any, ...], ...]]:
+    def _send(self, batch: Batch) -> _Sent | BaseException:
+        """Take a connection and send the batch without waiting for the reply; the
+        error instead if that failed (the connection is then discarded)."""
         started = time.perf_counter() if self.tracer is not None else 0.0
-        sent = False
         try:
             conn = self._acquire()
-            healthy = False
-            try:
-                db = conn.db
-                query = sql.encode() % _literals(db, params) if params else sql
-                sent = True
-                db.query(query)
-                results = _read_results(db, counts)
-                healthy = True
-            finally:
-                self._release(conn, healthy=healthy)
+        except BaseException as exc:  # pool exhausted or closed, connect failed
+            return exc
+        try:
+            db = conn.db
+            params = batch.params
+            db.send_query(batch.sql.encode() % _literals(db, params) if params else batch.sql)
+            return _Sent(conn, started)
+        except BaseException as exc:
+            self._release(conn, healthy=False)
+            if isinstance(exc, MySQLdb.Error):
+                self._traced(batch, started)
+                return self._failed(exc, commits=batch.commits)
+            return exc
+
+    def _receive(self, batch: Batch, sent: _Sent) -> Rows:
+        """Read the reply of a sent batch and give its connection back."""
+        healthy = False
+        try:
+            if batch.counts is not None:
+                batch.counts.clear()
+            db = sent.conn.db
+            db.read_query_result()
+            results = _read_results(db, batch.counts)
+            healthy = True
         except MySQLdb.Error as exc:
-            error = self._translate(exc, sent=sent, commits=commits)
-            code = _code(exc)
-            if code in _DEADLOCK or (isinstance(error, ShardUnavailable) and code in _NOT_SENT):
-                raise _Retryable(error, after_send=False) from exc
-            if type(error) is ShardUnavailable and code in (2006, 2013) and not commits:
-                raise _Retryable(error, after_send=True) from exc
-            raise error from exc
+            raise self._failed(exc, commits=batch.commits) from exc
         finally:
-            if self.tracer is not None and sent:
-                self.tracer(self.name, sql, time.perf_counter() - started)
+            self._release(sent.conn, healthy=healthy)
+            self._traced(batch, sent.started)
         return results
+
+    def _traced(self, batch: Batch, started: float) -> None:
+        if self.tracer is not None:
+            self.tracer(self.name, batch.sql, time.perf_counter() - started)
+
+    def _failed(self, exc: MySQLdb.Error, *, commits: bool) -> Exception:
+        """A driver error after sending: the error to raise, or ``_Retryable``."""
+        error = self._translate(exc, sent=True, commits=commits)
+        error.__cause__ = exc
+        code = _code(exc)
+        if code in _DEADLOCK or (isinstance(error, ShardUnavailable) and code in _NOT_SENT):
+            return _Retryable(error, after_send=False)
+        if type(error) is ShardUnavailable and code in (2006, 2013) and not commits:
+            return _Retryable(error, after_send=True)
+        return error
 
     def replica_lag(self) -> float | None:
         """Seconds this server (a replica) is behind its primary; None if it is not
@@ -355,6 +380,99 @@ class _Retryable(Exception):
         super().__init__(str(error))
         self.error = error
         self.after_send = after_send
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One round trip to one server (see ``Server.run`` for the flags)."""
+
+    server: Server
+    sql: str
+    params: Sequence[Any] = ()
+    commits: bool = False
+    idempotent: bool = True
+    counts: list[int] | None = None
+
+    def send(self) -> Reply:
+        """Send it now; read the reply later with ``Reply.result``."""
+        return Reply(self, self.server._send(self))
+
+
+class _Sent:
+    __slots__ = ("conn", "started")
+
+    def __init__(self, conn: _Conn, started: float) -> None:
+        self.conn = conn
+        self.started = started
+
+
+class Reply:
+    """A batch in flight: its connection stays taken until ``result`` or ``cancel``."""
+
+    __slots__ = ("_batch", "_state")
+
+    def __init__(self, batch: Batch, state: _Sent | BaseException) -> None:
+        self._batch = batch
+        self._state: _Sent | BaseException | None = state
+
+    def result(self) -> Rows:
+        """The rows of each result set; errors are raised here, retried as ``run`` does."""
+        batch, server = self._batch, self._batch.server
+        delays = server.options.retry.delays()
+        while True:
+            state, self._state = self._state, None
+            try:
+                if state is None:
+                    raise RuntimeError("Reply.result called twice")
+                if isinstance(state, BaseException):
+                    raise state
+                return server._receive(batch, state)
+            except _Retryable as exc:
+                delay = next(delays, None)
+                if delay is None or (exc.after_send and not batch.idempotent):
+                    raise exc.error from exc.error.__cause__
+                time.sleep(delay)
+                self._state = server._send(batch)
+
+    def cancel(self) -> None:
+        """Give up on the reply: its connection is closed, never reused."""
+        state, self._state = self._state, None
+        if isinstance(state, _Sent):
+            self._batch.server._release(state.conn, healthy=False)
+
+
+def gather(batches: Mapping[K, Batch]) -> dict[K, Rows]:
+    """Run one batch per key, the servers working in parallel; every batch finishes
+    before this returns, and the first error is raised after."""
+    results, errors = gather_partial(batches)
+    for error in errors.values():
+        raise error
+    return results
+
+
+def gather_partial(batches: Mapping[K, Batch]) -> tuple[dict[K, Rows], dict[K, SchemalessError]]:
+    """Like ``gather`` but returns the errors per key instead of raising.
+
+    Every batch is sent before any reply is read, from this thread: no worker threads,
+    and the servers overlap their work.  Connections are taken in server-name order,
+    so callers that wait for full pools cannot deadlock each other.
+    """
+    keys = sorted(batches, key=lambda k: batches[k].server.name)
+    replies: dict[K, Reply] = {}
+    results: dict[K, Rows] = {}
+    errors: dict[K, SchemalessError] = {}
+    try:
+        for key in keys:
+            replies[key] = batches[key].send()
+        for key in keys:
+            try:
+                results[key] = replies.pop(key).result()
+            except SchemalessError as exc:
+                errors[key] = exc
+    finally:
+        for reply in replies.values():
+            reply.cancel()
+    return results, errors
 
 
 def _literals(db: Any, params: Sequence[Any]) -> tuple[bytes, ...]:

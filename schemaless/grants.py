@@ -24,10 +24,11 @@ with ``NO_AUTO_CREATE_USER`` (otherwise MariaDB would create a passwordless acco
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import MySQLdb
 
+from .connection import Batch, gather_partial
 from .dsn import Address
 from .errors import SchemalessError
 from .names import quote
@@ -146,32 +147,27 @@ def apply_grants(store: DataStore, role: str, user: str) -> dict[Address, int]:
     """
     who = check_account(user)
     plan = {at: stmts for at, stmts in grant_plan(store, role, who).items() if stmts}
-    cluster = store.cluster
-
-    def call(at: Address, stmts: list[str]) -> Any:
-        sql = ";\n".join(
-            [
-                "SET @schemaless_sql_mode = @@SESSION.sql_mode",
-                "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',NO_AUTO_CREATE_USER')",
-                *stmts,
-                "SET SESSION sql_mode = @schemaless_sql_mode",
-            ]
+    batches = {
+        at: Batch(
+            store.cluster.server(at),
+            ";\n".join(
+                [
+                    "SET @schemaless_sql_mode = @@SESSION.sql_mode",
+                    "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',NO_AUTO_CREATE_USER')",
+                    *stmts,
+                    "SET SESSION sql_mode = @schemaless_sql_mode",
+                ]
+            ),
         )
-        server = cluster.server(at)
-
-        def run() -> Any:
-            try:
-                return server.run(sql)
-            except SchemalessError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, MySQLdb.Error) and cause.args[:1] == (_NO_SUCH_USER,):
-                    raise GrantError(
-                        f"{at}: user {who} does not exist there; create it first "
-                        f"(CREATE USER {who} IDENTIFIED BY ...): grants never create users"
-                    ) from exc
-                raise
-
-        return run
-
-    cluster.fanout({at: call(at, stmts) for at, stmts in plan.items()})
+        for at, stmts in plan.items()
+    }
+    _results, errors = gather_partial(batches)
+    for at, exc in errors.items():
+        cause = exc.__cause__
+        if isinstance(cause, MySQLdb.Error) and cause.args[:1] == (_NO_SUCH_USER,):
+            raise GrantError(
+                f"{at}: user {who} does not exist there; create it first "
+                f"(CREATE USER {who} IDENTIFIED BY ...): grants never create users"
+            ) from exc
+        raise exc
     return {at: len(stmts) for at, stmts in plan.items()}

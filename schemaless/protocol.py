@@ -18,6 +18,7 @@ from .catalog import Topology
 from .clock import VersionClock
 from .cluster import Cluster
 from .codec import Codec
+from .connection import Batch, gather
 from .entity import Entity
 from .errors import ConflictError, CorruptEntity, InvalidEntity, SchemalessError
 from .hashing import shard_of
@@ -280,12 +281,7 @@ class Writer:
         for row in rows:
             by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
         servers = self.cluster.all_servers(topo)
-
-        def call(sid: int, group: list[IndexRow]) -> Callable[[], object]:
-            sql, params = build(group, dbs)
-            return lambda: servers[sid].run(sql, params)
-
-        self.cluster.fanout({sid: call(sid, group) for sid, group in by_server.items()})
+        gather({sid: Batch(servers[sid], *build(group, dbs)) for sid, group in by_server.items()})
 
     def _run_entities(self, topo: Topology, writes: list[EntityWrite]) -> dict[bytes, Outcome]:
         """Step 2: what happened to each entity.
@@ -297,22 +293,18 @@ class Writer:
         for w in writes:
             by_server.setdefault(topo.shard_servers[w.shard], []).append(w)
         servers = self.cluster.all_servers(topo)
-
-        def call(sid: int, group: list[EntityWrite]) -> Callable[[], Any]:
-            sql, params, first = entity_batch_sql(group)
-
-            def run() -> tuple[Any, list[int], int]:
-                counts: list[int] = []
-                sets = servers[sid].run(sql, params, commits=True, idempotent=False, counts=counts)
-                return sets, counts, first
-
-            return run
-
-        results = self.cluster.fanout({sid: call(sid, g) for sid, g in by_server.items()})
+        batches: dict[int, Batch] = {}
+        firsts: dict[int, int] = {}
+        for sid, group in by_server.items():
+            sql, params, firsts[sid] = entity_batch_sql(group)
+            batches[sid] = Batch(
+                servers[sid], sql, params, commits=True, idempotent=False, counts=[]
+            )
+        results = gather(batches)
         out: dict[bytes, Outcome] = {}
         refused: dict[int, dict[int, list[bytes]]] = {}
         for sid, group in by_server.items():
-            sets, counts, first = results[sid]
+            sets, counts, first = results[sid], batches[sid].counts or [], firsts[sid]
             ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
             pos = 0
             for n, w in enumerate(ordered):
@@ -339,10 +331,11 @@ class Writer:
         (absent ones omitted)."""
         topo = self.cluster.current()
         servers = self.cluster.all_servers(topo)
-
-        def call(sid: int, by_shard: dict[int, list[bytes]]) -> Callable[[], Any]:
-            sql, params = by_id_sql(topo.prefix, by_shard, "`id`, `version`, `body` IS NULL")
-            return lambda: servers[sid].run(sql, params)[0]
-
-        rows = self.cluster.fanout({sid: call(sid, by) for sid, by in keys.items()})
-        return {bytes(r[0]): (int(r[1]), not r[2]) for part in rows.values() for r in part}
+        columns = "`id`, `version`, `body` IS NULL"
+        rows = gather(
+            {
+                sid: Batch(servers[sid], *by_id_sql(topo.prefix, by_shard, columns))
+                for sid, by_shard in keys.items()
+            }
+        )
+        return {bytes(r[0]): (int(r[1]), not r[2]) for sets in rows.values() for r in sets[0]}

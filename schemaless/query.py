@@ -14,13 +14,14 @@ import binascii
 import functools
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from .cluster import unreachable_only
+from .connection import Batch, gather, gather_partial
 from .errors import InvalidEntity, InvalidQuery
 from .hashing import shard_of
 from .index import Index, key_encode
@@ -319,7 +320,7 @@ class QueryEngine:
         k = q.k
         direction = " DESC" if q.descending else ""
         order = ", ".join(f"{quote(c)}{direction}" for c in (*q.index.columns[k:], "entity_id"))
-        calls: dict[int, Callable[[], Any]] = {}
+        batches: dict[int, Batch] = {}
         for sid, group in by_server.items():
             parts = []
             params: list[Any] = []
@@ -332,13 +333,13 @@ class QueryEngine:
                 )
                 params += args
             server = cluster.reader(topo, sid, q.consistency)
-            calls[sid] = _call(server, " UNION ALL ".join(parts), params)
+            batches[sid] = Batch(server, " UNION ALL ".join(parts), params)
         if q.partial:
-            results, errors = cluster.fanout_partial(calls)
+            results, errors = gather_partial(batches)
             unreachable_only(errors)
             gone = {shard for sid in errors for shard, _ in by_server[sid]}
         else:
-            results, gone = cluster.fanout(calls), set()
+            results, gone = gather(batches), set()
         rows: list[tuple[Any, ...]] = []
         exhausted = True
         for result in results.values():
@@ -430,7 +431,3 @@ def _produces(index: Index, entity: Entity, values: tuple[Any, ...]) -> bool:
         except ValueError:
             return False
     return True
-
-
-def _call(server: Any, sql: str, params: list[Any]) -> Callable[[], Any]:
-    return lambda: server.run(sql, params)

@@ -14,7 +14,7 @@ from .catalog import IndexInfo, Topology
 from .clock import VersionClock
 from .cluster import Cluster, unreachable_only
 from .codec import Codec, train_dictionary
-from .connection import ConnectOptions, Retry, Tracer
+from .connection import Batch, ConnectOptions, Retry, Tracer, gather, gather_partial
 from .dsn import Address, Credentials, parse_address
 from .entity import Entity
 from .errors import (
@@ -169,21 +169,26 @@ class DataStore:
         for key in ids:
             shard = self.cluster.shard_of_id(key)
             by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(key)
-        calls = {
-            sid: _read_call(self, topo, sid, shards, consistency)
+        batches = {
+            sid: Batch(
+                self.cluster.reader(topo, sid, consistency),
+                *by_id_sql(topo.prefix, shards, "`id`, `version`, `body`", live_only=True),
+            )
             for sid, shards in by_server.items()
         }
         missing: set[int] = set()
         if partial:
-            results, errors = self.cluster.fanout_partial(calls)
+            results, errors = gather_partial(batches)
             unreachable_only(errors)
             missing = {shard for sid in errors for shard in by_server[sid]}
         else:
-            results = self.cluster.fanout(calls)
-        out: dict[bytes, Entity] = {}
-        for rows in results.values():
-            out.update(rows)
-        return out, missing
+            results = gather(batches)
+        decode = self.decode
+        return {
+            bytes(r[0]): decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
+            for sets in results.values()
+            for r in sets[0]
+        }, missing
 
     def decode(self, entity_id: bytes, shard: int, version: int, body: bytes) -> Entity:
         """Internal: decode a stored body, naming the entity and shard on failure."""
@@ -302,10 +307,10 @@ class DataStore:
                 for s in topo.shards_of(sid)
             ]
             if parts:
-                calls[sid] = _sql_call(server, " UNION ALL ".join(parts))
+                calls[sid] = Batch(server, " UNION ALL ".join(parts))
         entities = [
             self.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
-            for rows in self.cluster.fanout(calls).values()
+            for rows in gather(calls).values()
             for r in rows[0]
         ]
         if len(entities) < 100:
@@ -382,8 +387,8 @@ class DataStore:
             ]
             if parts:
                 sql = " UNION ALL ".join(parts) + " LIMIT 1"
-                calls[sid] = _sql_call(server, sql)
-        return all(not rows[0] for rows in self.cluster.fanout(calls).values())
+                calls[sid] = Batch(server, sql)
+        return all(not rows[0] for rows in gather(calls).values())
 
     def query(
         self,
@@ -479,26 +484,3 @@ def _merge(where: Mapping[str, Any] | None, conditions: dict[str, Any]) -> dict[
     if twice:
         raise InvalidQuery(f"condition given twice: {', '.join(sorted(twice))}")
     return {**where, **conditions}
-
-
-def _sql_call(server: Any, sql: str) -> Callable[[], Any]:
-    return lambda: server.run(sql)
-
-
-def _read_call(
-    store: DataStore,
-    topo: Topology,
-    sid: int,
-    shards: dict[int, list[bytes]],
-    consistency: str,
-) -> Callable[[], dict[bytes, Entity]]:
-    sql, params = by_id_sql(topo.prefix, shards, "`id`, `version`, `body`", live_only=True)
-    server = store.cluster.reader(topo, sid, consistency)
-
-    def run() -> dict[bytes, Entity]:
-        rows = server.run(sql, params)[0]
-        return {
-            bytes(r[0]): store.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2])) for r in rows
-        }
-
-    return run

@@ -1,0 +1,77 @@
+"""``connection.gather``: pipelined batches on several real servers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from schemaless.connection import Batch, ConnectOptions, Server, gather, gather_partial
+from schemaless.dsn import Credentials, parse_address
+from schemaless.errors import ServerError, TableMissing
+from schemaless.local import LocalCluster
+
+
+@pytest.fixture
+def servers(local_cluster: LocalCluster) -> Any:
+    options = ConnectOptions(Credentials(option_file=str(local_cluster.option_file)))
+    traced: list[tuple[str, str, float, float]] = []
+
+    def tracer(name: str, sql: str, seconds: float) -> None:
+        end = time.perf_counter()
+        traced.append((name, sql, end - seconds, end))
+
+    made = [Server(parse_address(a)[0], options, tracer) for a in local_cluster.addresses]
+    yield made, traced
+    for s in made:
+        s.close()
+
+
+def test_every_batch_is_sent_before_any_reply_is_read(servers: Any) -> None:
+    made, traced = servers
+    out = gather({i: Batch(s, "SELECT @@port, %s", [i]) for i, s in enumerate(made)})
+    assert [out[i][0][0][1] for i in range(len(made))] == list(range(len(made)))
+    assert len({out[i][0][0][0] for i in out}) == len(made)  # really different servers
+    (a_start, a_end), (b_start, b_end) = [(t[2], t[3]) for t in traced]
+    assert a_start < b_end and b_start < a_end  # both round trips were in flight together
+
+
+def test_one_failing_batch_does_not_lose_the_others(servers: Any) -> None:
+    made, _ = servers
+    batches = {
+        "bad": Batch(made[0], "SELECT * FROM no_such_db.no_such_table"),
+        "good": Batch(made[1], "SELECT 42"),
+        "syntax": Batch(made[1], "SELEKT 1"),
+    }
+    results, errors = gather_partial(batches)
+    assert results == {"good": [((42,),)]}
+    assert set(errors) == {"bad", "syntax"}
+    assert isinstance(errors["syntax"], ServerError)
+    assert isinstance(errors["bad"], TableMissing)
+    with pytest.raises((TableMissing, ServerError)):  # the first error, after every batch
+        gather(batches)
+    for s in made:  # every connection went back (or was discarded): none is held
+        assert s._in_use == 0
+
+
+def test_a_batch_reports_affected_rows(servers: Any) -> None:
+    made, _ = servers
+    counts: list[int] = []
+    db = "t_gather_counts"
+    made[0].run(f"CREATE DATABASE IF NOT EXISTS {db}; CREATE TABLE IF NOT EXISTS {db}.t (a INT)")
+    try:
+        sql = f"INSERT INTO {db}.t VALUES (1), (2); DELETE FROM {db}.t"
+        gather({0: Batch(made[0], sql, counts=counts)})
+        assert counts == [2, 2]
+    finally:
+        made[0].run(f"DROP DATABASE {db}")
+
+
+def test_a_cancelled_reply_discards_its_connection(servers: Any) -> None:
+    made, _ = servers
+    reply = Batch(made[0], "SELECT 1").send()
+    assert made[0]._in_use == 1
+    reply.cancel()
+    assert made[0]._in_use == 0
+    assert made[0].run("SELECT 2") == [((2,),)]  # the pool still works

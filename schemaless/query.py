@@ -324,16 +324,17 @@ class QueryEngine:
         for sid, group in by_server.items():
             parts = []
             params: list[Any] = []
-            for part, (shard, eq) in enumerate(group):
+            for shard, eq in group:
                 where, args = self._where(q, eq, after)
                 parts.append(
-                    f"(SELECT {cols}, `entity_id`, {part} FROM"
-                    f" {quote(topo.dbs[shard], q.index.table)}"
+                    f"(SELECT {cols}, `entity_id` FROM {quote(topo.dbs[shard], q.index.table)}"
                     f" WHERE {where} ORDER BY {order} LIMIT {int(n)})"
                 )
                 params += args
-            server = cluster.reader(topo, sid, q.consistency)
-            batches[sid] = Batch(server, " UNION ALL ".join(parts), params)
+            sql = " UNION ALL ".join(parts)
+            if len(parts) > 1:  # the server merges its parts: n rows come back, not n each
+                sql += f" ORDER BY {order} LIMIT {int(n)}"
+            batches[sid] = Batch(cluster.reader(topo, sid, q.consistency), sql, params)
         if q.partial:
             results, errors = gather_partial(batches)
             unreachable_only(errors)
@@ -343,12 +344,9 @@ class QueryEngine:
         rows: list[tuple[Any, ...]] = []
         exhausted = True
         for result in results.values():
-            per_part: dict[int, int] = {}
-            for r in result[0]:
-                rows.append(tuple(r[:-1]))
-                per_part[r[-1]] = per_part.get(r[-1], 0) + 1
-            if any(count >= n for count in per_part.values()):
-                exhausted = False  # that part may hold more
+            rows += result[0]
+            if len(result[0]) >= n:
+                exhausted = False  # that server may hold more
         rows.sort(key=lambda r: r[k:], reverse=q.descending)
         if len(rows) > n:
             rows, exhausted = rows[:n], False
@@ -422,9 +420,15 @@ def _produces(index: Index, entity: Entity, values: tuple[Any, ...]) -> bool:
             return False
         try:
             if pos == index.multi_pos:
-                if not isinstance(value, list) or not any(
-                    v is not None and ctype.coerce(v) == values[pos] for v in value
-                ):
+                if not isinstance(value, list):
+                    return False
+                target = values[pos]
+                try:  # the usual case first: the stored element equals the row's value
+                    if ctype.coerce(value[value.index(target)]) == target:
+                        continue
+                except ValueError:
+                    pass
+                if not any(v is not None and ctype.coerce(v) == target for v in value):
                     return False
             elif isinstance(value, list) or ctype.coerce(value) != values[pos]:
                 return False

@@ -531,6 +531,8 @@ def raw_scatter(b: Bench, after: tuple[int, bytes] | None) -> list[dict[str, Any
             f" ORDER BY `p_published` DESC, `entity_id` DESC LIMIT {PAGE})"
             for s in shards
         )
+        if len(shards) > 1:  # the server merges its shards: PAGE rows, not PAGE each
+            sql += f" ORDER BY `p_published` DESC, `entity_id` DESC LIMIT {PAGE}"
         calls[sid] = (sql, params * len(shards))
     rows = [(int(p), bytes(e)) for res in b.raw.fanout(calls).values() for p, e in res[0]]
     rows.sort(reverse=True)

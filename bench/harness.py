@@ -266,7 +266,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             got = rt["schemaless"]["sequential"]
             out.append(
                 {
-                    "target": f"{name}: {limit} sequential round trip(s)",
+                    "target": f"{name}: at most {limit} sequential round trip(s)",
                     "measured": got,
                     "met": got <= limit,
                 }

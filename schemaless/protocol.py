@@ -126,7 +126,8 @@ class Writer:
         by_name = {index.name: index for index in indexes}
         now = self.clock.next()
         writes: list[EntityWrite] = []
-        new_rows: list[IndexRow] = []
+        new_rows: list[IndexRow] = []  # step 1: rows on other servers than their entity
+        local: dict[int, list[IndexRow]] = {}  # the others join step 2 on their server
         for key, shard, body, rows in prepared:
             if mode == BLIND:
                 version = self.clock.next()
@@ -139,15 +140,20 @@ class Writer:
             writes.append(
                 EntityWrite(dbs[shard], shard, key, version, now, body, mode, bool(indexes))
             )
+            home = topo.shard_servers[shard]
             for name, values in rows.items():
                 index = by_name[name]
                 for row in values:
                     target = self._row_shard(topo, index, row)
-                    new_rows.append(IndexRow(index, target, row, key, version))
+                    placed = IndexRow(index, target, row, key, version)
+                    if topo.shard_servers[target] == home:  # commits with its entity
+                        local.setdefault(home, []).append(placed)
+                    else:
+                        new_rows.append(placed)
         failpoints.hit("put.before_index_rows")
         self._run_rows(topo, new_rows, dbs, upsert_rows_sql)
         failpoints.hit("put.after_index_rows")
-        outcomes = self._run_entities(topo, writes)
+        outcomes = self._run_entities(topo, writes, local)
         failpoints.hit("put.after_entity")
         again = []
         stale_rows: list[IndexRow] = []
@@ -283,8 +289,14 @@ class Writer:
         servers = self.cluster.all_servers(topo)
         gather({sid: Batch(servers[sid], *build(group, dbs)) for sid, group in by_server.items()})
 
-    def _run_entities(self, topo: Topology, writes: list[EntityWrite]) -> dict[bytes, Outcome]:
-        """Step 2: what happened to each entity.
+    def _run_entities(
+        self,
+        topo: Topology,
+        writes: list[EntityWrite],
+        local: Mapping[int, list[IndexRow]] | None = None,
+    ) -> dict[bytes, Outcome]:
+        """Step 2 (with ``local``: index rows upserted in the same transaction, per
+        server): what happened to each entity.
 
         A write that applied is known from its affected-row count; only for those that
         did not (a conflict, a clock behind, an absent entity) is the stored state read.
@@ -296,7 +308,8 @@ class Writer:
         batches: dict[int, Batch] = {}
         firsts: dict[int, int] = {}
         for sid, group in by_server.items():
-            sql, params, firsts[sid] = entity_batch_sql(group)
+            rows = local.get(sid, []) if local else []
+            sql, params, firsts[sid] = entity_batch_sql(group, rows, topo.dbs)
             batches[sid] = Batch(
                 servers[sid], sql, params, commits=True, idempotent=False, counts=[]
             )

@@ -1,9 +1,10 @@
 """SQL of the write protocol (docs/architecture.md, "The write protocol").
 
 Pure builders: each returns statements and parameters for one server's batch.
-Step 1 upserts index rows with ``GREATEST(entity_version, V)``; step 2 locks, writes
-and reports one entity per three statements inside one transaction; step 3 deletes
-the old body's rows only where ``entity_version < V``.
+Step 1 upserts index rows with ``GREATEST(entity_version, V)``; step 2 writes each
+entity with one conditional statement (after the upserts of its rows that live on the
+same server, in one transaction); step 3 deletes the old body's rows only where
+``entity_version < V``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class EntityWrite:
 
 def upsert_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
     """Step 1: one multi-row upsert per (logical shard, index) table."""
+    stmts, params = _upserts(rows, dbs)
+    return _in_transaction(stmts), params
+
+
+def _upserts(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[list[str], list[Any]]:
     groups: dict[tuple[int, str], list[IndexRow]] = {}
     for row in rows:
         groups.setdefault((row.shard, row.index.name), []).append(row)
@@ -79,7 +85,7 @@ def upsert_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
             params.extend(row.values)
             params.append(row.entity_id)
             params.append(row.version)
-    return _in_transaction(stmts), params
+    return stmts, params
 
 
 def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
@@ -98,18 +104,22 @@ def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
     return _in_transaction(stmts), params
 
 
-def entity_batch_sql(writes: Sequence[EntityWrite]) -> tuple[str, list[Any], int]:
+def entity_batch_sql(
+    writes: Sequence[EntityWrite], rows: Sequence[IndexRow] = (), dbs: Sequence[str] = ()
+) -> tuple[str, list[Any], int]:
     """Step 2: write each entity with one atomic conditional statement, in one round
     trip; return the SQL, its parameters and the position of the first write among the
     statements without a result set (whose affected-row counts say what applied).
 
+    ``rows``: index rows of these entities that live on the same server; they are
+    upserted first in the same transaction (committed with their entity, never after).
     When indexes need the old body, each write is preceded by a plain read of the row
     before, ``(version, is_tombstone, body)`` (a hint of which rows step 3 removes).
-    Several entities share one transaction (one commit), in id order so concurrent
-    batches cannot deadlock.
+    Several statements share one transaction (one commit), entities in id order so
+    concurrent batches cannot deadlock.
     """
-    stmts: list[str] = []
-    params: list[Any] = []
+    stmts, params = _upserts(rows, dbs)
+    upserts = len(stmts)
     for w in sorted(writes, key=lambda w: (w.db, w.entity_id)):
         kind = _kind(w)
         stmts.append(_entity_sql(w.db, kind, w.want_body))
@@ -123,8 +133,8 @@ def entity_batch_sql(writes: Sequence[EntityWrite]) -> tuple[str, list[Any], int
             params += [w.updated, w.version, w.entity_id, w.version]
         else:
             params += [w.updated, w.version, w.entity_id, w.mode]
-    if len(writes) > 1:
-        return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1
+    if len(stmts) > 1:
+        return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1 + upserts
     return ";\n".join(stmts), params, 0
 
 

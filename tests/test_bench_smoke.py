@@ -67,7 +67,8 @@ def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
             assert 0 < s["p50_ms"] <= s["p99_ms"], row
             assert "errors" not in s, row
     rt = data["round_trips"]
-    assert rt["put_1idx"]["schemaless"]["sequential"] == 2
+    # 2 steps, or 1 when the index row lives on the entity's server (one transaction)
+    assert 1 <= rt["put_1idx"]["schemaless"]["sequential"] <= 2
     assert rt["get"]["schemaless"]["round_trips"] == 1
     formats = {f["format"]: f for f in data["codec"]["formats"]}
     assert set(formats) >= {"pickle2+zlib6", "schemaless", "schemaless+dict"}

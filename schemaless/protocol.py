@@ -85,6 +85,7 @@ class Writer:
         indexes = topo.maintained()
         prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]] = []
         seen: set[bytes] = set()
+        fresh: set[bytes] = set()  # ids made here: no row before, nothing for step 3
         for entity in entities:
             if not isinstance(entity, Mapping):
                 raise InvalidEntity(f"an entity must be a dict, got {type(entity).__name__}")
@@ -92,6 +93,7 @@ class Writer:
                 if not isinstance(entity, dict):
                     raise InvalidEntity("an entity without 'id' must be a dict to receive one")
                 entity["id"] = new_id()
+                fresh.add(to_id(entity["id"]))
             key = to_id(entity["id"])
             if key in seen:
                 raise InvalidEntity(f"entity {id_hex(key)} appears twice in one put_many")
@@ -105,7 +107,8 @@ class Writer:
         versions: dict[bytes, int] = {}
         pending = prepared
         for _ in range(_BLIND_ATTEMPTS):
-            pending = self._attempt(topo, indexes, pending, mode, versions)
+            pending = self._attempt(topo, indexes, pending, mode, versions, fresh)
+            fresh = set()  # written once already: read the row before from now on
             if not pending:
                 return [versions[p[0]] for p in prepared]
         raise ConflictError(
@@ -120,6 +123,7 @@ class Writer:
         prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]],
         mode: str | int,
         versions: dict[bytes, int],
+        fresh: set[bytes],
     ) -> list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]:
         """One pass of steps 1-3; return the entities to write again with a new V."""
         dbs = topo.dbs
@@ -138,7 +142,16 @@ class Writer:
                 version = mode + 1
             versions[key] = version
             writes.append(
-                EntityWrite(dbs[shard], shard, key, version, now, body, mode, bool(indexes))
+                EntityWrite(
+                    dbs[shard],
+                    shard,
+                    key,
+                    version,
+                    now,
+                    body,
+                    mode,
+                    bool(indexes) and key not in fresh,
+                )
             )
             home = topo.shard_servers[shard]
             for name, values in rows.items():

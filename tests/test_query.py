@@ -67,6 +67,21 @@ def test_round_trips_of_a_new_entity(make_store: Any) -> None:
     assert len(calls) <= 3
 
 
+def test_an_id_made_by_the_library_skips_the_read_of_the_row_before(make_store: Any) -> None:
+    calls: list[str] = []
+    store = make_store(indexes=[BY_USER], tracer=lambda s, sql, t: calls.append(sql))
+    fresh = entity(1, 100)
+    del fresh["id"]
+    calls.clear()
+    store.put(fresh)  # no id: the library makes one, so there is no row before
+    assert not any("SELECT" in sql and ".`entities`" in sql for sql in calls)
+    calls.clear()
+    fresh["published"] = 101  # now it exists: the row before is read for step 3
+    store.put(fresh)
+    assert any("SELECT" in sql and ".`entities`" in sql for sql in calls)
+    assert [e["published"] for e in store.query(BY_USER, user=1)] == [101]
+
+
 def test_queries_use_one_shard_when_shard_on_is_fixed(make_store: Any) -> None:
     calls: list[str] = []
     store = make_store(indexes=[BY_USER], tracer=lambda s, sql, t: calls.append(sql))

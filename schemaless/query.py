@@ -72,7 +72,7 @@ class Query:
         """Identifies the query a cursor belongs to."""
         data = msgpack.packb(
             [
-                json.dumps(self.index.to_dict(), sort_keys=True),
+                _definition(self.index),
                 [list(eq) for eq in self.eqs],
                 list(self.lower or ()),
                 list(self.upper or ()),
@@ -412,10 +412,17 @@ class QueryEngine:
         return tuple(row)
 
 
+@functools.lru_cache(maxsize=1024)
+def _definition(index: Index) -> str:
+    return json.dumps(index.to_dict(), sort_keys=True)
+
+
 def _produces(index: Index, entity: Entity, values: tuple[Any, ...]) -> bool:
     """Whether the entity produces this index row, without computing all its rows."""
     for pos, (prop, ctype) in enumerate(zip(index.properties, index.types, strict=True)):
         value = entity.get(prop)
+        if type(value) is type(values[pos]) and value == values[pos]:
+            continue  # already the column's value (coercion keeps those as they are)
         if value is None:
             return False
         try:

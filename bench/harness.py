@@ -389,7 +389,11 @@ def format_backfill(bf: dict[str, Any]) -> str:
                 f"  MariaDB ALTER TABLE ... ADD COLUMN (virtual, JSON_VALUE) + ADD INDEX, "
                 f"{a['note']}: {a['seconds']:.2f} s ({a['per_million_s']:.1f} s per million rows)"
             )
-    for key, label in (("cleaner", "Cleaner"), ("naive", "naive loop (bench reference)")):
+    for key, label in (
+        ("cleaner", "Cleaner"),
+        ("naive", "naive loop (bench reference)"),
+        ("insert_floor", "insert floor (bench reference)"),
+    ):
         r = bf.get(key)
         if not r:
             continue

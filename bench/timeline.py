@@ -13,13 +13,12 @@ Both run twice on the same servers, in the same run: as the post's raw SQL (tabl
 and built on schemaless:
 
 * pull: messages are entities ``{id, user_id, body}``; index ``by_user_id`` on
-  ``(user_id, id)`` sharded on ``user_id``.  A timeline asks each server ONE
-  statement (a UNION ALL of one ``(... WHERE p_user_id = ? ORDER BY p_id DESC LIMIT
-  20)`` per followee on that server), merges, then fetches the 20 entities with
-  ``get_many`` (one statement per server) and re-checks them.  The datastore has no
-  public query over many ``shard_on`` values yet, so this part speaks SQL to the index
-  tables through ``store.cluster`` (see docs/benchmarks.md for the API it needs).  The
-  same timeline through the public API (one ``query()`` per followee) is measured too.
+  ``(user_id, id)`` sharded on ``user_id``.  A timeline is ``store.query(by_user_id,
+  user_id__in=followees, order="desc", limit=20)``: each server gets ONE statement (a
+  UNION ALL of one ``(... WHERE p_user_id = ? ORDER BY p_id DESC LIMIT n)`` per
+  followee on that server, merged there by an outer ``ORDER BY ... LIMIT n``), then
+  the 20 entities are fetched (one statement per server) and re-checked.  The same
+  timeline as one ``query()`` per followee is measured too.
 * push: messages carry their ``recipients`` (the author's followers); index
   ``mailbox`` on ``(recipients, id)``, multi-valued on ``recipients`` and sharded on
   it.  A timeline is one ``store.query("mailbox", recipients=me, order="desc")``.

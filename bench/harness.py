@@ -72,6 +72,7 @@ class Config:
     codec: bool = True
     codec_entities: int = 5000
     backfill: bool = False
+    cleaner_parts: int = 2  # the backfill runs as this many `cleaner --part K/N` processes
     keep: bool = False
     round_trip_samples: int = 10
     rounds: int = 2  # each side runs 2 * rounds alternating slices (raw, sl, sl, raw, ...)
@@ -450,6 +451,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
     p.add_argument("--buffer-pool-mb", type=int, default=1024, help="0: leave as configured")
     p.add_argument("--no-codec", action="store_true", help="skip the codec benchmark")
     p.add_argument("--backfill", action="store_true", help="also the backfill benchmark")
+    p.add_argument(
+        "--cleaner-parts",
+        type=int,
+        default=2,
+        help="the backfill's Cleaner processes (cleaner --part K/N), default 2",
+    )
     p.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     p.add_argument("--out", default=None, help="also write the JSON results here")
     a = p.parse_args(argv)
@@ -466,6 +473,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
         buffer_pool_mib=a.buffer_pool_mb,
         codec=not a.no_codec,
         backfill=a.backfill,
+        cleaner_parts=max(1, a.cleaner_parts),
         keep=a.keep,
     )
     return cfg, a.out

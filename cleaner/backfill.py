@@ -59,10 +59,13 @@ class _Shard:
 class Backfill:
     """One index's backfill; ``run()`` returns the index state at the end."""
 
-    def __init__(self, rt: Runtime, repairer: Repairer, name: str) -> None:
+    def __init__(
+        self, rt: Runtime, repairer: Repairer, name: str, part: tuple[int, int] = (0, 1)
+    ) -> None:
         self.rt = rt
         self.repairer = repairer
         self.name = name
+        self.part = part  # (k, n): this process runs the logical shards with shard % n == k
         self.job = f"backfill:{name}"
         self._shards: dict[int, _Shard] = {}
         self.seconds = 0.0  # time spent scanning (after the grace period)
@@ -89,7 +92,8 @@ class Backfill:
         self._wait_grace(info, topo)
         topo = rt.retry("reading the catalog", cluster.refresh)
         saved = rt.retry("reading checkpoints", lambda: cluster.catalog.checkpoints(self.job))
-        for shard in range(topo.n_shards):
+        k, n = self.part
+        for shard in range(k, topo.n_shards, n):
             position, done, rows = saved.get(shard, (0, False, 0))
             self._shards[shard] = _Shard(shard, position, done, rows)
         rt.retry("measuring shards", lambda: self._measure(topo))
@@ -103,6 +107,9 @@ class Backfill:
             self._report(force=True)
         if not all(s.done for s in self._shards.values()):
             return "building"
+        if self.part[1] > 1 and not self._all_parts_done(topo):
+            log.info("index %r: part %d/%d done; other parts still running", self.name, k, n)
+            return "building"
         if rt.retry(
             "marking ready",
             lambda: cluster.catalog.set_index_state(self.name, "ready", expect="building"),
@@ -112,6 +119,17 @@ class Backfill:
         state = rt.retry("reading the catalog", cluster.refresh).indexes[self.name].state
         log.warning("index %r was %s when the backfill ended", self.name, state)
         return state
+
+    @property
+    def part_done(self) -> bool:
+        """Whether every logical shard of this process's part is backfilled."""
+        return bool(self._shards) and all(s.done for s in self._shards.values())
+
+    def _all_parts_done(self, topo: Topology) -> bool:
+        """Whether the checkpoints say every logical shard is done (all parts)."""
+        catalog = self.rt.store.cluster.catalog
+        saved = self.rt.retry("reading checkpoints", lambda: catalog.checkpoints(self.job))
+        return all(saved.get(shard, (0, False, 0))[1] for shard in range(topo.n_shards))
 
     def _wait_grace(self, info: IndexInfo, topo: Topology) -> None:
         left = grace_deadline(info, topo) - time.time()

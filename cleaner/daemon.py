@@ -82,6 +82,7 @@ class Cleaner:
         self._started = time.monotonic()
         self._work_seconds: float | None = None  # the backfill's scan, without the grace
         self._index: str | None = None  # the index being backfilled
+        self.part_done = False  # after backfill(): every shard of its part is done
 
     @property
     def shutdown(self) -> Shutdown:
@@ -90,18 +91,25 @@ class Cleaner:
 
     # -- jobs ----------------------------------------------------------------------------
 
-    def backfill(self, index: str) -> str:
-        """Backfill a building index; its state at the end (``ready`` when done)."""
+    def backfill(self, index: str, part: tuple[int, int] = (0, 1)) -> str:
+        """Backfill a building index; its state at the end (``ready`` when done).
+
+        ``part=(k, n)``: only the logical shards with ``shard % n == k``, so that n
+        processes (or machines) share one backfill; the last part to finish marks the
+        index ready, the others return ``building`` with ``part_done`` True.
+        """
         if not self._named:
-            self.name = f"backfill:{index}"
+            self.name = f"backfill:{index}" + (f":{part[0] + 1}/{part[1]}" if part[1] > 1 else "")
         self._index = index
-        job = Backfill(self.rt, self.repairer, index)
+        job = Backfill(self.rt, self.repairer, index, part)
         try:
             state = job.run()
         except Stopped:
             state = "building"
+        self.part_done = job.part_done
         self._work_seconds = job.seconds
-        self.figures.set(state="done" if state == "ready" else "stopped", last_pass=now_us())
+        done = state == "ready" or job.part_done
+        self.figures.set(state="done" if done else "stopped", last_pass=now_us())
         return state
 
     def run_once(self, now: float | None = None, *, full: bool = True) -> dict[str, Any]:

@@ -91,6 +91,14 @@ def _open(url: str | None, prefix: str | None) -> DataStore:
 )
 @common_options
 @click.option("--index", metavar="NAME", help="Backfill this building index, then exit.")
+@click.option(
+    "--part",
+    callback=lambda ctx, param, value: _parse_part(value),
+    metavar="K/N",
+    help="With --index: backfill only part K of N (the logical shards with shard % N == "
+    "K-1), so N processes or machines share one backfill; the last to finish marks the "
+    "index ready.",
+)
 @click.option("--once", is_flag=True, help="Run one full pass and exit (cron, tests).")
 @click.option(
     "--batch",
@@ -146,6 +154,7 @@ def main(
     url: str | None,
     prefix: str | None,
     index: str | None,
+    part: tuple[int, int] | None,
     once: bool,
     batch: int,
     rate: float | None,
@@ -174,6 +183,9 @@ def main(
     ctx.obj.update(url=url, prefix=prefix, quiet=quiet, verbose=verbose)
     if ctx.invoked_subcommand is not None:
         return
+    if part is not None and index is None:
+        raise click.BadParameter("needs --index", param_hint="'--part'")
+    part = part or (0, 1)
     os.nice(nice)
     with _console(quiet, verbose):
         store = _open(url, prefix)
@@ -185,11 +197,11 @@ def main(
             tombstone_retention=tombstone_retention,
             fence_after=fence_after,
             progress=Progress(sys.stderr, quiet=quiet),
-            name=f"backfill:{index}" if index is not None else None,
+            name=_job_name(index, part),
         )
         try:
             cleaner.shutdown.install()
-            state = _run(cleaner, index, once, metrics_port, metrics_host)
+            state = _run(cleaner, index, part, once, metrics_port, metrics_host)
         finally:
             cleaner.shutdown.restore()
             try:
@@ -200,12 +212,32 @@ def main(
         if cleaner.shutdown.requested:
             click.echo("stopped on request; checkpoints saved: run the same command to resume")
         elif index is not None and state != "ready":
-            raise click.ClickException(f"index {index!r} is {state}, not ready")
+            if not cleaner.part_done:
+                raise click.ClickException(f"index {index!r} is {state}, not ready")
+            click.echo(f"part {part[0] + 1}/{part[1]} done; the index is ready when every part is")
+
+
+def _parse_part(value: str | None) -> tuple[int, int] | None:
+    """``K/N`` (1 <= K <= N) -> ``(K - 1, N)``."""
+    if value is None:
+        return None
+    k, _, n = value.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise click.BadParameter(f"expected K/N with 1 <= K <= N, got {value!r}")
+    return int(k) - 1, int(n)
+
+
+def _job_name(index: str | None, part: tuple[int, int]) -> str | None:
+    """The heartbeat name of a backfill (one per part)."""
+    if index is None:
+        return None
+    return f"backfill:{index}" + (f":{part[0] + 1}/{part[1]}" if part[1] > 1 else "")
 
 
 def _run(
     cleaner: Cleaner,
     index: str | None,
+    part: tuple[int, int],
     once: bool,
     metrics_port: int | None,
     metrics_host: str,
@@ -223,7 +255,7 @@ def _run(
         log.info("metrics at http://%s:%d/metrics", metrics_host, port)
     try:
         if index is not None:
-            return cleaner.backfill(index)
+            return cleaner.backfill(index, part)
         if once:
             cleaner.run_once(full=True)
         else:

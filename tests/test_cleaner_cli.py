@@ -160,6 +160,40 @@ def test_backfill_command_progress_summary_and_heartbeat(
     assert figures["last_pass"] > 0 and figures["backlog"] >= 0
 
 
+def test_parts_share_one_backfill_and_the_last_marks_it_ready(
+    make_store: Any, local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    store = make_store()
+    load(store, 1500)
+    store.declare_index(BY_LINK)
+    env = cluster_env(local_cluster, store)
+    result = invoke(env, "--index", "by_link", "--part", "1/2", "--batch", "100")
+    assert result.exit_code == 0, result.output
+    assert "part 1/2 done" in result.output
+    assert store.cluster.refresh().indexes["by_link"].state == "building"
+    done = store.cluster.catalog.checkpoints("backfill:by_link")
+    assert sorted(done) == [0, 2, 4, 6] and all(d for _, d, _ in done.values())
+    _, figures = store.cluster.catalog.statuses()["backfill:by_link:1/2"]
+    assert figures["state"] == "done"
+    # two processes at once: part 1 again (nothing left) and part 2
+    out = tmp_path / "parts.log"
+    procs = [spawn(env, out, "--index", "by_link", "--part", p, "--quiet") for p in ("2/2", "1/2")]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0], out.read_text()
+    assert store.cluster.refresh().indexes["by_link"].state == "ready"
+    diff = diff_indexes(store, ["by_link"])["by_link"]
+    assert diff.clean
+    assert sum(1 for _ in store.iter(BY_LINK)) == 1500
+
+
+def test_part_is_checked(make_store: Any, local_cluster: LocalCluster) -> None:
+    env = cluster_env(local_cluster, make_store(indexes=[BY_LINK]))
+    for bad in ("0/2", "3/2", "x", "1/0"):
+        result = CliRunner().invoke(main, ["--index", "by_link", "--part", bad], env=env)
+        assert result.exit_code == 2 and "--part" in result.output, result.output
+    result = CliRunner().invoke(main, ["--once", "--part", "1/2"], env=env)
+    assert result.exit_code == 2 and "needs --index" in result.output
+
+
 # -- signals and kills (subprocesses) -----------------------------------------------------
 
 

@@ -417,22 +417,34 @@ class Reply:
 
     def result(self) -> Rows:
         """The rows of each result set; errors are raised here, retried as ``run`` does."""
+        try:
+            return self._first()
+        except _Retryable as exc:
+            return self._retry(exc)
+
+    def _first(self) -> Rows:
+        """The reply as sent (``_Retryable`` if it may be sent again)."""
+        state, self._state = self._state, None
+        if state is None:
+            raise RuntimeError("Reply.result called twice")
+        if isinstance(state, BaseException):
+            raise state
+        return self._batch.server._receive(self._batch, state)
+
+    def _retry(self, exc: _Retryable) -> Rows:
+        """Send again after a retryable error, with backoff, as long as allowed."""
         batch, server = self._batch, self._batch.server
         delays = server.options.retry.delays()
         while True:
-            state, self._state = self._state, None
+            delay = next(delays, None)
+            if delay is None or (exc.after_send and not batch.idempotent):
+                raise exc.error from exc.error.__cause__
+            time.sleep(delay)
+            self._state = server._send(batch)
             try:
-                if state is None:
-                    raise RuntimeError("Reply.result called twice")
-                if isinstance(state, BaseException):
-                    raise state
-                return server._receive(batch, state)
-            except _Retryable as exc:
-                delay = next(delays, None)
-                if delay is None or (exc.after_send and not batch.idempotent):
-                    raise exc.error from exc.error.__cause__
-                time.sleep(delay)
-                self._state = server._send(batch)
+                return self._first()
+            except _Retryable as again:
+                exc = again
 
     def cancel(self) -> None:
         """Give up on the reply: its connection is closed, never reused."""
@@ -454,24 +466,34 @@ def gather_partial(batches: Mapping[K, Batch]) -> tuple[dict[K, Rows], dict[K, S
     """Like ``gather`` but returns the errors per key instead of raising.
 
     Every batch is sent before any reply is read, from this thread: no worker threads,
-    and the servers overlap their work.  Connections are taken in server-name order,
-    so callers that wait for full pools cannot deadlock each other.
+    and the servers overlap their work.  Connections are taken in server-name order
+    and retries wait until every first reply is read (this thread then holds no other
+    connection), so callers that wait for full pools cannot deadlock each other.
     """
     keys = sorted(batches, key=lambda k: batches[k].server.name)
     replies: dict[K, Reply] = {}
+    again: dict[K, tuple[Reply, _Retryable]] = {}
     results: dict[K, Rows] = {}
     errors: dict[K, SchemalessError] = {}
     try:
         for key in keys:
             replies[key] = batches[key].send()
         for key in keys:
+            reply = replies.pop(key)
             try:
-                results[key] = replies.pop(key).result()
+                results[key] = reply._first()
+            except _Retryable as retryable:
+                again[key] = (reply, retryable)
             except SchemalessError as exc:
                 errors[key] = exc
     finally:
         for reply in replies.values():
             reply.cancel()
+    for key, (reply, first) in again.items():
+        try:
+            results[key] = reply._retry(first)
+        except SchemalessError as error:
+            errors[key] = error
     return results, errors
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -75,3 +76,40 @@ def test_a_cancelled_reply_discards_its_connection(servers: Any) -> None:
     reply.cancel()
     assert made[0]._in_use == 0
     assert made[0].run("SELECT 2") == [((2,),)]  # the pool still works
+
+
+def test_a_lock_timeout_is_retried_after_the_other_replies(servers: Any) -> None:
+    made, traced = servers
+    db = "t_gather_retry"
+    made[0].run(
+        f"CREATE DATABASE IF NOT EXISTS {db}; DROP TABLE IF EXISTS {db}.t;"
+        f"CREATE TABLE {db}.t (a INT PRIMARY KEY) ENGINE=InnoDB; INSERT INTO {db}.t VALUES (1)"
+    )
+    holder_ready = threading.Event()
+
+    def hold_the_row() -> None:  # holds the row's lock for 1.5 s
+        with made[0].connection() as conn:
+            conn.query(f"START TRANSACTION; SELECT a FROM {db}.t WHERE a = 1 FOR UPDATE")
+            while True:
+                result = conn.store_result()
+                del result
+                if conn.next_result() != 0:
+                    break
+            holder_ready.set()
+            time.sleep(1.5)
+            conn.query("COMMIT")
+
+    thread = threading.Thread(target=hold_the_row)
+    thread.start()
+    try:
+        assert holder_ready.wait(5)
+        sql = (
+            f"SET SESSION innodb_lock_wait_timeout = 1; SELECT a FROM {db}.t WHERE a = 1 FOR UPDATE"
+        )
+        out = gather({"locked": Batch(made[0], sql), "other": Batch(made[1], "SELECT 7")})
+    finally:
+        thread.join()
+        made[0].run(f"DROP DATABASE {db}")
+    assert out == {"locked": [((1,),)], "other": [((7,),)]}
+    assert len([t for t in traced if "FOR UPDATE" in t[1] and "SESSION" in t[1]]) == 2
+    assert all(s._in_use == 0 for s in made)

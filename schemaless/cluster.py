@@ -64,6 +64,7 @@ class Cluster:
         self._servers: dict[Address, Server] = {}
         self._lock = threading.Lock()
         self._refreshing = threading.Lock()
+        self._all_servers: tuple[Topology, Mapping[int, Server]] | None = None
         self.catalog = Catalog(self.server(addresses[0]), prefix)
         if not self.catalog.exists():
             if not create:
@@ -163,9 +164,14 @@ class Cluster:
         """The server a logical shard lives on."""
         return self.server(topo.servers[topo.shard_servers[shard]])
 
-    def all_servers(self, topo: Topology) -> dict[int, Server]:
-        """Every server of the topology, by server id."""
-        return {sid: self.server(addr) for sid, addr in topo.servers.items()}
+    def all_servers(self, topo: Topology) -> Mapping[int, Server]:
+        """Every server of the topology, by server id (kept for the latest topology)."""
+        cached = self._all_servers
+        if cached is not None and cached[0] is topo:
+            return cached[1]
+        servers = {sid: self.server(addr) for sid, addr in topo.servers.items()}
+        self._all_servers = (topo, servers)
+        return servers
 
     # -- schema --------------------------------------------------------------------------
 

@@ -273,12 +273,27 @@ def _rate(
         scanned = (snap.scanned - first.scanned) / elapsed
         eta = remaining / scanned if remaining is not None and scanned > 0 else None
         return rows, (0.0 if remaining == 0 else eta), f"measured over {human_duration(elapsed)}"
-    for beat in beats:
-        own = beat.name == BACKFILL_JOB.format(name)  # the Cleaner backfilling this index
-        rate = figure(beat.figures, name, "rows_per_s", "rows_per_second", scoped=not own)
-        if rate is not None and beat.age < 120:
-            eta = remaining / rate if remaining is not None and rate > 0 else None
-            return float(rate), (0.0 if remaining == 0 else eta), f"from {beat.name}'s heartbeat"
+    fresh = [b for b in beats if b.age < 120]
+    own = [b for b in fresh if _backfills(b, name)]  # the Cleaner(s) backfilling this index
+    rates = [figure(b.figures, name, "rows_per_s", "rows_per_second", scoped=False) for b in own]
+    found = [(b.name, float(r)) for b, r in zip(own, rates, strict=True) if r is not None]
+    if not found:  # a continuous Cleaner's figures, if they are about this index
+        found = [
+            (b.name, float(r))
+            for b in fresh
+            if not _backfills(b, name)
+            and (r := figure(b.figures, name, "rows_per_s", "rows_per_second", scoped=True))
+            is not None
+        ][:1]
+    if found:
+        rate = sum(r for _, r in found)
+        eta = remaining / rate if remaining is not None and rate > 0 else None
+        source = (
+            f"from {found[0][0]}'s heartbeat"
+            if len(found) == 1
+            else f"sum of {len(found)} parts' heartbeats"
+        )
+        return rate, (0.0 if remaining == 0 else eta), source
     return None, (0.0 if remaining == 0 else None), ""
 
 
@@ -319,7 +334,14 @@ def _report(
 
 def _concerns(beat: Heartbeat, index: str) -> bool:
     """Whether a heartbeat matters to an index: its own backfill, or a continuous Cleaner."""
-    return not beat.name.startswith("backfill:") or beat.name == BACKFILL_JOB.format(index)
+    return not beat.name.startswith("backfill:") or _backfills(beat, index)
+
+
+def _backfills(beat: Heartbeat, index: str) -> bool:
+    """Whether a heartbeat is a Cleaner backfilling this index, alone or as one part
+    (``backfill:<index>:K/N``)."""
+    job = BACKFILL_JOB.format(index)
+    return beat.name == job or beat.name.startswith(job + ":")
 
 
 def _daemon(beat: Heartbeat, index: str) -> dict[str, Any]:

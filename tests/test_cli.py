@@ -477,6 +477,29 @@ def test_index_status_reads_checkpoints_and_heartbeats(
         run.ok("index", "drop", "by_title2", "--purge")
 
 
+def test_index_status_shows_every_part_of_a_backfill(
+    run: Cli, prefix: str, local_cluster: LocalCluster
+) -> None:
+    local = str(local_cluster.base_dir)
+    run.ok("index", "create", "by_title3", "--property", "title:str(64)")
+    with open_store(prefix=prefix, local_dir=local) as ds:
+        cat = ds.cluster.catalog
+        for part, rate in ((1, 100), (2, 150)):
+            figures = {"state": "backfilling", "index": "by_title3", "rows_per_s": rate}
+            cat.heartbeat(f"backfill:by_title3:{part}/2", figures)
+        cat.heartbeat("backfill:by_title3x", {"state": "backfilling", "rows_per_s": 7})
+    try:
+        out = run.ok("index", "status", "by_title3").output
+        assert "rate 250 rows/s (sum of 2 parts' heartbeats)" in out
+        assert "backfill:by_title3:1/2 (backfilling)" in out
+        assert "backfill:by_title3:2/2 (backfilling)" in out
+        assert "by_title3x" not in out  # another index whose name starts the same
+    finally:
+        with open_store(prefix=prefix, local_dir=local) as ds:
+            ds.cluster.catalog.server.run(f"DELETE FROM `{prefix}_catalog`.`status`")
+        run.ok("index", "drop", "by_title3", "--purge")
+
+
 # -- shards --------------------------------------------------------------------------
 
 

@@ -115,8 +115,6 @@ def naive_backfill(b: Bench, batch: int = 1000) -> tuple[float, int]:
             if b.shard_sid[s] == sid
         ]
         b.raw.run(sid, ";\n".join(ddl))
-    codec = b.stores["i3"].codec
-    cols = ", ".join(quote(c) for c in index.columns)
     written = 0
     t0 = time.perf_counter()
     for shard in range(b.n_shards):
@@ -137,20 +135,11 @@ def naive_backfill(b: Bench, batch: int = 1000) -> tuple[float, int]:
             for _, key, version, body in rows:
                 if body is None:
                     continue
-                entity = raw_decode(body) if body[1] in (0, 1) else codec.decode(body)
-                for row in index.rows(entity):
+                for row in index.rows(_decode(b, body)):
                     target = b.row_shard(index, row)
                     targets.setdefault(target, []).extend((*row, bytes(key), int(version)))
             for target, params in targets.items():
-                marks = ", ".join(["(%s, %s, %s)"] * (len(params) // 3))
-                b.raw.run(
-                    b.shard_sid[target],
-                    f"INSERT INTO {quote(b.raw_db('i3', target), index.table)}"
-                    f" ({cols}, `entity_id`, `entity_version`) VALUES {marks}"
-                    " ON DUPLICATE KEY UPDATE"
-                    " `entity_version` = GREATEST(`entity_version`, VALUES(`entity_version`))",
-                    params,
-                )
+                b.raw.run(b.shard_sid[target], _upsert_sql(b, target, len(params) // 3), params)
                 written += len(params) // 3
             if len(rows) < batch:
                 break
@@ -163,9 +152,7 @@ def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
     statement, both servers in parallel; (seconds, rows).  What the servers need to add
     the rows one by one, whatever the client does."""
     index = NEW_INDEX
-    codec = b.stores["i3"].codec
     dbs = b.stores["i3"].cluster.current().dbs
-    cols = ", ".join(quote(c) for c in index.columns)
     params: dict[int, list[list[Any]]] = {}  # server -> rows
     for shard in range(b.n_shards):
         ddl = f"DROP TABLE IF EXISTS {quote(b.raw_db('i3', shard), index.table)};" + (
@@ -178,8 +165,7 @@ def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
             " WHERE `body` IS NOT NULL",
         )[0]
         for key, version, body in rows:
-            entity = raw_decode(body) if body[1] in (0, 1) else codec.decode(body)
-            for row in index.rows(entity):
+            for row in index.rows(_decode(b, body)):
                 target = b.row_shard(index, row)
                 params.setdefault(b.shard_sid[target], []).append(
                     [target, *row, bytes(key), int(version)]
@@ -192,13 +178,7 @@ def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
             stmts, values = [], []
             for target in sorted({r[0] for r in chunk}):
                 part = [r[1:] for r in chunk if r[0] == target]
-                marks = ", ".join(["(%s, %s, %s)"] * len(part))
-                stmts.append(
-                    f"INSERT INTO {quote(b.raw_db('i3', target), index.table)}"
-                    f" ({cols}, `entity_id`, `entity_version`) VALUES {marks}"
-                    " ON DUPLICATE KEY UPDATE"
-                    " `entity_version` = GREATEST(`entity_version`, VALUES(`entity_version`))"
-                )
+                stmts.append(_upsert_sql(b, target, len(part)))
                 values += [v for r in part for v in r]
             plans.setdefault(sid, []).append(
                 ("START TRANSACTION;" + ";".join(stmts) + ";COMMIT", values)
@@ -207,6 +187,35 @@ def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
     for n in range(max((len(p) for p in plans.values()), default=0)):
         b.raw.fanout({sid: p[n] for sid, p in plans.items() if n < len(p)})
     return time.perf_counter() - t0, sum(len(r) for r in params.values())
+
+
+def _decode(b: Bench, body: bytes) -> dict[str, Any]:
+    """An entity body of the raw twin (raw codec) or of the datastore (its codec)."""
+    return raw_decode(body) if body[1] in (0, 1) else b.stores["i3"].codec.decode(body)
+
+
+def _upsert_sql(b: Bench, shard: int, rows: int) -> str:
+    """A multi-row upsert of ``rows`` NEW_INDEX rows into the raw twin's ``shard``."""
+    cols = ", ".join(quote(c) for c in NEW_INDEX.columns)
+    marks = ", ".join(["(%s, %s, %s)"] * rows)
+    return (
+        f"INSERT INTO {quote(b.raw_db('i3', shard), NEW_INDEX.table)}"
+        f" ({cols}, `entity_id`, `entity_version`) VALUES {marks}"
+        " ON DUPLICATE KEY UPDATE"
+        " `entity_version` = GREATEST(`entity_version`, VALUES(`entity_version`))"
+    )
+
+
+def _against_alter(
+    took: float, rows: int, single: float, sharded: float, note: str
+) -> dict[str, Any]:
+    return {
+        "seconds": round(took, 3),
+        "rows": rows,
+        "vs_alter": round(took / single, 2),
+        "vs_alter_sharded": round(took / sharded, 2),
+        "note": note,
+    }
 
 
 class _Writer(threading.Thread):
@@ -290,24 +299,18 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
         "note": "one table per server, that server's documents, servers in parallel",
     }
 
-    took, rows = naive_backfill(b)
-    out["naive"] = {
-        "seconds": round(took, 3),
-        "rows": rows,
-        "vs_alter": round(took / single, 2),
-        "vs_alter_sharded": round(took / sharded, 2),
-        "note": "single thread: scan by added_id, decode, multi-row INSERT per target shard",
-    }
-
-    took, rows = insert_floor(b)
-    out["insert_floor"] = {
-        "seconds": round(took, 3),
-        "rows": rows,
-        "vs_alter": round(took / single, 2),
-        "vs_alter_sharded": round(took / sharded, 2),
-        "note": "the inserts alone: rows computed before the clock, 2000 a statement, "
-        "servers in parallel",
-    }
+    out["naive"] = _against_alter(
+        *naive_backfill(b),
+        single,
+        sharded,
+        "single thread: scan by added_id, decode, multi-row INSERT per target shard",
+    )
+    out["insert_floor"] = _against_alter(
+        *insert_floor(b),
+        single,
+        sharded,
+        "the inserts alone: rows computed before the clock, 2000 a statement, servers in parallel",
+    )
 
     store = b.stores["i3"]
     writer = _Writer(b)

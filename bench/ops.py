@@ -334,57 +334,41 @@ def _parallel(fn: Callable[[Any], None], items: list[Any], threads: int) -> None
 # -- the operations ----------------------------------------------------------------------
 
 
-def _put_op(b: Bench, kind: str) -> Op:
+def _put_op(b: Bench, kind: str, ordered: bool = False) -> Op:
+    """A put of a new entity.  With ``ordered``, against a raw baseline that keeps the
+    protocol's commit order: the index rows on other servers than the entity's first
+    (servers in parallel), then the entity with its local rows in one transaction.  Not
+    a target: it splits the gap to the plain baseline into what the ordering costs and
+    what the library adds."""
     n_idx = len(INDEXES[kind])
     store = b.stores[kind]
 
     def items(threads: int, budget: int) -> list[Any]:
-        out = []
-        for _ in range(budget):
-            entity = b.ds.entity(next(b.next_new))
-            out.append((entity, b.raw_insert_plan(kind, entity)))
-        return out
-
-    return Op(
-        name=f"put_{n_idx}idx",
-        title=f"put new entity, {n_idx} index{'es' if n_idx != 1 else ''}",
-        write=True,
-        items=items,
-        sl=store.put,
-        raw=b.raw_batches,
-    )
-
-
-def _ordered_put_op(b: Bench, kind: str) -> Op:
-    """The same put against a raw baseline that keeps the protocol's commit order: the
-    index rows on other servers than the entity's first (servers in parallel), then
-    the entity with its local rows in one transaction.  Not a target: it splits the
-    gap to the plain baseline into what the ordering costs and what the library adds."""
-    n_idx = len(INDEXES[kind])
-    store = b.stores[kind]
-
-    def items(threads: int, budget: int) -> list[Any]:
-        out = []
+        out: list[Any] = []
         for _ in range(budget):
             entity = b.ds.entity(next(b.next_new))
             plan = b.raw_insert_plan(kind, entity)
-            home = b.shard_sid[b.id_shard(entity["id"])]
-            first = {sid: stmts for sid, stmts in plan.items() if sid != home}
-            out.append((entity, (first, {home: plan[home]})))
+            if ordered:
+                home = b.shard_sid[b.id_shard(entity["id"])]
+                first = {sid: stmts for sid, stmts in plan.items() if sid != home}
+                out.append((entity, (first, {home: plan[home]})))
+            else:
+                out.append((entity, plan))
         return out
 
-    def raw(plans: tuple[dict[int, Any], dict[int, Any]]) -> object:
+    def raw_in_order(plans: tuple[dict[int, Any], dict[int, Any]]) -> object:
         if plans[0]:
             b.raw_batches(plans[0])
         return b.raw_batches(plans[1])
 
+    title = f"put new entity, {n_idx} index{'es' if n_idx != 1 else ''}"
     return Op(
-        name=f"put_{n_idx}idx_ordered",
-        title=f"put new entity, {n_idx} index{'es' if n_idx != 1 else ''} (raw: rows first)",
+        name=f"put_{n_idx}idx" + ("_ordered" if ordered else ""),
+        title=title + (" (raw: rows first)" if ordered else ""),
         write=True,
         items=items,
         sl=store.put,
-        raw=raw,
+        raw=raw_in_order if ordered else b.raw_batches,
     )
 
 
@@ -607,8 +591,8 @@ def operations(b: Bench) -> list[Op]:
         _put_op(b, "i0"),
         _put_op(b, "i1"),
         _put_op(b, "i3"),
-        _ordered_put_op(b, "i1"),
-        _ordered_put_op(b, "i3"),
+        _put_op(b, "i1", ordered=True),
+        _put_op(b, "i3", ordered=True),
         _get_op(b),
         _get_many_op(b),
         _query_eq_op(b),

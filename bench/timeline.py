@@ -442,28 +442,14 @@ def run_timeline(cfg: TimelineConfig, servers: Servers | None = None) -> dict[st
             }
             _log(f"  {name}: {s['throughput']:.0f} submissions/s")
         results["models"] = rows
-        r = rows
         results["goals"] = {
-            "pull_retrieval_vs_raw": round(
-                r["schemaless pull"]["timelines_first"]["per_s"]
-                / r["raw pull"]["timelines_first"]["per_s"],
+            f"{model}_{page}_vs_raw": round(
+                rows[f"schemaless {model}"][f"timelines_{key}"]["per_s"]
+                / rows[f"raw {model}"][f"timelines_{key}"]["per_s"],
                 2,
-            ),
-            "pull_older_vs_raw": round(
-                r["schemaless pull"]["timelines_older"]["per_s"]
-                / r["raw pull"]["timelines_older"]["per_s"],
-                2,
-            ),
-            "push_retrieval_vs_raw": round(
-                r["schemaless push"]["timelines_first"]["per_s"]
-                / r["raw push"]["timelines_first"]["per_s"],
-                2,
-            ),
-            "push_older_vs_raw": round(
-                r["schemaless push"]["timelines_older"]["per_s"]
-                / r["raw push"]["timelines_older"]["per_s"],
-                2,
-            ),
+            )
+            for model in ("pull", "push")
+            for page, key in (("retrieval", "first"), ("older", "older"))
         }
         results["meta"]["seconds"] = round(time.time() - started, 1)
     finally:

@@ -18,7 +18,8 @@ from typing import Any
 import msgpack
 import pytest
 import zstandard
-from faults.helpers import count_rows, drop_store, open_store, scratch_cluster
+from conftest import drop_datastore
+from faults.helpers import count_rows, open_store, scratch_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,7 +131,7 @@ def indexed(local_cluster: LocalCluster) -> Iterator[DataStore]:
     store = open_store(local_cluster, INDEXES)
     store.put({"id": new_id(), "i": 1, "s": "seed", "tags": ["a"]})
     yield store
-    drop_store(store)
+    drop_datastore(store)
 
 
 @pytest.mark.parametrize(("entity", "error", "words"), BAD, ids=[_case_id(c) for c in BAD])
@@ -278,7 +279,7 @@ def test_body_above_the_servers_max_allowed_packet(small_packet: LocalCluster) -
         store.put({"id": key, "i": 2})  # usable
         assert store.get(key) == {"id": key, "i": 2}
     finally:
-        drop_store(store)
+        drop_datastore(store)
 
 
 # -- hostile names --------------------------------------------------------------------
@@ -508,7 +509,7 @@ _ENTITIES = st.dictionaries(_KEYS.filter(lambda k: k != "id"), _VALUES, max_size
 def random_store(local_cluster: LocalCluster) -> Iterator[DataStore]:
     store = open_store(local_cluster, [Index("by_k", ["k"]), Index("by_t", {"t": "str(16)"})])
     yield store
-    drop_store(store)
+    drop_datastore(store)
 
 
 @settings(max_examples=50, deadline=None)

@@ -40,6 +40,16 @@ def cluster_env(cluster: LocalCluster, store: DataStore) -> dict[str, str]:
     }
 
 
+def building(
+    make_store: Callable[..., DataStore], cluster: LocalCluster, entities: int
+) -> tuple[DataStore, dict[str, str]]:
+    """A datastore with ``entities`` loaded and BY_LINK declared (building); its env."""
+    store = make_store()
+    load(store, entities)
+    store.declare_index(BY_LINK)
+    return store, cluster_env(cluster, store)
+
+
 def invoke(env: Mapping[str, str | None], *args: str) -> Result:
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
@@ -136,10 +146,7 @@ def test_verify_finds_planted_corruption_and_repairs_it(
 def test_backfill_command_progress_summary_and_heartbeat(
     make_store: Any, local_cluster: LocalCluster
 ) -> None:
-    store = make_store()
-    load(store, 500)
-    store.declare_index(BY_LINK)
-    env = cluster_env(local_cluster, store)
+    store, env = building(make_store, local_cluster, 500)
     result = invoke(env, "--index", "by_link", "--batch", "100")
     assert result.exit_code == 0, result.output
     assert "waiting" in result.output  # the grace period
@@ -163,10 +170,7 @@ def test_backfill_command_progress_summary_and_heartbeat(
 def test_parts_share_one_backfill_and_the_last_marks_it_ready(
     make_store: Any, local_cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    store = make_store()
-    load(store, 1500)
-    store.declare_index(BY_LINK)
-    env = cluster_env(local_cluster, store)
+    store, env = building(make_store, local_cluster, 1500)
     result = invoke(env, "--index", "by_link", "--part", "1/2", "--batch", "100")
     assert result.exit_code == 0, result.output
     assert "part 1/2 done" in result.output
@@ -200,10 +204,7 @@ def test_part_is_checked(make_store: Any, local_cluster: LocalCluster) -> None:
 def test_sigkill_during_backfill_then_resume(
     make_store: Any, local_cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    store = make_store()
-    load(store, 3000)
-    store.declare_index(BY_LINK)
-    env = cluster_env(local_cluster, store)
+    store, env = building(make_store, local_cluster, 3000)
     slow = {"SCHEMALESS_FAILPOINTS": "cleaner.after_batch=sleep(0.05)"}
     catalog = store.cluster.catalog
     seen: dict[int, tuple[int, bool, int]] = {}

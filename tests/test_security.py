@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faults.helpers import drop_store, open_store, scratch_cluster
+from conftest import drop_datastore
+from faults.helpers import open_store, scratch_cluster
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +63,7 @@ def fuzz_store(local_cluster: LocalCluster) -> Iterator[DataStore]:
     store = open_store(local_cluster, shards=2)  # two tables per index declared
     store.put({"id": new_id(), "seed": 1})
     yield store
-    drop_store(store)
+    drop_datastore(store)
 
 
 _QUERY_PARAMETERS = set(inspect.signature(DataStore.query).parameters)
@@ -120,7 +121,7 @@ def sentinel_user(local_cluster: LocalCluster) -> Iterator[tuple[str, str]]:
         for server in servers:
             for host in ("127.0.0.1", "localhost"):
                 server.run("DROP USER IF EXISTS %s@%s", (user, host))
-        drop_store(admin)
+        drop_datastore(admin)
 
 
 def _texts(exc: BaseException) -> Iterator[str]:
@@ -194,7 +195,7 @@ def test_the_password_never_leaks(
             store.cluster.topology, by_url.cluster.topology,
         )  # fmt: skip
     finally:
-        drop_store(store)
+        drop_datastore(store)
         by_url.close()
 
     # Wrong passwords, an unreachable server, malformed URLs.
@@ -302,7 +303,7 @@ def test_the_password_is_not_in_process_titles_or_output(
             assert done.returncode != 0 and "denied" in text.lower()
             assert password not in text
     finally:
-        drop_store(store)
+        drop_datastore(store)
 
 
 # -- TLS ------------------------------------------------------------------------------
@@ -344,9 +345,9 @@ def test_tls_with_ca_verification(tls_cluster: LocalCluster) -> None:
         version = server.run("SHOW SESSION STATUS LIKE 'Ssl_version'")[0][0][1]
         assert version.startswith("TLSv1.")
     finally:
-        drop_store(store)
+        drop_datastore(store)
     also = _tls_store(tls_cluster, ssl={"ca": str(tls_cluster.ca_file), "mode": "VERIFY_CA"})
-    drop_store(also)
+    drop_datastore(also)
 
 
 def test_tls_refuses_a_certificate_of_another_ca(tls_cluster: LocalCluster, other_ca: Path) -> None:

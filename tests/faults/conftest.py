@@ -7,11 +7,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from conftest import drop_datastore
 
 from schemaless import DataStore, Index
 from schemaless.local import LocalCluster
 
-from .helpers import drop_store, open_store, scratch_cluster
+from .helpers import open_store, scratch_cluster
 
 #: The timeouts of the fault suite's datastores (seconds): operations on a frozen server
 #: must fail within about this long.
@@ -51,4 +52,4 @@ def fault_store(fault_cluster: LocalCluster) -> Iterator[Callable[..., DataStore
     yield make
     revive(fault_cluster)
     for store in stores:
-        drop_store(store)
+        drop_datastore(store)

@@ -45,17 +45,6 @@ def open_store(
     return DataStore(cluster.addresses, indexes, prefix="f_" + uuid.uuid4().hex[:12], **kwargs)
 
 
-def drop_store(store: DataStore) -> None:
-    """Drop every database of a datastore and close it."""
-    topo = store.cluster.refresh()
-    for sid, server in store.cluster.all_servers(topo).items():
-        dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
-        if sid == 0:
-            dbs.append(f"{topo.prefix}_catalog")
-        server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
-    store.close()
-
-
 def count_rows(store: DataStore) -> dict[str, int]:
     """Rows in every entities and index table, summed over all logical shards."""
     topo = store.cluster.refresh()

@@ -11,13 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import drop_datastore
 
 from schemaless import DataStore, Index, StorageFull
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
 
-from .helpers import count_rows, drop_store, open_store, row_server, scratch_cluster, server_of_id
+from .helpers import count_rows, open_store, row_server, scratch_cluster, server_of_id
 
 CAPPED = {"innodb_data_file_path": "ibdata1:12M", "innodb_file_per_table": "0"}
 BY_S = Index("by_s", {"s": "str(700)"})  # wide rows fill index pages fast
@@ -33,7 +34,7 @@ def capped_cluster() -> Iterator[LocalCluster]:
 def store(capped_cluster: LocalCluster) -> Iterator[DataStore]:
     store = open_store(capped_cluster, [BY_S], connect_timeout=2, read_timeout=10)
     yield store
-    drop_store(store)
+    drop_datastore(store)
 
 
 def make(store: DataStore, rng: random.Random, entity_on: int, row_on: int) -> dict[str, Any]:

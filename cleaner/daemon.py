@@ -28,9 +28,14 @@ from .repair import Repairer
 from .runtime import Runtime, Shutdown, Stopped
 from .sweep import Sweep
 
-__all__ = ["Cleaner"]
+__all__ = ["Cleaner", "backfill_name"]
 
 log = logging.getLogger("schemaless.cleaner")
+
+
+def backfill_name(index: str, part: tuple[int, int] = (0, 1)) -> str:
+    """The heartbeat name of a backfill: ``backfill:<index>``, ``:K/N`` for one part."""
+    return f"backfill:{index}" + (f":{part[0] + 1}/{part[1]}" if part[1] > 1 else "")
 
 
 class Cleaner:
@@ -99,7 +104,7 @@ class Cleaner:
         index ready, the others return ``building`` with ``part_done`` True.
         """
         if not self._named:
-            self.name = f"backfill:{index}" + (f":{part[0] + 1}/{part[1]}" if part[1] > 1 else "")
+            self.name = backfill_name(index, part)
         self._index = index
         job = Backfill(self.rt, self.repairer, index, part)
         try:

@@ -16,7 +16,7 @@ from schemaless.errors import SchemalessError
 from schemaless.local import LocalClusterError
 from schemaless.store import DataStore
 
-from .daemon import Cleaner
+from .daemon import Cleaner, backfill_name
 from .metrics import Figures
 from .progress import Progress
 from .repair import Repairer
@@ -197,7 +197,7 @@ def main(
             tombstone_retention=tombstone_retention,
             fence_after=fence_after,
             progress=Progress(sys.stderr, quiet=quiet),
-            name=_job_name(index, part),
+            name=backfill_name(index, part) if index is not None else None,
         )
         try:
             cleaner.shutdown.install()
@@ -225,13 +225,6 @@ def _parse_part(value: str | None) -> tuple[int, int] | None:
     if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
         raise click.BadParameter(f"expected K/N with 1 <= K <= N, got {value!r}")
     return int(k) - 1, int(n)
-
-
-def _job_name(index: str | None, part: tuple[int, int]) -> str | None:
-    """The heartbeat name of a backfill (one per part)."""
-    if index is None:
-        return None
-    return f"backfill:{index}" + (f":{part[0] + 1}/{part[1]}" if part[1] > 1 else "")
 
 
 def _run(

@@ -93,7 +93,7 @@ class Writer:
                 if not isinstance(entity, dict):
                     raise InvalidEntity("an entity without 'id' must be a dict to receive one")
                 entity["id"] = new_id()
-                fresh.add(to_id(entity["id"]))
+                fresh.add(entity["id"])
             key = to_id(entity["id"])
             if key in seen:
                 raise InvalidEntity(f"entity {id_hex(key)} appears twice in one put_many")

@@ -108,7 +108,7 @@ class Backfill:
         if not all(s.done for s in self._shards.values()):
             return "building"
         if self.part[1] > 1 and not self._all_parts_done(topo):
-            log.info("index %r: part %d/%d done; other parts still running", self.name, k, n)
+            log.info("index %r: part %d/%d done; other parts still running", self.name, k + 1, n)
             return "building"
         if rt.retry(
             "marking ready",

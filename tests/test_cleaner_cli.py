@@ -174,6 +174,7 @@ def test_parts_share_one_backfill_and_the_last_marks_it_ready(
     result = invoke(env, "--index", "by_link", "--part", "1/2", "--batch", "100")
     assert result.exit_code == 0, result.output
     assert "part 1/2 done" in result.output
+    assert "index 'by_link': part 1/2 done; other parts still running" in result.output
     assert store.cluster.refresh().indexes["by_link"].state == "building"
     done = store.cluster.catalog.checkpoints("backfill:by_link")
     assert sorted(done) == [0, 2, 4, 6] and all(d for _, d, _ in done.values())

@@ -274,17 +274,9 @@ def _rate(
         eta = remaining / scanned if remaining is not None and scanned > 0 else None
         return rows, (0.0 if remaining == 0 else eta), f"measured over {human_duration(elapsed)}"
     fresh = [b for b in beats if b.age < 120]
-    own = [b for b in fresh if _backfills(b, name)]  # the Cleaner(s) backfilling this index
-    rates = [figure(b.figures, name, "rows_per_s", "rows_per_second", scoped=False) for b in own]
-    found = [(b.name, float(r)) for b, r in zip(own, rates, strict=True) if r is not None]
-    if not found:  # a continuous Cleaner's figures, if they are about this index
-        found = [
-            (b.name, float(r))
-            for b in fresh
-            if not _backfills(b, name)
-            and (r := figure(b.figures, name, "rows_per_s", "rows_per_second", scoped=True))
-            is not None
-        ][:1]
+    found = _rates([b for b in fresh if _backfills(b, name)], name, scoped=False)
+    if not found:  # a continuous Cleaner's figure, if it is about this index
+        found = _rates([b for b in fresh if not _backfills(b, name)], name, scoped=True)[:1]
     if found:
         rate = sum(r for _, r in found)
         eta = remaining / rate if remaining is not None and rate > 0 else None
@@ -295,6 +287,17 @@ def _rate(
         )
         return rate, (0.0 if remaining == 0 else eta), source
     return None, (0.0 if remaining == 0 else None), ""
+
+
+def _rates(beats: list[Heartbeat], index: str, *, scoped: bool) -> list[tuple[str, float]]:
+    """``(name, rows/s)`` of the heartbeats that report a rate (``scoped``: only a rate
+    reported for this index)."""
+    out = []
+    for beat in beats:
+        rate = figure(beat.figures, index, "rows_per_s", "rows_per_second", scoped=scoped)
+        if rate is not None:
+            out.append((beat.name, float(rate)))
+    return out
 
 
 def _report(

@@ -271,13 +271,14 @@ class Server:
         """
         return Batch(self, sql, params, commits, idempotent, counts).send().result()
 
-    def _send(self, batch: Batch) -> _Sent | BaseException:
+    def _send(self, batch: Batch) -> _Sent | Exception:
         """Take a connection and send the batch without waiting for the reply; the
-        error instead if that failed (the connection is then discarded)."""
+        error instead if that failed (the connection is then discarded).  Interrupts
+        (KeyboardInterrupt, SystemExit) are raised at once, never deferred."""
         started = time.perf_counter() if self.tracer is not None else 0.0
         try:
             conn = self._acquire()
-        except BaseException as exc:  # pool exhausted or closed, connect failed
+        except Exception as exc:  # pool exhausted or closed, connect failed
             return exc
         try:
             db = conn.db
@@ -289,7 +290,9 @@ class Server:
             if isinstance(exc, MySQLdb.Error):
                 self._traced(batch, started)
                 return self._failed(exc, commits=batch.commits)
-            return exc
+            if isinstance(exc, Exception):
+                return exc
+            raise
 
     def _receive(self, batch: Batch, sent: _Sent) -> Rows:
         """Read the reply of a sent batch and give its connection back."""
@@ -411,9 +414,9 @@ class Reply:
 
     __slots__ = ("_batch", "_state")
 
-    def __init__(self, batch: Batch, state: _Sent | BaseException) -> None:
+    def __init__(self, batch: Batch, state: _Sent | Exception) -> None:
         self._batch = batch
-        self._state: _Sent | BaseException | None = state
+        self._state: _Sent | Exception | None = state
 
     def result(self) -> Rows:
         """The rows of each result set; errors are raised here, retried as ``run`` does."""
@@ -427,7 +430,7 @@ class Reply:
         state, self._state = self._state, None
         if state is None:
             raise RuntimeError("Reply.result called twice")
-        if isinstance(state, BaseException):
+        if isinstance(state, Exception):
             raise state
         return self._batch.server._receive(self._batch, state)
 

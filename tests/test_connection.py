@@ -113,3 +113,22 @@ def test_a_lock_timeout_is_retried_after_the_other_replies(servers: Any) -> None
     assert out == {"locked": [((1,),)], "other": [((7,),)]}
     assert len([t for t in traced if "FOR UPDATE" in t[1] and "SESSION" in t[1]]) == 2
     assert all(s._in_use == 0 for s in made)
+
+
+class _Interrupting:
+    """A parameter whose SQL literal cannot be made: Ctrl-C while a batch is built."""
+
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+    __repr__ = __str__
+
+
+def test_an_interrupt_is_raised_at_once_and_sends_nothing_more(servers: Any) -> None:
+    made, _ = servers
+    first, second = sorted(made, key=lambda s: s.name)  # gather's sending order
+    assert second.run("SELECT 1") == [((1,),)]  # one idle connection there now
+    with pytest.raises(KeyboardInterrupt):
+        gather({"a": Batch(first, "SELECT %s", [_Interrupting()]), "b": Batch(second, "SELECT 2")})
+    assert len(second._idle) == 1  # the second batch never took (and lost) that connection
+    assert first._in_use == second._in_use == 0

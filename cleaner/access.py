@@ -122,17 +122,18 @@ def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dic
     """The entity rows of some ids; an id without a row maps to ``exists=False``."""
     by_server: dict[int, dict[int, list[bytes]]] = {}
     wanted = set(ids)
+    shard_of: dict[bytes, int] = {}
     for key in wanted:
-        shard = store.cluster.shard_of_id(key)
+        shard = shard_of[key] = store.cluster.shard_of_id(key)
         by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(key)
     batches = {sid: [entities_by_id_sql(topo.prefix, shards)] for sid, shards in by_server.items()}
     out: dict[bytes, Stored] = {}
     for results in _fanout(store, topo, batches).values():
-        for key, version, body, shard in results[0][0]:
+        for key, version, body in results[0][0]:
             k = bytes(key)
-            out[k] = Stored(k, int(shard), int(version), bytes(body) if body is not None else None)
+            out[k] = Stored(k, shard_of[k], int(version), bytes(body) if body is not None else None)
     for key in wanted - out.keys():
-        out[key] = Stored(key, store.cluster.shard_of_id(key), 0, None, exists=False)
+        out[key] = Stored(key, shard_of[key], 0, None, exists=False)
     return out
 
 

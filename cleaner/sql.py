@@ -38,7 +38,7 @@ def _entities(prefix: str, shard: int) -> str:
 
 def entities_by_id_sql(prefix: str, ids: Mapping[int, Sequence[bytes]]) -> tuple[str, list[Any]]:
     """Entity rows (tombstones included) of some ids, grouped by logical shard:
-    ``(id, version, body, shard)``, one ``UNION ALL`` statement."""
+    ``(id, version, body)``, one ``UNION ALL`` statement."""
     return by_id_sql(prefix, ids, "`id`, `version`, `body`")
 
 

@@ -419,26 +419,31 @@ def _definition(index: Index) -> str:
 
 def _produces(index: Index, entity: Entity, values: tuple[Any, ...]) -> bool:
     """Whether the entity produces this index row, without computing all its rows."""
-    for pos, (prop, ctype) in enumerate(zip(index.properties, index.types, strict=True)):
-        value = entity.get(prop)
-        if type(value) is type(values[pos]) and value == values[pos]:
-            continue  # already the column's value (coercion keeps those as they are)
-        if value is None:
-            return False
-        try:
-            if pos == index.multi_pos:
-                if not isinstance(value, list):
-                    return False
-                target = values[pos]
-                try:  # the usual case first: the stored element equals the row's value
-                    if ctype.coerce(value[value.index(target)]) == target:
-                        continue
-                except ValueError:
-                    pass
-                if not any(v is not None and ctype.coerce(v) == target for v in value):
-                    return False
-            elif isinstance(value, list) or ctype.coerce(value) != values[pos]:
-                return False
-        except ValueError:
+    get = entity.get
+    for pos, prop in enumerate(index.properties):
+        value, target = get(prop), values[pos]
+        if (type(value) is not type(target) or value != target) and not _column_produces(
+            index, pos, value, target
+        ):  # unless already the column's value (coercion keeps those as they are)
             return False
     return True
+
+
+def _column_produces(index: Index, pos: int, value: Any, target: Any) -> bool:
+    """Whether a stored property value gives ``target`` in column ``pos``."""
+    if value is None:
+        return False
+    ctype = index.types[pos]
+    try:
+        if pos != index.multi_pos:
+            return not isinstance(value, list) and ctype.coerce(value) == target
+        if not isinstance(value, list):
+            return False
+        try:  # the usual case first: the stored element equals the row's value
+            if ctype.coerce(value[value.index(target)]) == target:
+                return True
+        except ValueError:
+            pass
+        return any(v is not None and ctype.coerce(v) == target for v in value)
+    except ValueError:
+        return False

@@ -165,14 +165,16 @@ class DataStore:
         if not ids:
             return {}, set()
         topo = self.cluster.current()
+        shard_of_id = self.cluster.shard_of_id
+        shard_servers = topo.shard_servers
         by_server: dict[int, dict[int, list[bytes]]] = {}
         for key in ids:
-            shard = self.cluster.shard_of_id(key)
-            by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(key)
+            shard = shard_of_id(key)
+            by_server.setdefault(shard_servers[shard], {}).setdefault(shard, []).append(key)
         batches = {
             sid: Batch(
                 self.cluster.reader(topo, sid, consistency),
-                *by_id_sql(topo.prefix, shards, "`id`, `version`, `body`", live_only=True),
+                *by_id_sql(topo.prefix, shards, "`id`, `version`, `body`"),
             )
             for sid, shards in by_server.items()
         }
@@ -183,15 +185,16 @@ class DataStore:
             missing = {shard for sid in errors for shard in by_server[sid]}
         else:
             results = gather(batches)
-        decode = self.decode
-        return {
-            bytes(r[0]): decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
-            for sets in results.values()
-            for r in sets[0]
-        }, missing
+        out: dict[bytes, Entity] = {}
+        for sets in results.values():
+            for key, version, body in sets[0]:
+                if body is not None:  # a tombstone otherwise
+                    out[key] = self.decode(key, None, version, body)
+        return out, missing
 
-    def decode(self, entity_id: bytes, shard: int, version: int, body: bytes) -> Entity:
-        """Internal: decode a stored body, naming the entity and shard on failure."""
+    def decode(self, entity_id: bytes, shard: int | None, version: int, body: bytes) -> Entity:
+        """Internal: decode a stored body, naming the entity and its shard (found from
+        the id when None) on failure."""
         try:
             try:
                 return Entity(self.codec.decode(body), int(version))
@@ -202,6 +205,8 @@ class DataStore:
                 self.cluster.refresh()  # a dictionary trained since the last refresh
                 return Entity(self.codec.decode(body), int(version))
         except CorruptEntity as exc:
+            if shard is None:
+                shard = self.cluster.shard_of_id(entity_id)
             raise CorruptEntity(
                 f"entity {id_hex(entity_id)} on logical shard {shard} "
                 f"({shard_db(self.cluster.topology.prefix, shard)}): {exc}"

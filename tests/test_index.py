@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from schemaless.errors import IndexDefinitionError, InvalidEntity, InvalidQuery
@@ -615,3 +615,33 @@ def test_repr_round_trips() -> None:
         "Index('by_tag', ['tags:str(20)', 'user_id:auto'], shard_on='user_id', multi='tags')"
     )
     assert eval(text, {"Index": Index}) == index
+
+
+_REFILTER = Index("tagged", {"tags": "int", "name": "str(8)"}, shard_on="name", multi="tags")
+_small = st.one_of(st.integers(-3, 3), st.booleans(), st.none())
+
+
+@given(
+    tags=st.one_of(
+        st.lists(st.integers(-3, 3), min_size=1, max_size=4),
+        st.lists(_small, max_size=4),
+        _small,
+    ),
+    name=st.one_of(st.text("ab", max_size=2), st.text("b", min_size=1), _small, st.just("a" * 9)),
+    probe=st.tuples(st.integers(-3, 3), st.text("ab", max_size=2)),
+)
+@example(tags=[1, None, 2], name="a", probe=(1, "b"))  # another name
+@example(tags=[1, 2], name="a", probe=(3, "a"))  # not among the tags
+def test_refilter_agrees_with_rows(tags: Any, name: Any, probe: tuple[int, str]) -> None:
+    """The query re-filter's shortcut says "produces this row" exactly when the row is
+    among the rows the entity produces."""
+    from schemaless.entity import Entity
+    from schemaless.query import _produces
+
+    entity = Entity({"tags": tags, "name": name}, 1)
+    try:
+        produced = _REFILTER.rows(entity)
+    except InvalidEntity:
+        return  # such an entity is never written (put refuses it)
+    for row in [*produced, probe]:
+        assert _produces(_REFILTER, entity, row) == (row in produced)

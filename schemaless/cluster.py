@@ -132,7 +132,7 @@ class Cluster:
         """Where to read a server's shards: the server itself, or with
         ``consistency="replica"`` one of its replicas lagging at most
         ``max_replica_lag`` seconds (the primary when none qualifies)."""
-        primary = self.server(topo.servers[server_id])
+        primary = self.all_servers(topo)[server_id]
         if consistency == "primary":
             return primary
         if consistency != "replica":
@@ -162,7 +162,7 @@ class Cluster:
 
     def server_of_shard(self, topo: Topology, shard: int) -> Server:
         """The server a logical shard lives on."""
-        return self.server(topo.servers[topo.shard_servers[shard]])
+        return self.all_servers(topo)[topo.shard_servers[shard]]
 
     def all_servers(self, topo: Topology) -> Mapping[int, Server]:
         """Every server of the topology, by server id (kept for the latest topology)."""

@@ -118,13 +118,24 @@ class ConnectOptions:
 
 
 class _Conn:
-    """One driver connection and when it was last used."""
+    """One driver connection, when it was last used, and a poller of its socket."""
 
-    __slots__ = ("db", "last_used")
+    __slots__ = ("db", "last_used", "poller")
 
     def __init__(self, db: Any) -> None:
         self.db = db
         self.last_used = time.monotonic()
+        self.poller = select.poll()
+        self.poller.register(db.fileno(), select.POLLIN)
+
+    def closed_by_peer(self) -> bool:
+        """Whether the idle connection's socket is readable (or hung up): the server
+        closed it, so a batch sent on it would be lost, a commit reported as
+        OutcomeUnknown."""
+        try:
+            return bool(self.poller.poll(0))
+        except (OSError, ValueError):
+            return True
 
 
 class Server:
@@ -229,7 +240,7 @@ class Server:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
                 return self._connect()
-            if _closed_by_peer(conn.db):  # e.g. the server restarted: never send on it
+            if conn.closed_by_peer():  # e.g. the server restarted: never send on it
                 _close_quietly(conn.db)
                 continue
             if time.monotonic() - conn.last_used < self.options.stale_after:
@@ -385,7 +396,7 @@ class _Retryable(Exception):
         self.after_send = after_send
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Batch:
     """One round trip to one server (see ``Server.run`` for the flags)."""
 
@@ -541,17 +552,6 @@ def _read_results(db: Any, counts: list[int] | None) -> list[tuple[tuple[Any, ..
 def _code(exc: MySQLdb.Error) -> int:
     arg = exc.args[0] if exc.args else 0
     return arg if isinstance(arg, int) else 0
-
-
-def _closed_by_peer(db: Any) -> bool:
-    """Whether an idle connection's socket is readable (or hung up): the server closed
-    it, so a batch sent on it would be lost, a commit reported as OutcomeUnknown."""
-    try:
-        poller = select.poll()
-        poller.register(db.fileno(), select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError, MySQLdb.Error):
-        return True
 
 
 def _close_quietly(db: Any) -> None:

@@ -155,6 +155,7 @@ class Server:
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)
         self._in_use = 0
+        self._waiting = 0  # threads waiting in _acquire for a connection
         self._closed = False
 
     def __repr__(self) -> str:
@@ -203,22 +204,28 @@ class Server:
         with self._lock:
             if self._in_use >= self.options.pool_size:
                 deadline = time.monotonic() + self.options.pool_wait
-                while self._in_use >= self.options.pool_size:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not self._returned.wait(left):
-                        raise ShardUnavailable(
-                            f"{self.name}: all {self.options.pool_size} connections busy "
-                            f"for {self.options.pool_wait:g}s"
-                        )
+                self._waiting += 1
+                try:
+                    while self._in_use >= self.options.pool_size:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._returned.wait(left):
+                            raise ShardUnavailable(
+                                f"{self.name}: all {self.options.pool_size} connections "
+                                f"busy for {self.options.pool_wait:g}s"
+                            )
+                finally:
+                    self._waiting -= 1
             if self._closed:
                 raise ShardUnavailable(f"{self.name}: datastore closed")
             self._in_use += 1
+            conn = self._idle.pop() if self._idle else None
         try:
-            return self._checkout()
+            return self._checkout(conn)
         except BaseException:
             with self._lock:
                 self._in_use -= 1
-                self._returned.notify()
+                if self._waiting:
+                    self._returned.notify()
             raise
 
     def _release(self, conn: _Conn, *, healthy: bool) -> None:
@@ -232,24 +239,25 @@ class Server:
             self._in_use -= 1
             if keep:
                 self._idle.append(conn)
-            self._returned.notify()
+            if self._waiting:
+                self._returned.notify()
 
-    def _checkout(self) -> _Conn:
-        while True:
+    def _checkout(self, conn: _Conn | None) -> _Conn:
+        """A usable connection: ``conn`` (taken from the idle ones) if it still is,
+        else the next idle one, else a new one."""
+        while conn is not None:
+            if not conn.closed_by_peer():  # e.g. the server restarted: never send on it
+                if time.monotonic() - conn.last_used < self.options.stale_after:
+                    return conn
+                try:
+                    conn.db.ping()  # no silent reconnect: a dead connection is replaced
+                    return conn
+                except MySQLdb.Error:
+                    pass
+            _close_quietly(conn.db)
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                return self._connect()
-            if conn.closed_by_peer():  # e.g. the server restarted: never send on it
-                _close_quietly(conn.db)
-                continue
-            if time.monotonic() - conn.last_used < self.options.stale_after:
-                return conn
-            try:
-                conn.db.ping()  # no silent reconnect: a dead connection is replaced
-                return conn
-            except MySQLdb.Error:
-                _close_quietly(conn.db)
+        return self._connect()
 
     def close(self) -> None:
         """Close idle connections; connections in use close when returned."""

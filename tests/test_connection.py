@@ -10,7 +10,7 @@ import pytest
 
 from schemaless.connection import Batch, ConnectOptions, Server, gather, gather_partial
 from schemaless.dsn import Credentials, parse_address
-from schemaless.errors import ServerError, TableMissing
+from schemaless.errors import ServerError, ShardUnavailable, TableMissing
 from schemaless.local import LocalCluster
 
 
@@ -132,3 +132,52 @@ def test_an_interrupt_is_raised_at_once_and_sends_nothing_more(servers: Any) -> 
         gather({"a": Batch(first, "SELECT %s", [_Interrupting()]), "b": Batch(second, "SELECT 2")})
     assert len(second._idle) == 1  # the second batch never took (and lost) that connection
     assert first._in_use == second._in_use == 0
+
+
+def _one_connection_pool(local_cluster: LocalCluster, wait: float) -> Server:
+    options = ConnectOptions(
+        Credentials(option_file=str(local_cluster.option_file)), pool_size=1, pool_wait=wait
+    )
+    return Server(parse_address(local_cluster.addresses[0])[0], options)
+
+
+def test_a_full_pool_makes_callers_wait_for_a_returned_connection(
+    local_cluster: LocalCluster,
+) -> None:
+    server = _one_connection_pool(local_cluster, wait=10.0)
+    taken, answers = threading.Event(), []
+
+    def hold() -> None:
+        with server.connection() as db:
+            taken.set()
+            time.sleep(0.3)
+            db.query("SELECT 1")
+            db.store_result()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait()
+    started = time.monotonic()
+    waiters = [
+        threading.Thread(target=lambda: answers.append(server.run("SELECT 7"))) for _ in range(3)
+    ]
+    for t in waiters:
+        t.start()
+    for t in [holder, *waiters]:
+        t.join()
+    assert answers == [[((7,),)]] * 3  # each waiter got the connection in turn
+    assert time.monotonic() - started >= 0.25  # and none before the holder gave it back
+    assert server._in_use == 0 and server._waiting == 0
+    server.close()
+
+
+def test_a_pool_that_stays_full_fails_after_pool_wait(local_cluster: LocalCluster) -> None:
+    server = _one_connection_pool(local_cluster, wait=0.2)
+    with server.connection():
+        started = time.monotonic()
+        with pytest.raises(ShardUnavailable, match="connections busy"):
+            server.run("SELECT 1")
+        assert 0.15 <= time.monotonic() - started < 5
+    assert server.run("SELECT 2") == [((2,),)]  # released: usable again
+    assert server._waiting == 0
+    server.close()

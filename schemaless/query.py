@@ -357,30 +357,28 @@ class QueryEngine:
     ) -> tuple[str, list[Any]]:
         cols = q.index.columns
         k = q.k
-        clauses = [f"{quote(c)} = %s" for c in cols[:k]] or ["TRUE"]
         params: list[Any] = list(eq)
         if k < len(cols):
-            col = quote(cols[k])
             if q.bounds is not None:
-                clauses.append(f"{col} >= %s AND {col} < %s")
-                params += list(q.bounds)
+                params += q.bounds
             if q.lower is not None:
-                clauses.append(f"{col} {'>=' if q.lower[1] else '>'} %s")
                 params.append(q.lower[0])
             if q.upper is not None:
-                clauses.append(f"{col} {'<=' if q.upper[1] else '<'} %s")
                 params.append(q.upper[0])
         if after is not None:
-            keyset = [quote(c) for c in (*cols[k:], "entity_id")]
-            values = list(after[k:])
-            op = "<" if q.descending else ">"
-            ors = []
-            for i, col in enumerate(keyset):
-                ands = [f"{c} = %s" for c in keyset[:i]] + [f"{col} {op} %s"]
-                ors.append("(" + " AND ".join(ands) + ")")
-                params += [*values[:i], values[i]]
-            clauses.append("(" + " OR ".join(ors) + ")")
-        return " AND ".join(clauses), params
+            values = after[k:]
+            for i in range(len(cols) - k + 1):
+                params += values[: i + 1]
+        sql = _where_sql(
+            cols,
+            k,
+            q.bounds is not None,
+            None if q.lower is None else q.lower[1],
+            None if q.upper is None else q.upper[1],
+            after is not None,
+            q.descending,
+        )
+        return sql, params
 
     # -- cursors -------------------------------------------------------------------------
 
@@ -410,6 +408,39 @@ class QueryEngine:
         if not isinstance(row[-1], bytes) or len(row[-1]) != 16:
             raise InvalidQuery("invalid cursor")
         return tuple(row)
+
+
+@functools.lru_cache(maxsize=4096)
+def _where_sql(
+    cols: tuple[str, ...],
+    k: int,
+    bounded: bool,
+    lower: bool | None,
+    upper: bool | None,
+    keyset: bool,
+    descending: bool,
+) -> str:
+    """A scan's WHERE clause (the same for every value of an ``__in`` list): equality
+    on ``k`` columns, then the range (``lower``/``upper``: inclusive or not, None when
+    absent), then ``keyset``: after a cursor's row in the index order."""
+    clauses = [f"{quote(c)} = %s" for c in cols[:k]] or ["TRUE"]
+    if k < len(cols):
+        col = quote(cols[k])
+        if bounded:
+            clauses.append(f"{col} >= %s AND {col} < %s")
+        if lower is not None:
+            clauses.append(f"{col} {'>=' if lower else '>'} %s")
+        if upper is not None:
+            clauses.append(f"{col} {'<=' if upper else '<'} %s")
+    if keyset:
+        names = [quote(c) for c in (*cols[k:], "entity_id")]
+        op = "<" if descending else ">"
+        ors = []
+        for i, col in enumerate(names):
+            ands = [f"{c} = %s" for c in names[:i]] + [f"{col} {op} %s"]
+            ors.append("(" + " AND ".join(ands) + ")")
+        clauses.append("(" + " OR ".join(ors) + ")")
+    return " AND ".join(clauses)
 
 
 @functools.lru_cache(maxsize=1024)

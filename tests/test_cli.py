@@ -7,6 +7,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +433,18 @@ def test_index_lifecycle_on_a_live_datastore(run: Cli) -> None:
     assert "'NAME'" in run.fails("index", "drop", "by_title")
 
 
+@contextmanager
+def _then_dropped(run: Cli, prefix: str, local: str, index: str) -> Iterator[None]:
+    """Afterwards, however the block ends: every status row (heartbeats) is deleted and
+    ``index`` dropped with its tables."""
+    try:
+        yield
+    finally:
+        with open_store(prefix=prefix, local_dir=local) as ds:
+            ds.cluster.catalog.server.run(f"DELETE FROM `{prefix}_catalog`.`status`")
+        run.ok("index", "drop", index, "--purge")
+
+
 def test_index_status_reads_checkpoints_and_heartbeats(
     run: Cli, prefix: str, local_cluster: LocalCluster
 ) -> None:
@@ -448,7 +461,7 @@ def test_index_status_reads_checkpoints_and_heartbeats(
             {"state": "backfilling", "backlog": 17, "index": "by_title2", "rows_per_s": 250},
         )
         cat.heartbeat("backfill:another_index", {"state": "done", "rows_backfilled": 3})
-    try:
+    with _then_dropped(run, prefix, local, "by_title2"):
         out = run.ok("index", "status", "by_title2").output
         assert "backfill: 100.0% scanned, 0 of 8 shards still to scan, 40 rows added" in out
         assert "rate 250 rows/s (from cleaner-test's heartbeat), ETA 0s" in out
@@ -471,10 +484,6 @@ def test_index_status_reads_checkpoints_and_heartbeats(
         for later in building[1:]:  # measured between the views
             assert later["backfill"]["rate_source"].startswith("measured over")
             assert later["backfill"]["rows_per_s"] == 0.0
-    finally:
-        with open_store(prefix=prefix, local_dir=local) as ds:
-            ds.cluster.catalog.server.run(f"DELETE FROM `{prefix}_catalog`.`status`")
-        run.ok("index", "drop", "by_title2", "--purge")
 
 
 def test_index_status_shows_every_part_of_a_backfill(
@@ -488,16 +497,12 @@ def test_index_status_shows_every_part_of_a_backfill(
             figures = {"state": "backfilling", "index": "by_title3", "rows_per_s": rate}
             cat.heartbeat(f"backfill:by_title3:{part}/2", figures)
         cat.heartbeat("backfill:by_title3x", {"state": "backfilling", "rows_per_s": 7})
-    try:
+    with _then_dropped(run, prefix, local, "by_title3"):
         out = run.ok("index", "status", "by_title3").output
         assert "rate 250 rows/s (sum of 2 parts' heartbeats)" in out
         assert "backfill:by_title3:1/2 (backfilling)" in out
         assert "backfill:by_title3:2/2 (backfilling)" in out
         assert "by_title3x" not in out  # another index whose name starts the same
-    finally:
-        with open_store(prefix=prefix, local_dir=local) as ds:
-            ds.cluster.catalog.server.run(f"DELETE FROM `{prefix}_catalog`.`status`")
-        run.ok("index", "drop", "by_title3", "--purge")
 
 
 # -- shards --------------------------------------------------------------------------

@@ -120,12 +120,14 @@ def _chunks(items: Sequence[T], index: Callable[[T], Index]) -> list[Sequence[T]
 
 def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dict[bytes, Stored]:
     """The entity rows of some ids; an id without a row maps to ``exists=False``."""
-    by_server: dict[int, dict[int, list[bytes]]] = {}
     wanted = set(ids)
-    shard_of: dict[bytes, int] = {}
-    for key in wanted:
-        shard = shard_of[key] = store.cluster.shard_of_id(key)
-        by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(key)
+    by_server = store.cluster.ids_by_server(topo, wanted)
+    shard_of = {
+        key: shard
+        for shards in by_server.values()
+        for shard, keys in shards.items()
+        for key in keys
+    }
     batches = {sid: [entities_by_id_sql(topo.prefix, shards)] for sid, shards in by_server.items()}
     out: dict[bytes, Stored] = {}
     for results in _fanout(store, topo, batches).values():

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .catalog import Catalog, Topology
@@ -159,6 +159,17 @@ class Cluster:
     def shard_of_id(self, entity_id: bytes) -> int:
         """The logical shard that stores an entity."""
         return shard_of(entity_id, self.topology.n_shards)
+
+    def ids_by_server(
+        self, topo: Topology, ids: Iterable[bytes]
+    ) -> dict[int, dict[int, list[bytes]]]:
+        """Entity ids grouped by server id, then by logical shard."""
+        shard_of_id, shard_servers = self.shard_of_id, topo.shard_servers
+        out: dict[int, dict[int, list[bytes]]] = {}
+        for key in ids:
+            shard = shard_of_id(key)
+            out.setdefault(shard_servers[shard], {}).setdefault(shard, []).append(key)
+        return out
 
     def server_of_shard(self, topo: Topology, shard: int) -> Server:
         """The server a logical shard lives on."""

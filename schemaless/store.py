@@ -165,12 +165,7 @@ class DataStore:
         if not ids:
             return {}, set()
         topo = self.cluster.current()
-        shard_of_id = self.cluster.shard_of_id
-        shard_servers = topo.shard_servers
-        by_server: dict[int, dict[int, list[bytes]]] = {}
-        for key in ids:
-            shard = shard_of_id(key)
-            by_server.setdefault(shard_servers[shard], {}).setdefault(shard, []).append(key)
+        by_server = self.cluster.ids_by_server(topo, ids)
         batches = {
             sid: Batch(
                 self.cluster.reader(topo, sid, consistency),

@@ -73,6 +73,11 @@ _SSL_MODES = ("VERIFY_IDENTITY", "VERIFY_CA")  # libmariadb checks the host name
 _FULL = {1021, 1114}  # disk full, table full (a data file at its cap)
 _FULL_HINTS = ("no space left", "errcode: 28", "errno: 28", "error 28 ")
 _TIMED_OUT_HINTS = ("timed out", "system error: 110", "timeout")
+# A connection that read a reply this recently is reused without polling its socket
+# (the poll releases the GIL, which many threads then fight to take back): a server
+# that closed it since is down right now, as no restart takes 10 ms, and a new
+# connection would fail as well.
+_JUST_USED = 0.01
 
 
 @dataclass(frozen=True)
@@ -246,8 +251,11 @@ class Server:
         """A usable connection: ``conn`` (taken from the idle ones) if it still is,
         else the next idle one, else a new one."""
         while conn is not None:
+            idle = time.monotonic() - conn.last_used
+            if idle < _JUST_USED:
+                return conn
             if not conn.closed_by_peer():  # e.g. the server restarted: never send on it
-                if time.monotonic() - conn.last_used < self.options.stale_after:
+                if idle < self.options.stale_after:
                     return conn
                 try:
                     conn.db.ping()  # no silent reconnect: a dead connection is replaced

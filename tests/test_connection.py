@@ -181,3 +181,18 @@ def test_a_pool_that_stays_full_fails_after_pool_wait(local_cluster: LocalCluste
     assert server.run("SELECT 2") == [((2,),)]  # released: usable again
     assert server._waiting == 0
     server.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_never_sent_on(
+    local_cluster: LocalCluster,
+) -> None:
+    server = _one_connection_pool(local_cluster, wait=1.0)
+    killer = _one_connection_pool(local_cluster, wait=1.0)
+    first = server.run("SELECT CONNECTION_ID()")[0][0][0]
+    killer.run("KILL CONNECTION %s", [first])
+    time.sleep(0.05)  # idle for longer than a just-used connection
+    # A batch that commits is never sent again, so a dead connection would fail it.
+    rows = server.run("SELECT CONNECTION_ID()", commits=True, idempotent=False)
+    assert rows[0][0][0] != first
+    server.close()
+    killer.close()

@@ -337,7 +337,7 @@ class Writer:
                 body = None
                 if w.want_body:
                     before, pos = sets[pos], pos + 1
-                    body = before[0][2] if before and not before[0][1] else None
+                    body = before[0][0] if before else None
                 applied = counts[first + n] > 0
                 out[w.entity_id] = Outcome(
                     applied=applied,

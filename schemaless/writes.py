@@ -113,8 +113,8 @@ def entity_batch_sql(
 
     ``rows``: index rows of these entities that live on the same server; they are
     upserted first in the same transaction (committed with their entity, never after).
-    When indexes need the old body, each write is preceded by a plain read of the row
-    before, ``(version, is_tombstone, body)`` (a hint of which rows step 3 removes).
+    When indexes need the old body, each write is preceded by a plain read of the body
+    before (NULL for a tombstone: a hint of which rows step 3 removes).
     Several statements share one transaction (one commit), entities in id order so
     concurrent batches cannot deadlock.
     """
@@ -157,7 +157,7 @@ def _entity_sql(db: str, kind: str, want_body: bool) -> str:
     table = quote(db, "entities")
     stmts = []
     if want_body:
-        stmts.append(f"SELECT `version`, `body` IS NULL, `body` FROM {table} WHERE `id` = %s")
+        stmts.append(f"SELECT `body` FROM {table} WHERE `id` = %s")  # NULL: a tombstone
     if kind in ("blind", "create"):
         cond = "`version` < VALUES(`version`)"
         if kind == "create":

@@ -331,8 +331,9 @@ class QueryEngine:
                     f" WHERE {where} ORDER BY {order} LIMIT {int(n)}"
                 )
                 params += args
-            sql = parts[0]  # in parentheses it costs the server about 7 µs more
-            if len(parts) > 1:  # the server merges its parts: n rows come back, not n each
+            if len(parts) == 1:  # bare: in parentheses it costs the server about 7 µs more
+                sql = parts[0]
+            else:  # the server merges its parts: n rows come back, not n each
                 sql = " UNION ALL ".join(f"({part})" for part in parts)
                 sql += f" ORDER BY {order} LIMIT {int(n)}"
             batches[sid] = Batch(cluster.reader(topo, sid, q.consistency), sql, params)

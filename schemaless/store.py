@@ -473,7 +473,7 @@ class DataStore:
 @functools.lru_cache(maxsize=65536)
 def _get_sql(db: str) -> str:
     # Tombstones are skipped by the caller: `AND body IS NOT NULL` here cost the
-    # server 15-20 µs per call (measured against the same SELECT without it).
+    # server 8-20 µs per call (measured against the same SELECT without it).
     return f"SELECT `version`, `body` FROM {quote(db, 'entities')} WHERE `id` = %s"
 
 

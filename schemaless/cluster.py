@@ -164,10 +164,10 @@ class Cluster:
         self, topo: Topology, ids: Iterable[bytes]
     ) -> dict[int, dict[int, list[bytes]]]:
         """Entity ids grouped by server id, then by logical shard."""
-        shard_of_id, shard_servers = self.shard_of_id, topo.shard_servers
+        n_shards, shard_servers = topo.n_shards, topo.shard_servers
         out: dict[int, dict[int, list[bytes]]] = {}
         for key in ids:
-            shard = shard_of_id(key)
+            shard = shard_of(key, n_shards)
             out.setdefault(shard_servers[shard], {}).setdefault(shard, []).append(key)
         return out
 

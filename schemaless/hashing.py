@@ -6,16 +6,12 @@ is salted per process), so every client and every release agrees forever.
 
 from __future__ import annotations
 
-import hashlib
+from hashlib import blake2b
 
-__all__ = ["shard_of", "stable_hash"]
-
-
-def stable_hash(data: bytes) -> int:
-    """A 64-bit hash of ``data`` that is the same in every process and release."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+__all__ = ["shard_of"]
 
 
 def shard_of(data: bytes, n_shards: int) -> int:
-    """The logical shard (0 .. n_shards-1) that owns the canonical bytes ``data``."""
-    return stable_hash(data) % n_shards
+    """The logical shard (0 .. n_shards-1) that owns the canonical bytes ``data``: the
+    first 8 bytes of its BLAKE2b digest, big-endian, modulo ``n_shards``."""
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "big") % n_shards

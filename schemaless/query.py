@@ -320,17 +320,19 @@ class QueryEngine:
         k = q.k
         direction = " DESC" if q.descending else ""
         order = ", ".join(f"{quote(c)}{direction}" for c in (*q.index.columns[k:], "entity_id"))
+        where, rest = self._where(q, after)  # the same for every value of an __in list
+        tail = f" WHERE {where} ORDER BY {order} LIMIT {int(n)}"
+        table = q.index.table
         batches: dict[int, Batch] = {}
         for sid, group in by_server.items():
             parts = []
             params: list[Any] = []
             for shard, eq in group:
-                where, args = self._where(q, eq, after)
                 parts.append(
-                    f"SELECT {cols}, `entity_id` FROM {quote(topo.dbs[shard], q.index.table)}"
-                    f" WHERE {where} ORDER BY {order} LIMIT {int(n)}"
+                    f"SELECT {cols}, `entity_id` FROM {quote(topo.dbs[shard], table)}{tail}"
                 )
-                params += args
+                params += eq
+                params += rest
             if len(parts) == 1:  # bare: in parentheses it costs the server about 7 µs more
                 sql = parts[0]
             else:  # the server merges its parts: n rows come back, not n each
@@ -354,12 +356,12 @@ class QueryEngine:
             rows, exhausted = rows[:n], False
         return rows, exhausted, gone
 
-    def _where(
-        self, q: Query, eq: tuple[Any, ...], after: tuple[Any, ...] | None
-    ) -> tuple[str, list[Any]]:
+    @staticmethod
+    def _where(q: Query, after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
+        """A scan's WHERE clause and its parameters after the equality prefix's."""
         cols = q.index.columns
         k = q.k
-        params: list[Any] = list(eq)
+        params: list[Any] = []
         if k < len(cols):
             if q.bounds is not None:
                 params += q.bounds

@@ -50,7 +50,7 @@ from schemaless.schema import shard_db
 
 from .data import WORDS, entity_id
 from .env import RawClient, Servers, machine_info, set_server_globals, start_cluster
-from .measure import run_threads
+from .measure import Sample, run_threads
 
 __all__ = ["TimelineConfig", "run_timeline"]
 
@@ -360,12 +360,26 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _rate(
-    fn: Callable[[Any], object], items: list[Any], threads: int, seconds: float
-) -> dict[str, float]:
-    sample = run_threads(fn, itertools.cycle(items), threads, seconds)
-    s = sample.summary()
-    return {"per_s": s["throughput"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"]}
+def _rates(
+    fns: dict[str, Callable[[Any], object]],
+    items: list[Any],
+    threads: int,
+    seconds: float,
+    rounds: int = 2,
+) -> dict[str, dict[str, float]]:
+    """Each model for ``seconds`` in all, in alternating slices (A B C C B A per round),
+    so that a change of background load hits every model alike."""
+    samples = {name: Sample() for name in fns}
+    sources = {name: itertools.cycle(items) for name in fns}
+    names = list(fns)
+    for name in (names + names[::-1]) * rounds:
+        slice_ = run_threads(fns[name], sources[name], threads, seconds / (2 * rounds))
+        samples[name].add(slice_)
+    out = {}
+    for name, sample in samples.items():
+        s = sample.summary()
+        out[name] = {"per_s": s["throughput"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"]}
+    return out
 
 
 def run_timeline(cfg: TimelineConfig, servers: Servers | None = None) -> dict[str, Any]:
@@ -415,17 +429,23 @@ def run_timeline(cfg: TimelineConfig, servers: Servers | None = None) -> dict[st
             "raw pull": tl.raw_pull_timeline,
             "schemaless pull": tl.sl_pull_timeline,
         }
-        if cfg.per_followee_api:
-            timelines["schemaless pull, query() per followee"] = tl.sl_pull_timeline_per_followee
-        rows: dict[str, dict[str, Any]] = {}
-        for name, fn in timelines.items():
-            raw_side = name.startswith("raw")
-            cut: Any = cut_raw if raw_side else cut_sl
-            short = cfg.seconds / 4 if "per followee" in name else cfg.seconds
-            first = _rate(_with(fn, None), readers, cfg.threads, short)
-            older = _rate(_with(fn, cut), readers, cfg.threads, short)
-            rows[name] = {"timelines_first": first, "timelines_older": older}
-            _log(f"  {name}: {first['per_s']:.0f} timelines/s, older {older['per_s']:.0f}/s")
+        rows: dict[str, dict[str, Any]] = {name: {} for name in timelines}
+        for page in ("first", "older"):
+            fns = {}
+            for name, fn in timelines.items():
+                cut = cut_raw if name.startswith("raw") else cut_sl
+                fns[name] = _with(fn, cut if page == "older" else None)
+            for name, rates in _rates(fns, readers, cfg.threads, cfg.seconds).items():
+                rows[name][f"timelines_{page}"] = rates
+        if cfg.per_followee_api:  # a diagnostic: measured alone, briefly
+            name = "schemaless pull, query() per followee"
+            fn = tl.sl_pull_timeline_per_followee
+            for page, before in (("first", None), ("older", cut_sl)):
+                alone = _rates({name: _with(fn, before)}, readers, cfg.threads, cfg.seconds / 4)
+                rows.setdefault(name, {})[f"timelines_{page}"] = alone[name]
+        for name, row in rows.items():
+            first, older = row["timelines_first"]["per_s"], row["timelines_older"]["per_s"]
+            _log(f"  {name}: {first:.0f} timelines/s, older {older:.0f}/s")
         submit: dict[str, Callable[[int], object]] = {
             "raw push": tl.submit_raw_push,
             "schemaless push": lambda k: tl.push.put(tl.push_entity(k)),

@@ -32,7 +32,7 @@ from .env import (
     start_cluster,
     summarise_round_trips,
 )
-from .measure import Sample, run_threads
+from .measure import run_interleaved, run_threads
 from .ops import Bench, Op, operations
 
 __all__ = ["Config", "drop_prefix", "main", "run"]
@@ -114,11 +114,12 @@ def _measure_op(b: Bench, op: Op, threads: int, cfg: Config) -> dict[str, Any]:
     }
     for name, (call, _) in sides.items():  # warm up: connections, caches
         run_threads(call, iters[name], threads, cfg.warmup, max_ops=max(2 * threads, 20))
-    samples = {name: Sample() for name in sides}
-    order = ("raw", "schemaless", "schemaless", "raw") * cfg.rounds
-    for name in order:  # alternate, so a change of background load hits both sides
-        call, _ = sides[name]
-        samples[name].add(run_threads(call, iters[name], threads, cfg.seconds / (2 * cfg.rounds)))
+    samples = run_interleaved(
+        {name: (call, iters[name]) for name, (call, _) in sides.items()},
+        threads,
+        cfg.seconds,
+        cfg.rounds,
+    )
     sl, raw = samples["schemaless"].summary(), samples["raw"].summary()
     ratio = raw["throughput"] / sl["throughput"] if sl["throughput"] else 0.0
     ratio_p50 = sl["p50_ms"] / raw["p50_ms"] if raw["p50_ms"] else 0.0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Sample", "percentile", "run_threads"]
+__all__ = ["Sample", "percentile", "run_interleaved", "run_threads"]
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -124,6 +124,22 @@ def run_threads(
     sample.errors = len(failed)
     sample.first_error = failed[0][:300] if failed else None
     return sample
+
+
+def run_interleaved(
+    calls: Mapping[str, tuple[Callable[[Any], object], Iterator[Any]]],
+    threads: int,
+    seconds: float,
+    rounds: int,
+) -> dict[str, Sample]:
+    """Run each ``(call, items)`` for ``seconds`` in all, in alternating slices (A B ...
+    B A per round), so that a change of background load weighs on all of them alike."""
+    samples = {name: Sample() for name in calls}
+    names = list(calls)
+    for name in (names + names[::-1]) * rounds:
+        call, items = calls[name]
+        samples[name].add(run_threads(call, items, threads, seconds / (2 * rounds)))
+    return samples
 
 
 _END = object()

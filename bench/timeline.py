@@ -50,7 +50,7 @@ from schemaless.schema import shard_db
 
 from .data import WORDS, entity_id
 from .env import RawClient, Servers, machine_info, set_server_globals, start_cluster
-from .measure import Sample, run_threads
+from .measure import run_interleaved, run_threads
 
 __all__ = ["TimelineConfig", "run_timeline"]
 
@@ -361,22 +361,12 @@ def _log(msg: str) -> None:
 
 
 def _rates(
-    fns: dict[str, Callable[[Any], object]],
-    items: list[Any],
-    threads: int,
-    seconds: float,
-    rounds: int = 2,
+    fns: dict[str, Callable[[Any], object]], items: list[Any], threads: int, seconds: float
 ) -> dict[str, dict[str, float]]:
-    """Each model for ``seconds`` in all, in alternating slices (A B C C B A per round),
-    so that a change of background load hits every model alike."""
-    samples = {name: Sample() for name in fns}
-    sources = {name: itertools.cycle(items) for name in fns}
-    names = list(fns)
-    for name in (names + names[::-1]) * rounds:
-        slice_ = run_threads(fns[name], sources[name], threads, seconds / (2 * rounds))
-        samples[name].add(slice_)
+    """Each model for ``seconds`` in all, interleaved with the others (two rounds)."""
+    calls = {name: (fn, itertools.cycle(items)) for name, fn in fns.items()}
     out = {}
-    for name, sample in samples.items():
+    for name, sample in run_interleaved(calls, threads, seconds, rounds=2).items():
         s = sample.summary()
         out[name] = {"per_s": s["throughput"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"]}
     return out

@@ -25,6 +25,7 @@ from MySQLdb.constants import CLIENT
 
 from .dsn import Address, Credentials
 from .errors import (
+    ConflictError,
     EntityTooLarge,
     InvalidEntity,
     OutcomeUnknown,
@@ -389,6 +390,8 @@ class Server:
             return ShardUnavailable(f"server unavailable: {where}")
         if code in _DEADLOCK:
             return ShardUnavailable(f"lock contention persisted: {where}")
+        if code == 1062:  # a NEW entity's id is taken: the statement wrote nothing
+            return ConflictError(f"duplicate key: {where}")
         if code in _DENIED:
             hint = "" if code == 1045 else "; this user's grants do not allow it"
             return PermissionDenied(f"permission denied: {where}{hint}")

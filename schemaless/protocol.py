@@ -27,6 +27,7 @@ from .index import Index
 from .writes import (
     BLIND,
     CREATE,
+    NEW,
     EntityWrite,
     IndexRow,
     by_id_sql,
@@ -149,7 +150,7 @@ class Writer:
                     version,
                     now,
                     body,
-                    mode,
+                    NEW if key in fresh else mode,
                     bool(indexes) and key not in fresh,
                 )
             )

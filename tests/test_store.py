@@ -158,6 +158,28 @@ def test_entity_without_id_gets_a_time_ordered_one(make_store: Any) -> None:
     assert store.get(entity["id"]) == entity
 
 
+@pytest.mark.parametrize("indexed", [False, True])
+def test_a_made_id_that_is_taken_never_overwrites(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch, indexed: bool
+) -> None:
+    """A store-made id is written with a plain INSERT: were it ever taken, the write
+    fails as a conflict and leaves the stored entity (and its index rows) alone."""
+    indexes = [Index("by_n", {"n": "int"}, shard_on="n")] if indexed else []
+    store = make_store(indexes=indexes)
+    key = new_id()
+    version = store.put({"id": key, "n": 1})
+    before = count_rows(store)
+    monkeypatch.setattr("schemaless.protocol.new_id", lambda: key)
+    with pytest.raises(ConflictError, match="uplicate"):
+        store.put({"n": 2})
+    got = store.get(key)
+    assert got == {"id": key, "n": 1} and got is not None and got.version == version
+    assert count_rows(store)["entities"] == before["entities"]
+    if indexed:  # a row the refused write put on another server first is filtered out
+        assert store.query("by_n", n=2) == []
+        assert [e["id"] for e in store.query("by_n", n=1)] == [key]
+
+
 def test_uuid_and_bytes_ids_are_the_same_entity(make_store: Any) -> None:
     store = make_store()
     key = uuid.uuid4()

@@ -8,22 +8,25 @@ number of rows on the same servers, with the same durability.
 
 Raw baselines (what an application would write by hand, with no consistency protocol):
 
-* put, k indexes: per server one round trip, servers in parallel: the entity row and
-  the index rows that live on that server, in one transaction when there are several
-  statements (autocommit otherwise).  Bodies are the same compressed bytes, computed
-  before the clock starts.
-* update of an indexed value: per server one transaction: UPDATE the body, DELETE the
-  index rows the old value produced, INSERT the new ones (the client knows the old
-  values).
+* put, k indexes: encode (msgpack + zstd), then per server one round trip, servers in
+  parallel: the entity row and the index rows that live on that server, in one
+  transaction when there are several statements (autocommit otherwise).
+* update of an indexed value: encode, then per server one transaction: UPDATE the
+  body, DELETE the index rows the old value produced, INSERT the new ones (the client
+  holds the old entity).
+* delete: per server one transaction deleting the entity and its index rows (the
+  client holds the entity).
 * get: ``SELECT body ... WHERE id = %s`` + decode (zstd + msgpack).
 * get_many(100): one ``SELECT ... WHERE id IN (...)`` (UNION ALL over the server's
   shards) per server, servers in parallel, + decode.
-* delete: per server one transaction deleting the entity and its index rows.
 * equality query (page of 20): the index table's 20 newest rows on the shard, then the
   bodies as in get_many.
 * scatter query (page 20 by time, page 1 and page 10): per server one UNION ALL of
   ``(SELECT ... ORDER BY ... LIMIT 20)`` over its shards, merged in Python, then the
   bodies; page 10 starts after the last row of page 9 (keyset, like the library).
+
+As reads decode inside the timed call, writes encode, compute their index rows, route
+and build their SQL inside it: the work an application doing it by hand would do.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 import msgpack
 import zstandard
 
-from schemaless import DataStore, Index
+from schemaless import DataStore, Index, new_id
 from schemaless.hashing import shard_of
 from schemaless.index import key_encode
 from schemaless.names import quote
@@ -57,6 +60,15 @@ PAGE = 20
 UPDATE_DELTA = 7  # an update moves ``published`` by this many seconds
 
 _tls = threading.local()
+
+
+def raw_encode(entity: dict[str, Any]) -> bytes:
+    """What a raw client does to store an entity: msgpack + zstd at the library's level,
+    behind the library's 2-byte header so both sides read each other's bodies."""
+    cctx = getattr(_tls, "cctx", None)
+    if cctx is None:
+        cctx = _tls.cctx = zstandard.ZstdCompressor(level=3)
+    return b"\x01\x01" + cctx.compress(msgpack.packb(entity))
 
 
 def raw_decode(body: bytes) -> dict[str, Any]:
@@ -215,15 +227,14 @@ class Bench:
             out[name] = round(time.perf_counter() - t0, 3)
         return out
 
-    # -- raw plans (computed before the clock starts) ------------------------------------
+    # -- raw plans (built inside the timed call) -----------------------------------------
 
     def raw_insert_plan(
-        self, kind: str, entity: dict[str, Any], body: bytes | None = None
+        self, kind: str, entity: dict[str, Any]
     ) -> dict[int, list[tuple[str, list[Any]]]]:
         """Per server: the INSERTs of an entity row and its index rows."""
         key = entity["id"]
-        if body is None:
-            body = self.stores[kind].codec.encode(entity)
+        body = raw_encode(entity)
         plan: dict[int, list[tuple[str, list[Any]]]] = {}
         shard = self.id_shard(key)
         for index in INDEXES[kind]:
@@ -334,41 +345,45 @@ def _parallel(fn: Callable[[Any], None], items: list[Any], threads: int) -> None
 # -- the operations ----------------------------------------------------------------------
 
 
-def _put_op(b: Bench, kind: str, ordered: bool = False) -> Op:
-    """A put of a new entity.  With ``ordered``, against a raw baseline that keeps the
-    protocol's commit order: the index rows on other servers than the entity's first
-    (servers in parallel), then the entity with its local rows in one transaction.  Not
-    a target: it splits the gap to the plain baseline into what the ordering costs and
-    what the library adds."""
+def _put_op(b: Bench, kind: str, ordered: bool = False, own_id: bool = False) -> Op:
+    """A put of a new entity, its id made by the store (and by the raw client with the
+    same UUIDv7 generator), or with ``own_id`` chosen by the caller (then the store
+    cannot know that no row is there: a conditional upsert).  With ``ordered``, against
+    a raw baseline that keeps the protocol's commit order: the index rows on other
+    servers than the entity's first (servers in parallel), then the entity with its
+    local rows in one transaction.  Not a target: it splits the gap to the plain
+    baseline into what the ordering costs and what the library adds."""
     n_idx = len(INDEXES[kind])
     store = b.stores[kind]
 
     def items(threads: int, budget: int) -> list[Any]:
-        out: list[Any] = []
-        for _ in range(budget):
-            entity = b.ds.entity(next(b.next_new))
-            plan = b.raw_insert_plan(kind, entity)
-            if ordered:
-                home = b.shard_sid[b.id_shard(entity["id"])]
-                first = {sid: stmts for sid, stmts in plan.items() if sid != home}
-                out.append((entity, (first, {home: plan[home]})))
-            else:
-                out.append((entity, plan))
-        return out
+        entities = [b.ds.entity(next(b.next_new)) for _ in range(budget)]
+        if not own_id:
+            for entity in entities:
+                del entity["id"]
+        return [(entity, dict(entity)) for entity in entities]
 
-    def raw_in_order(plans: tuple[dict[int, Any], dict[int, Any]]) -> object:
-        if plans[0]:
-            b.raw_batches(plans[0])
-        return b.raw_batches(plans[1])
+    def raw(entity: dict[str, Any]) -> object:
+        if not own_id:
+            entity["id"] = new_id()
+        plan = b.raw_insert_plan(kind, entity)
+        if ordered:  # the rows on other servers than the entity's first
+            home = b.shard_sid[b.id_shard(entity["id"])]
+            first = {sid: stmts for sid, stmts in plan.items() if sid != home}
+            if first:
+                b.raw_batches(first)
+            plan = {home: plan[home]}
+        return b.raw_batches(plan)
 
-    title = f"put new entity, {n_idx} index{'es' if n_idx != 1 else ''}"
+    noun = f"{n_idx} index{'es' if n_idx != 1 else ''}"
+    title = f"put new entity{' with its own id' if own_id else ''}, {noun}"
     return Op(
-        name=f"put_{n_idx}idx" + ("_ordered" if ordered else ""),
+        name=f"put_{n_idx}idx" + ("_ordered" if ordered else "") + ("_own_id" if own_id else ""),
         title=title + (" (raw: rows first)" if ordered else ""),
         write=True,
         items=items,
         sl=store.put,
-        raw=raw_in_order if ordered else b.raw_batches,
+        raw=raw,
     )
 
 
@@ -383,20 +398,25 @@ def _update_op(b: Bench) -> Op:
             b.update_pos += 1
             entity = b.ds.entity(i)
             entity["published"] += UPDATE_DELTA
-            out.append((entity, raw_update_plan(b, i)))
+            old = b.raw_current(i)  # what the raw side holds and stored
+            b.raw_updated.add(i)
+            new = dict(old)
+            new["published"] += UPDATE_DELTA
+            out.append((entity, (old, new)))
         return out
 
-    return Op("update", "update an indexed value", True, items, store.put, b.raw_batches)
+    def raw(pair: tuple[dict[str, Any], dict[str, Any]]) -> object:
+        return b.raw_batches(raw_update_plan(b, *pair))
+
+    return Op("update", "update an indexed value", True, items, store.put, raw)
 
 
-def raw_update_plan(b: Bench, i: int) -> dict[int, list[tuple[str, list[Any]]]]:
+def raw_update_plan(
+    b: Bench, old: dict[str, Any], new: dict[str, Any]
+) -> dict[int, list[tuple[str, list[Any]]]]:
     """Per server: UPDATE the body, DELETE the old index rows, INSERT the new ones."""
-    old = b.raw_current(i)
-    new = dict(old)
-    new["published"] += UPDATE_DELTA
-    b.raw_updated.add(i)
     key = new["id"]
-    body = b.stores["i3"].codec.encode(new)
+    body = raw_encode(new)
     plan: dict[int, list[tuple[str, list[Any]]]] = {}
     shard = b.id_shard(key)
     plan.setdefault(b.shard_sid[shard], []).append(
@@ -442,22 +462,25 @@ def _delete_op(b: Bench) -> Op:
             i = b.order[-1 - b.delete_pos % len(b.order)]
             b.delete_pos += 1
             entity = b.raw_current(i)
-            key = entity["id"]
-            shard = b.id_shard(key)
-            plan: dict[int, list[tuple[str, list[Any]]]] = {}
-            plan.setdefault(b.shard_sid[shard], []).append(
-                (f"DELETE FROM {quote(b.raw_db('i3', shard), 'entities')} WHERE `id` = %s", [key])
-            )
-            for index in INDEXES["i3"]:
-                for row in index.rows(entity):
-                    ishard = b.row_shard(index, row)
-                    plan.setdefault(b.shard_sid[ishard], []).append(
-                        _raw_index_delete(b, index, ishard, row, key)
-                    )
-            out.append((key, plan))
+            out.append((entity["id"], entity))
         return out
 
-    return Op("delete", "delete", True, items, store.delete, b.raw_batches)
+    def raw(entity: dict[str, Any]) -> object:
+        key = entity["id"]
+        shard = b.id_shard(key)
+        plan: dict[int, list[tuple[str, list[Any]]]] = {}
+        plan.setdefault(b.shard_sid[shard], []).append(
+            (f"DELETE FROM {quote(b.raw_db('i3', shard), 'entities')} WHERE `id` = %s", [key])
+        )
+        for index in INDEXES["i3"]:
+            for row in index.rows(entity):
+                ishard = b.row_shard(index, row)
+                plan.setdefault(b.shard_sid[ishard], []).append(
+                    _raw_index_delete(b, index, ishard, row, key)
+                )
+        return b.raw_batches(plan)
+
+    return Op("delete", "delete", True, items, store.delete, raw)
 
 
 def _live_ids(b: Bench, count: int) -> list[bytes]:
@@ -589,6 +612,7 @@ def operations(b: Bench) -> list[Op]:
     """Every operation, in the order they run (writes that remove data last)."""
     return [
         _put_op(b, "i0"),
+        _put_op(b, "i0", own_id=True),
         _put_op(b, "i1"),
         _put_op(b, "i3"),
         _put_op(b, "i1", ordered=True),

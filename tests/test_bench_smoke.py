@@ -40,7 +40,7 @@ def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
         threads=[1],
         seconds=0.1,
         write_ops=40,
-        ops=["put_1idx", "get", "get_many", "query_eq", "scatter_p10", "delete"],
+        ops=["put_1idx", "get", "get_many", "query_eq", "scatter_p10", "update", "delete"],
         prefix=prefix,
         durable=None,  # leave the shared test cluster's settings alone
         buffer_pool_mib=0,

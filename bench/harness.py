@@ -223,7 +223,7 @@ def run(cfg: Config, servers: Servers | None = None) -> dict[str, Any]:
                 row = _measure_op(b, op, threads, cfg)
                 results["ops"].append(row)
                 _log(
-                    f"  {op.name:<12} {threads:>3} thr: ratio {row['ratio']:.2f} "
+                    f"  {op.name:<16} {threads:>3} thr: ratio {row['ratio']:.2f} "
                     f"(schemaless {row['schemaless']['throughput']:.0f}/s, "
                     f"raw {row['raw']['throughput']:.0f}/s)"
                     + "".join(

@@ -82,13 +82,13 @@ def main() -> None:
         b.load(0, a.entities)
         wanted = a.ops.split(",") if a.ops else None
         ops = [op for op in operations(b) if wanted is None or op.name in wanted]
-        print(f"{'op':<12} {'sl wall':>8} {'sl cpu':>8} {'raw wall':>8} {'raw cpu':>8} "
+        print(f"{'op':<16} {'sl wall':>8} {'sl cpu':>8} {'raw wall':>8} {'raw cpu':>8} "
               f"{'+cpu':>7} {'+wall':>7}  (microseconds per call, 1 thread)")  # fmt: skip
         for op in ops:
             r = cpu_split(op, a.calls)
             sl, raw = r["schemaless"], r["raw"]
             print(
-                f"{op.name:<12} {sl['wall_us']:>8} {sl['cpu_us']:>8} {raw['wall_us']:>8} "
+                f"{op.name:<16} {sl['wall_us']:>8} {sl['cpu_us']:>8} {raw['wall_us']:>8} "
                 f"{raw['cpu_us']:>8} {r['extra_cpu_us']:>7} {r['extra_wall_us']:>7}"
             )
             if a.cprofile == op.name:

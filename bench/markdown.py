@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,11 @@ def timeline_table(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    for name in sys.argv[1:]:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.markdown", description="Benchmark results as Markdown tables"
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE.json", help="from bench/results")
+    for name in parser.parse_args().files:
         r = json.loads(Path(name).read_text())
         if "models" in r:
             print(timeline_table(r))

@@ -96,18 +96,21 @@ class Recorder:
 
 
 def summarise_round_trips(
-    calls: list[tuple[str, float, float, int]],
+    calls: list[tuple[str, float, float, int]], caller: int | None = None
 ) -> tuple[int, int, dict[str, int]]:
     """(round trips, sequential steps, round trips per server) of one operation.
 
     Round trips in flight at the same time (a parallel fan-out, the library's and the
-    raw client's alike) form one step: steps are the groups of overlapping intervals.
+    raw client's alike) form one step: steps are the groups of overlapping intervals
+    (of the ``caller`` thread's round trips, when given: the caller waits for those
+    only, not for a library's background ones).
     """
     per_server: dict[str, int] = {}
     for server, *_ in calls:
         per_server[server] = per_server.get(server, 0) + 1
     steps, end = 0, float("-inf")
-    for _, started, ended, _ in sorted(calls, key=lambda c: c[1]):
+    waited = [c for c in calls if caller is None or c[3] == caller]
+    for _, started, ended, _ in sorted(waited, key=lambda c: c[1]):
         if started > end:
             steps += 1
         end = max(end, ended)

@@ -14,6 +14,7 @@ import itertools
 import json
 import re
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -112,13 +113,15 @@ def _measure_op(b: Bench, op: Op, threads: int, cfg: Config) -> dict[str, Any]:
     iters = {
         name: (itertools.cycle(xs) if op.cycle else iter(xs)) for name, (_, xs) in sides.items()
     }
+    settle = {"schemaless": op.settle} if op.settle is not None else {}
     for name, (call, _) in sides.items():  # warm up: connections, caches
-        run_threads(call, iters[name], threads, cfg.warmup, max_ops=max(2 * threads, 20))
+        run_threads(call, iters[name], threads, cfg.warmup, max(2 * threads, 20), settle.get(name))
     samples = run_interleaved(
         {name: (call, iters[name]) for name, (call, _) in sides.items()},
         threads,
         cfg.seconds,
         cfg.rounds,
+        settle,
     )
     sl, raw = samples["schemaless"].summary(), samples["raw"].summary()
     ratio = raw["throughput"] / sl["throughput"] if sl["throughput"] else 0.0
@@ -167,8 +170,10 @@ def _round_trips(b: Bench, cfg: Config, ops: list[Op]) -> dict[str, Any]:
                     rec.take()
                     rec.enabled = True
                     call(item[pick])
+                    if pick == 0 and top.settle is not None:
+                        top.settle()  # background round trips count, not as steps
                     rec.enabled = False
-                    c, s, per = summarise_round_trips(rec.take())
+                    c, s, per = summarise_round_trips(rec.take(), threading.get_ident())
                     calls, steps, done = calls + c, steps + s, done + 1
                     for k, v in per.items():
                         servers[k] = servers.get(k, 0) + v

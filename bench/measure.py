@@ -62,12 +62,14 @@ def run_threads(
     threads: int,
     seconds: float,
     max_ops: int | None = None,
+    settle: Callable[[], object] | None = None,
 ) -> Sample:
     """Call ``call(item)`` from ``threads`` threads until ``seconds`` pass or items run out.
 
     ``items`` is shared (a list iterator or ``itertools.cycle``: their ``next`` is atomic
     under the GIL).  Latency is measured around each call; the wall time runs from the
-    moment all threads are released to the moment the last one stops.
+    moment all threads are released to the moment the last one stops and ``settle``
+    (work the calls left running in the background) returns.
     """
     lock = threading.Lock()
     counter = [0]
@@ -117,6 +119,8 @@ def run_threads(
     start_gate.wait()
     for t in pool:
         t.join()
+    if settle is not None:
+        settle()
     wall = time.perf_counter() - began
     if errors:
         raise errors[0]
@@ -131,14 +135,17 @@ def run_interleaved(
     threads: int,
     seconds: float,
     rounds: int,
+    settle: Mapping[str, Callable[[], object]] | None = None,
 ) -> dict[str, Sample]:
     """Run each ``(call, items)`` for ``seconds`` in all, in alternating slices (A B ...
-    B A per round), so that a change of background load weighs on all of them alike."""
+    B A per round), so that a change of background load weighs on all of them alike;
+    a slice ends when its ``settle`` (by name) returns, so none leaves work to the next."""
     samples = {name: Sample() for name in calls}
     names = list(calls)
     for name in (names + names[::-1]) * rounds:
         call, items = calls[name]
-        samples[name].add(run_threads(call, items, threads, seconds / (2 * rounds)))
+        done = (settle or {}).get(name)
+        samples[name].add(run_threads(call, items, threads, seconds / (2 * rounds), settle=done))
     return samples
 
 

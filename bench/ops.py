@@ -97,6 +97,9 @@ class Op:
     sl: Callable[[Any], object]
     raw: Callable[[Any], object]
     cycle: bool = False  # items may be reused (reads)
+    #: waits for work the schemaless calls left in the background (stale index rows),
+    #: so that each timed slice includes it
+    settle: Callable[[], object] | None = None
 
 
 @dataclass
@@ -384,6 +387,7 @@ def _put_op(b: Bench, kind: str, ordered: bool = False, own_id: bool = False) ->
         items=items,
         sl=store.put,
         raw=raw,
+        settle=store.flush,
     )
 
 
@@ -408,7 +412,7 @@ def _update_op(b: Bench) -> Op:
     def raw(pair: tuple[dict[str, Any], dict[str, Any]]) -> object:
         return b.raw_batches(raw_update_plan(b, *pair))
 
-    return Op("update", "update an indexed value", True, items, store.put, raw)
+    return Op("update", "update an indexed value", True, items, store.put, raw, settle=store.flush)
 
 
 def raw_update_plan(
@@ -480,7 +484,7 @@ def _delete_op(b: Bench) -> Op:
                 )
         return b.raw_batches(plan)
 
-    return Op("delete", "delete", True, items, store.delete, raw)
+    return Op("delete", "delete", True, items, store.delete, raw, settle=store.flush)
 
 
 def _live_ids(b: Bench, count: int) -> list[bytes]:

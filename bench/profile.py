@@ -39,6 +39,8 @@ def cpu_split(op: Op, n: int) -> dict[str, Any]:
         w0, c0 = time.perf_counter(), time.process_time()
         for _ in range(count):
             call(next(source))
+        if pick == 0 and op.settle is not None:
+            op.settle()
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         out[side] = {"wall_us": round(wall / count * 1e6, 1), "cpu_us": round(cpu / count * 1e6, 1)}
     out["extra_cpu_us"] = round(out["schemaless"]["cpu_us"] - out["raw"]["cpu_us"], 1)

@@ -82,7 +82,9 @@ def expected_rows(
 
 
 def diff_indexes(store: DataStore, names: Iterable[str] | None = None) -> dict[str, Diff]:
-    """Compare the named indexes (default: all maintained ones) with the entities."""
+    """Compare the named indexes (default: all maintained ones) with the entities
+    (after this process's writes have deleted their stale rows)."""
+    store.flush()
     topo = store.cluster.refresh()
     wanted = set(names) if names is not None else None
     indexes = [

@@ -1,9 +1,10 @@
-"""The write protocol: index rows first, the entity second, stale rows last.
+"""The write protocol: index rows first, the entity second, stale rows last (queued).
 
 docs/architecture.md explains why each step is safe.  ``Writer.write`` runs steps 1-3
 for a batch of entities (one statement batch per server per step, servers in
 parallel), again with larger versions for those whose stored version was ahead;
-``Writer.delete`` writes tombstones and removes the old bodies' rows.
+``Writer.delete`` writes tombstones and queues the old bodies' rows for deletion
+(``self.stale``, in the background).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .errors import ConflictError, CorruptEntity, InvalidEntity, SchemalessError
 from .hashing import shard_of
 from .ids import id_hex, new_id, to_id
 from .index import Index
+from .stale import StaleRows
 from .writes import (
     BLIND,
     CREATE,
@@ -77,6 +79,7 @@ class Writer:
         self.codec = codec
         self.clock = clock
         self.decode = decode
+        self.stale = StaleRows(lambda rows: self._remove_stale(self.cluster.current(), rows))
 
     def write(self, entities: list[Mapping[str, Any]], mode: str | int) -> list[int]:
         """Validate everything, then run steps 1-3; return the versions."""
@@ -189,15 +192,16 @@ class Writer:
             else:
                 raise _conflict(key, mode, out)
         if stale_rows:
-            self._remove_stale(topo, stale_rows, dbs)
+            self.stale.submit(stale_rows)
             failpoints.hit("put.after_stale_rows")
         return again
 
-    def _remove_stale(self, topo: Topology, rows: list[IndexRow], dbs: Sequence[str]) -> None:
-        """Step 3.  The write is already committed: if a server cannot be reached, the
-        stale rows stay as orphans (filtered by queries, removed by the Cleaner)."""
+    def _remove_stale(self, topo: Topology, rows: list[IndexRow]) -> None:
+        """Step 3 (run by ``self.stale``).  The writes are already committed: if a
+        server cannot be reached, the stale rows stay as orphans (filtered by queries,
+        removed by the Cleaner)."""
         try:
-            self._run_rows(topo, rows, dbs, delete_rows_sql)
+            self._run_rows(topo, rows, topo.dbs, delete_rows_sql)
         except SchemalessError as exc:  # unreachable, or the shard is moving
             log.warning("stale index rows left for the Cleaner: %s", exc)
 
@@ -230,7 +234,7 @@ class Writer:
         return out
 
     def delete(self, keys: list[bytes], mode: str | int) -> int:
-        """Write tombstones, then remove the old bodies' rows; return how many existed."""
+        """Write tombstones, then queue the old bodies' rows; return how many existed."""
         topo = self.cluster.current()
         indexes = topo.maintained()
         by_name = {index.name: index for index in indexes}
@@ -276,7 +280,7 @@ class Writer:
             if not pending:
                 break
         if stale:
-            self._remove_stale(topo, stale, dbs)
+            self.stale.submit(stale)
         if pending:
             raise ConflictError(
                 f"entity {id_hex(pending[0])}: stored version kept moving ahead "

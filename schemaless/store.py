@@ -125,8 +125,18 @@ class DataStore:
         self.close()
 
     def close(self) -> None:
-        """Close every connection."""
+        """Delete the stale index rows still queued, then close every connection."""
+        self._writer.stale.close()
         self.cluster.close()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the index rows that earlier writes made stale are deleted.
+
+        Writes return once the entity has committed; the rows its old body produced
+        are deleted in the background (queries never return them meanwhile: every
+        index row is re-checked against the stored entity).  False if ``timeout``
+        seconds passed first."""
+        return self._writer.stale.flush(timeout)
 
     # -- reads ---------------------------------------------------------------------------
 

@@ -75,6 +75,7 @@ def step1_rows(store: DataStore, index: Index, entity: dict[str, Any]) -> set[tu
 
 def rows_of(store: DataStore, index: Index, entity_id: bytes) -> dict[tuple[Any, ...], int]:
     """``values -> entity_version`` of an entity's rows in an index (every shard)."""
+    store.flush()  # the stale rows of earlier writes deleted
     topo = store.cluster.refresh()
     return {r.values: r.version for r in read_rows(store, topo, [index], [entity_id])}
 
@@ -199,6 +200,7 @@ def test_backfill_stale_read_leaves_no_stale_row(make_store: Any) -> None:
         for i, key in enumerate(changed):
             store.update(key, lambda e, i=i: {**(e or {}), "link": f"http://now/{i}"})
         store.delete_many(deleted)
+        store.flush()  # their step 3 done: what the Cleaner wrote from its read stays
 
     # both lanes have read their (only) batch when the writer changes the entities
     both_lanes_read = threading.Barrier(2, action=writer_changes_them, timeout=20)
@@ -340,6 +342,7 @@ def test_pass_repairs_missing_behind_and_extra_rows(make_store: Any) -> None:
     _delete_row(store, topo, BY_LINK, ("http://example.com/1",), victim)
     _set_version(store, topo, BY_LINK, ("http://example.com/2",), behind, 1)
     store.delete(gone)
+    store.flush()  # its rows deleted, so the planted one is an orphan
     plant(store, BY_LINK, ("http://example.com/3",), gone, 1)
     figures = Cleaner(store).run_once()
     assert figures["rows_upserted"] >= 2 and figures["orphans_deleted"] >= 1

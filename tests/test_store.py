@@ -23,6 +23,7 @@ from schemaless.schema import shard_db
 
 def count_rows(store: DataStore) -> dict[str, int]:
     """Rows in every entities and index table, summed over all shards."""
+    store.flush()  # the stale rows of earlier writes deleted
     topo = store.cluster.refresh()
     totals: dict[str, int] = {}
     tables = ["entities"] + [i.index.table for i in topo.indexes.values()]

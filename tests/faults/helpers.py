@@ -47,6 +47,7 @@ def open_store(
 
 def count_rows(store: DataStore) -> dict[str, int]:
     """Rows in every entities and index table, summed over all logical shards."""
+    store.flush()  # the stale rows of earlier writes deleted
     topo = store.cluster.refresh()
     tables = ["entities", *sorted(i.index.table for i in topo.indexes.values())]
     totals = dict.fromkeys(tables, 0)

@@ -52,7 +52,7 @@ class StaleRows:
             if not self._closed and len(self._pending) + len(rows) <= self._max_pending:
                 self._pending += rows
                 self._submitted += len(rows)
-                if self._thread is None:
+                if self._thread is None or not self._thread.is_alive():
                     self._thread = threading.Thread(
                         target=self._work, name="schemaless-stale-rows", daemon=True
                     )

@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 class StaleRows:
     """Deletes stale index rows off the writers' path; ``delete`` runs one batch.
 
-    At most ``max_pending`` rows wait: past that, a writer deletes its own rows before
-    returning (as without this queue), so a backlog cannot grow without bound.
+    A batch waits up to ``linger`` seconds for more writes' rows (up to ``batch``
+    rows), so that one commit per server carries many writes' deletes; ``flush`` and
+    ``close`` cut the wait short.  At most ``max_pending`` rows wait: past that, a
+    writer deletes its own rows before returning (as without this queue), so a backlog
+    cannot grow without bound.
     """
 
     def __init__(
@@ -35,14 +38,17 @@ class StaleRows:
         *,
         max_pending: int = 20_000,
         batch: int = 1_000,
+        linger: float = 0.005,
     ) -> None:
         self._delete = delete
         self._max_pending = max_pending
         self._batch = batch
+        self._linger = linger
         self._pending: list[IndexRow] = []
         self._cond = threading.Condition()
         self._submitted = 0  # rows queued so far
         self._done = 0  # rows whose delete has run (or failed: left to the Cleaner)
+        self._flushing = 0  # callers waiting in flush(): no lingering
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -66,7 +72,12 @@ class StaleRows:
         Cleaner); False if ``timeout`` seconds passed first."""
         with self._cond:
             target = self._submitted
-            return self._cond.wait_for(lambda: self._done >= target, timeout)
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                return self._cond.wait_for(lambda: self._done >= target, timeout)
+            finally:
+                self._flushing -= 1
 
     def close(self) -> None:
         """Delete what is queued, then stop the thread; later rows are deleted at once."""
@@ -84,6 +95,7 @@ class StaleRows:
                 if not self._pending:
                     self._thread = None
                     return
+                self._cond.wait_for(self._ready, self._linger)
                 rows = self._pending[: self._batch]
                 del self._pending[: self._batch]
             try:
@@ -93,3 +105,7 @@ class StaleRows:
             with self._cond:
                 self._done += len(rows)
                 self._cond.notify_all()
+
+    def _ready(self) -> bool:
+        """A batch should go now (called with the lock held)."""
+        return len(self._pending) >= self._batch or self._closed or self._flushing > 0

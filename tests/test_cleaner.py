@@ -348,7 +348,8 @@ def test_pass_repairs_missing_behind_and_extra_rows(make_store: Any) -> None:
     assert figures["rows_upserted"] >= 2 and figures["orphans_deleted"] >= 1
     assert_clean(store)
     checkpoints = store.cluster.catalog.checkpoints("recent")
-    assert len(checkpoints) == topo.n_shards
+    # a mark for every shard that holds an entity (50 random ids may leave one empty)
+    assert set(checkpoints) == {shard_of(key, topo.n_shards) for key in ids}
 
 
 def test_purge_of_old_tombstones(make_store: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,22 @@ def test_rows_are_deleted_in_the_background_and_flush_waits() -> None:
     assert all(len(rows) <= 4 for rows, _ in held.batches)
     assert {name for _, name in held.batches} == {"schemaless-stale-rows"}
     stale.close()
+
+
+def test_a_batch_waits_briefly_for_more_writes_rows() -> None:
+    held = Held()
+    held.gate.set()
+    stale = StaleRows(held, linger=5)
+    stale.submit([1])
+    stale.submit([2])
+    assert stale.flush(timeout=2)  # cuts the wait short
+    assert [rows for rows, _ in held.batches] == [[1, 2]]
+    quick = StaleRows(held, linger=0.01)
+    quick.submit([3])
+    time.sleep(0.5)  # no flush: the batch goes once the linger is over
+    assert [rows for rows, _ in held.batches] == [[1, 2], [3]]
+    stale.close()
+    quick.close()
 
 
 def test_a_full_queue_makes_the_writer_delete_its_own_rows() -> None:

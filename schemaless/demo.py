@@ -50,7 +50,7 @@ def step(what: str) -> Iterator[Callable[[str], None]]:
     notes: list[str] = []
     yield notes.append
     ms = (time.perf_counter() - started) * 1000
-    print(f"  {what:<44} {ms:9.1f} ms  {' '.join(notes)}")
+    print(f"  {what:<48} {ms:9.1f} ms  {' '.join(notes)}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,8 +11,10 @@ Cleaner removes.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 
 from .writes import IndexRow
@@ -20,6 +22,9 @@ from .writes import IndexRow
 __all__ = ["StaleRows"]
 
 log = logging.getLogger(__name__)
+
+#: at interpreter exit, how long queued rows may delay it (then the Cleaner has them)
+EXIT_WAIT = 10.0
 
 
 class StaleRows:
@@ -51,6 +56,7 @@ class StaleRows:
         self._flushing = 0  # callers waiting in flush(): no lingering
         self._thread: threading.Thread | None = None
         self._closed = False
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     def submit(self, rows: list[IndexRow]) -> None:
         """Queue rows for deletion (or delete them now, if the queue is full or closed)."""
@@ -109,3 +115,10 @@ class StaleRows:
     def _ready(self) -> bool:
         """A batch should go now (called with the lock held)."""
         return len(self._pending) >= self._batch or self._closed or self._flushing > 0
+
+
+def _flush_at_exit(ref: weakref.ref[StaleRows]) -> None:
+    """A script that ends without ``close()`` still deletes what it queued (bounded)."""
+    stale = ref()
+    if stale is not None:
+        stale.flush(EXIT_WAIT)

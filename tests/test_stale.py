@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -140,3 +143,32 @@ def test_close_deletes_the_queued_rows(make_store: Any, local_cluster: LocalClus
     writer.delete_many(keys[:5])
     writer.close()
     assert _index_rows(reader) == sorted((2, k) for k in keys[5:])
+
+
+def test_a_script_that_ends_without_close_deletes_its_stale_rows(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    reader = make_store(indexes=[BY_N])
+    script = (
+        "import sys\n"
+        "from schemaless import DataStore\n"
+        "store = DataStore(sys.argv[1:3], prefix=sys.argv[3], option_file=sys.argv[4])\n"
+        "store._writer.stale._linger = 5.0  # still queued when the script ends\n"
+        "for n in (1, 2):\n"
+        "    store.put({'id': bytes(16), 'n': n})\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            *local_cluster.addresses,
+            reader.cluster.topology.prefix,
+            str(local_cluster.option_file),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert _index_rows(reader) == [(2, bytes(16))]

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 #: at interpreter exit, how long queued rows may delay it (then the Cleaner has them)
 EXIT_WAIT = 10.0
+#: an idle thread ends after this long (the next write starts one), so a datastore
+#: dropped without close() is not kept alive by it
+IDLE_EXIT = 1.0
 
 
 class StaleRows:
@@ -97,7 +100,7 @@ class StaleRows:
     def _work(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._pending) or self._closed)
+                self._cond.wait_for(lambda: bool(self._pending) or self._closed, IDLE_EXIT)
                 if not self._pending:
                     self._thread = None
                     return

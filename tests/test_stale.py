@@ -172,3 +172,20 @@ def test_a_script_that_ends_without_close_deletes_its_stale_rows(
     )
     assert done.returncode == 0, done.stderr.decode()
     assert _index_rows(reader) == [(2, bytes(16))]
+
+
+def test_an_idle_thread_ends_and_the_next_rows_start_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("schemaless.stale.IDLE_EXIT", 0.05)
+    held = Held()
+    held.gate.set()
+    stale = StaleRows(held, linger=0)
+    stale.submit([1])
+    assert stale.flush(timeout=5)
+    time.sleep(0.5)
+    assert stale._thread is None  # ended: nothing holds the datastore alive
+    stale.submit([2])
+    assert stale.flush(timeout=5)
+    assert [rows for rows, _ in held.batches] == [[1], [2]]
+    stale.close()

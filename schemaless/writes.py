@@ -163,10 +163,9 @@ def _entity_sql(db: str, kind: str, want_body: bool) -> str:
     stmts = []
     if want_body:
         stmts.append(f"SELECT `body` FROM {table} WHERE `id` = %s")  # NULL: a tombstone
+    insert = f"INSERT INTO {table} (`id`, `version`, `updated`, `body`) VALUES (%s, %s, %s, %s)"
     if kind == "new":  # a duplicate id fails the statement (ConflictError), never overwrites
-        stmts.append(
-            f"INSERT INTO {table} (`id`, `version`, `updated`, `body`) VALUES (%s, %s, %s, %s)"
-        )
+        stmts.append(insert)
     elif kind in ("blind", "create"):
         cond = "`version` < VALUES(`version`)"
         if kind == "create":
@@ -174,8 +173,7 @@ def _entity_sql(db: str, kind: str, want_body: bool) -> str:
         # The condition is evaluated once, before any column changes (assignments in
         # ON DUPLICATE KEY UPDATE see the values assigned to their left).
         stmts.append(
-            f"INSERT INTO {table} (`id`, `version`, `updated`, `body`) VALUES (%s, %s, %s, %s)"
-            f" ON DUPLICATE KEY UPDATE `updated` = IF(@ok := ({cond}), VALUES(`updated`),"
+            f"{insert} ON DUPLICATE KEY UPDATE `updated` = IF(@ok := ({cond}), VALUES(`updated`),"
             " `updated`), `body` = IF(@ok, VALUES(`body`), `body`),"
             " `version` = IF(@ok, VALUES(`version`), `version`)"
         )

@@ -10,9 +10,9 @@ With the dataset loaded, in the same run:
 * **naive loop** (a reference, written here): one thread scans every logical shard by
   ``added_id`` (1000 rows a batch), decodes, and inserts the index rows with one
   multi-row INSERT per target shard into tables of the index's shape.
-* **insert floor** (a reference): only the inserts, every row computed before the
-  clock starts, 2000 rows a transaction, both servers in parallel: what the servers
-  need to add the rows one by one, however fast the client.
+* **insert floor** (a reference): only the inserts, every statement's text (literals
+  included) built before the clock starts, 2000 rows a transaction, both servers in
+  parallel: what the servers need to add the rows one by one, however fast the client.
 * **the Cleaner** (``schemaless.cleaner``): a new index ``by_updated`` on ``updated`` is
   declared (``building``); after the grace period the Cleaner's backfill runs to
   ``ready`` in processes of its own (``cleaner --index=by_updated --part K/N``, N = 2
@@ -31,14 +31,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from schemaless import Index
+from schemaless.local import LocalCluster
 from schemaless.names import quote
 
 from .measure import percentile
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
     from .harness import Config
 
 __all__ = ["backfill_bench"]
+
+T = TypeVar("T")
 
 NEW_INDEX = Index("by_updated", {"updated": "int"}, shard_on="updated")
 
@@ -147,8 +152,8 @@ def naive_backfill(b: Bench, batch: int = 1000) -> tuple[float, int]:
 
 
 def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
-    """Only the inserts of a backfill, every row computed before the clock starts: the
-    same multi-row upserts into fresh tables of the index's shape, ``batch`` rows a
+    """Only the inserts of a backfill, every statement's text built before the clock
+    starts: the same multi-row upserts into fresh tables of the index's shape, ``batch`` rows a
     statement, both servers in parallel; (seconds, rows).  What the servers need to add
     the rows one by one, whatever the client does."""
     index = NEW_INDEX
@@ -170,23 +175,30 @@ def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
                 params.setdefault(b.shard_sid[target], []).append(
                     [target, *row, bytes(key), int(version)]
                 )
+    # The whole text of every statement, literals included, is built here, before
+    # the clock starts: the timed part is the servers' work and the round trips.
     plans: dict[int, list[tuple[str, list[Any]]]] = {}
     for sid, all_rows in params.items():
         all_rows.sort()
         for lo in range(0, len(all_rows), batch):
             chunk = all_rows[lo : lo + batch]
-            stmts, values = [], []
+            stmts = []
             for target in sorted({r[0] for r in chunk}):
                 part = [r[1:] for r in chunk if r[0] == target]
-                stmts.append(_upsert_sql(b, target, len(part)))
-                values += [v for r in part for v in r]
+                marks = _upsert_sql(b, target, len(part))
+                stmts.append(marks % tuple(_literal(v) for r in part for v in r))
             plans.setdefault(sid, []).append(
-                ("START TRANSACTION;" + ";".join(stmts) + ";COMMIT", values)
+                ("START TRANSACTION;" + ";".join(stmts) + ";COMMIT", [])
             )
     t0 = time.perf_counter()
     for n in range(max((len(p) for p in plans.values()), default=0)):
         b.raw.fanout({sid: p[n] for sid, p in plans.items() if n < len(p)})
     return time.perf_counter() - t0, sum(len(r) for r in params.values())
+
+
+def _literal(value: Any) -> str:
+    """An int or a bytes value as SQL text (hex for bytes)."""
+    return f"X'{value.hex()}'" if isinstance(value, bytes) else str(int(value))
 
 
 def _decode(b: Bench, body: bytes) -> dict[str, Any]:
@@ -245,19 +257,46 @@ class _Writer(threading.Thread):
         return sorted(lat for end, lat in self.samples if start <= end - lat and end <= stop)
 
 
+def _server_pids(b: Bench, local_dir: str) -> list[int]:
+    """The local cluster's ``mariadbd`` pids, when the benchmark runs on that cluster."""
+    cluster = LocalCluster(local_dir)
+    if tuple(cluster.addresses) != tuple(b.servers.addresses):
+        return []
+    pids = [s.pid() for s in cluster.servers]
+    return [p for p in pids if p is not None] if all(pids) else []
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used (``/proc/<pid>/stat``)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _run_cleaner(
     b: Bench, name: str, local_dir: str, parts: int = 1
-) -> tuple[float, str, str, str]:
+) -> tuple[float, str, str, str, dict[str, float]]:
     """Backfill ``name`` with the Cleaner, as ``parts`` processes (``--part K/N``);
-    (seconds, state, how it ran, its summary)."""
+    (seconds, state, how it ran, its summary, CPU seconds used by the Cleaner and, on
+    the local cluster, by the servers)."""
     store = b.stores["i3"]
     exe = Path(sys.executable).with_name("cleaner")
+    pids = _server_pids(b, local_dir)
+    cpu: dict[str, float] = {}
     if exe.exists():
         env = dict(os.environ)
         env["SCHEMALESS_LOCAL_DIR"] = local_dir
         env.pop("SCHEMALESS_URL", None)
         cmd = [str(exe), f"--index={name}", f"--prefix={b.prefix}_i3", "--quiet"]
         cmds = [[*cmd, f"--part={k}/{parts}"] for k in range(1, parts + 1)] if parts > 1 else [cmd]
+        servers_cpu, cleaner_cpu = _cpu_seconds(pids), _children_cpu()
         t0 = time.perf_counter()
         procs = [
             subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -265,10 +304,13 @@ def _run_cleaner(
         ]
         outs = [p.communicate()[0].decode(errors="replace").strip() for p in procs]
         took = time.perf_counter() - t0
+        cpu["cleaner_cpu_s"] = round(_children_cpu() - cleaner_cpu, 2)
+        if pids:
+            cpu["servers_cpu_s"] = round(_cpu_seconds(pids) - servers_cpu, 2)
         state = store.cluster.refresh().indexes[name].state
         codes = ", ".join(str(p.returncode) for p in procs)
         how = f"{len(cmds)} subprocess(es): cleaner " + " ".join(cmds[-1][1:]) + f" (exit {codes})"
-        return took, state, how, "\n".join(o[-600:] for o in outs)
+        return took, state, how, "\n".join(o[-600:] for o in outs), cpu
     from schemaless.cleaner.daemon import Cleaner  # type: ignore[import-not-found,unused-ignore]
 
     cleaner = Cleaner(store)
@@ -278,7 +320,7 @@ def _run_cleaner(
     finally:
         cleaner.close()
     took = time.perf_counter() - t0
-    return took, state, "in process: Cleaner.backfill (shares the GIL)", cleaner.summary()
+    return took, state, "in process: Cleaner.backfill (shares the GIL)", cleaner.summary(), cpu
 
 
 def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
@@ -286,17 +328,27 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
     n = cfg.entities
     out: dict[str, Any] = {"entities": n, "index": NEW_INDEX.to_dict()}
     out["json_load_s"] = round(load_json(b, n), 2)
-    single = alter(b, single=True)
-    sharded = alter(b, single=False)
+    pids = _server_pids(b, cfg.cluster_dir_abs)  # none on servers elsewhere
+
+    def servers_cpu(f: Callable[[], T]) -> tuple[T, dict[str, float]]:
+        """``f()`` and the servers' CPU seconds meanwhile (on the local cluster)."""
+        before = _cpu_seconds(pids)
+        result = f()
+        return result, {"servers_cpu_s": round(_cpu_seconds(pids) - before, 2)} if pids else {}
+
+    single, single_cpu = servers_cpu(lambda: alter(b, single=True))
+    sharded, sharded_cpu = servers_cpu(lambda: alter(b, single=False))
     out["alter"] = {
         "seconds": round(single, 3),
         "per_million_s": round(single * 1e6 / n, 2),
         "note": "one table with every document, on one server",
+        **single_cpu,
     }
     out["alter_sharded"] = {
         "seconds": round(sharded, 3),
         "per_million_s": round(sharded * 1e6 / n, 2),
         "note": "one table per server, that server's documents, servers in parallel",
+        **sharded_cpu,
     }
 
     out["naive"] = _against_alter(
@@ -305,11 +357,17 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
         sharded,
         "single thread: scan by added_id, decode, multi-row INSERT per target shard",
     )
-    out["insert_floor"] = _against_alter(
-        *insert_floor(b),
-        single,
-        sharded,
-        "the inserts alone: rows computed before the clock, 2000 a statement, servers in parallel",
+    (took, rows), floor_cpu = servers_cpu(lambda: insert_floor(b))
+    out["insert_floor"] = (
+        _against_alter(
+            took,
+            rows,
+            single,
+            sharded,
+            "the inserts alone: statements built before the clock, 2000 rows each,"
+            " servers in parallel",
+        )
+        | floor_cpu
     )
 
     store = b.stores["i3"]
@@ -325,7 +383,7 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
     time.sleep(max(3.0, grace_end - time.time()))
     idle_stop = time.perf_counter()
     try:
-        took, state, how, summary = _run_cleaner(
+        took, state, how, summary, cpu = _run_cleaner(
             b, NEW_INDEX.name, cfg.cluster_dir_abs, cfg.cleaner_parts
         )
         during_stop = time.perf_counter()
@@ -345,6 +403,8 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
         "summary": summary,
         "vs_alter": round(own / single, 2),
         "vs_alter_sharded": round(own / sharded, 2),
+        **cpu,
+        "cores": os.cpu_count(),
     }
     idle = writer.window(idle_start + 0.5, idle_stop)
     during = writer.window(during_stop - took, during_stop)

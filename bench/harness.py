@@ -395,6 +395,7 @@ def format_backfill(bf: dict[str, Any]) -> str:
             lines.append(
                 f"  MariaDB ALTER TABLE ... ADD COLUMN (virtual, JSON_VALUE) + ADD INDEX, "
                 f"{a['note']}: {a['seconds']:.2f} s ({a['per_million_s']:.1f} s per million rows)"
+                + _servers_cpu(a)
             )
     for key, label in (
         ("cleaner", "Cleaner"),
@@ -408,10 +409,17 @@ def format_backfill(bf: dict[str, Any]) -> str:
             lines.append(
                 f"  {label}: {r['seconds']:.2f} s = {r['vs_alter']:.2f}x ALTER (one table), "
                 f"{r.get('vs_alter_sharded', 0):.2f}x ALTER (per server)"
+                + _servers_cpu(r)
                 + (f"  [{r.get('note') or r.get('how')}]" if r.get("note") or r.get("how") else "")
             )
         else:
             lines.append(f"  {label}: not measured ({r.get('note', '')})")
+    c = bf.get("cleaner", {})
+    if c.get("cleaner_cpu_s") is not None:
+        lines.append(
+            f"  CPU during the Cleaner's {c['process_seconds']:.2f} s on {c['cores']} cores: "
+            f"Cleaner processes {c['cleaner_cpu_s']:.2f} s"
+        )
     w = bf.get("writer")
     if w:
         lines.append(
@@ -419,6 +427,11 @@ def format_backfill(bf: dict[str, Any]) -> str:
             f"{w['during_p99_ms']:.2f} ms ({w['p99_ratio']:.2f}x), {w['during_ops']} puts"
         )
     return "\n".join(lines)
+
+
+def _servers_cpu(r: dict[str, Any]) -> str:
+    cpu = r.get("servers_cpu_s")
+    return f", servers' CPU {cpu:.2f} s" if cpu is not None else ""
 
 
 def write_results(results: dict[str, Any], out: str | None) -> list[Path]:

@@ -106,3 +106,40 @@ def test_timeline_benchmark_json(servers: Servers) -> None:
             assert _positive(row[key]["per_s"]), (name, key)
     assert all(_positive(v) for v in data["goals"].values())
     assert "schemaless pull" in format_timeline(results)
+
+
+def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) -> None:
+    prefix = "bb_" + uuid.uuid4().hex[:8]
+    cfg = Config(
+        entities=300,
+        shards=8,
+        threads=[1],
+        seconds=0.1,
+        ops=["get"],
+        prefix=prefix,
+        cluster_dir=str(local_cluster.base_dir),
+        durable=None,
+        buffer_pool_mib=0,
+        codec=False,
+        backfill=True,
+        round_trip_samples=1,
+        warmup=0.02,
+    )
+    try:
+        results = run(cfg, servers=servers)
+    finally:
+        drop_prefix(servers, prefix)
+    assert _databases(servers, prefix) == []
+    bf = json.loads(json.dumps(results))["backfill"]
+    assert bf["entities"] == 300
+    for key in ("alter", "alter_sharded"):
+        assert _positive(bf[key]["seconds"]) and bf[key]["servers_cpu_s"] >= 0, key
+    for key in ("naive", "insert_floor"):
+        assert bf[key]["rows"] == 300 and _positive(bf[key]["vs_alter"]), key
+    assert bf["insert_floor"]["servers_cpu_s"] >= 0
+    cleaner = bf["cleaner"]
+    assert cleaner["state"] == "ready", cleaner
+    assert _positive(cleaner["seconds"]) and _positive(cleaner["cleaner_cpu_s"]), cleaner
+    assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
+    assert bf["writer"]["during_ops"] > 0
+    assert "Cleaner processes" in format_table(results)

@@ -22,8 +22,8 @@ With the dataset loaded, in the same run:
   indexes maintained, no backfill running).
 
 If the ``cleaner`` command is missing, ``schemaless.cleaner.daemon.Cleaner.backfill``
-runs in this process instead (the writer then shares the GIL with it), marked so in
-the results.
+runs in this process instead (the writer then shares the GIL with it; ``--cleaner-args``
+are not used), marked so in the results.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -281,11 +281,11 @@ def _children_cpu() -> float:
 
 
 def _run_cleaner(
-    b: Bench, name: str, local_dir: str, parts: int = 1
+    b: Bench, name: str, local_dir: str, parts: int = 1, args: Sequence[str] = ()
 ) -> tuple[float, str, str, str, dict[str, float]]:
-    """Backfill ``name`` with the Cleaner, as ``parts`` processes (``--part K/N``);
-    (seconds, state, how it ran, its summary, CPU seconds used by the Cleaner and, on
-    the local cluster, by the servers)."""
+    """Backfill ``name`` with the Cleaner, as ``parts`` processes (``--part K/N``), each
+    with the options ``args``; (seconds, state, how it ran, its summary, CPU seconds
+    used by the Cleaner and, on the local cluster, by the servers)."""
     store = b.stores["i3"]
     exe = Path(sys.executable).with_name("cleaner")
     pids = _server_pids(b, local_dir)
@@ -294,7 +294,7 @@ def _run_cleaner(
         env = dict(os.environ)
         env["SCHEMALESS_LOCAL_DIR"] = local_dir
         env.pop("SCHEMALESS_URL", None)
-        cmd = [str(exe), f"--index={name}", f"--prefix={b.prefix}_i3", "--quiet"]
+        cmd = [str(exe), f"--index={name}", f"--prefix={b.prefix}_i3", "--quiet", *args]
         cmds = [[*cmd, f"--part={k}/{parts}"] for k in range(1, parts + 1)] if parts > 1 else [cmd]
         servers_cpu, cleaner_cpu = _cpu_seconds(pids), _children_cpu()
         t0 = time.perf_counter()
@@ -384,7 +384,7 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
     idle_stop = time.perf_counter()
     try:
         took, state, how, summary, cpu = _run_cleaner(
-            b, NEW_INDEX.name, cfg.cluster_dir_abs, cfg.cleaner_parts
+            b, NEW_INDEX.name, cfg.cluster_dir_abs, cfg.cleaner_parts, cfg.cleaner_args
         )
         during_stop = time.perf_counter()
     finally:

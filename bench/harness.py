@@ -13,6 +13,7 @@ import argparse
 import itertools
 import json
 import re
+import shlex
 import sys
 import threading
 import time
@@ -74,6 +75,7 @@ class Config:
     codec_entities: int = 5000
     backfill: bool = False
     cleaner_parts: int = 2  # the backfill runs as this many `cleaner --part K/N` processes
+    cleaner_args: list[str] = field(default_factory=list)  # more options for each part
     keep: bool = False
     round_trip_samples: int = 10
     rounds: int = 2  # each side runs 2 * rounds alternating slices (raw, sl, sl, raw, ...)
@@ -476,6 +478,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
         default=2,
         help="the backfill's Cleaner processes (cleaner --part K/N), default 2",
     )
+    p.add_argument(
+        "--cleaner-args",
+        default="",
+        help="more options for each backfill process, e.g. '--rate 20000 --batch 200'",
+    )
     p.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     p.add_argument("--out", default=None, help="also write the JSON results here")
     a = p.parse_args(argv)
@@ -493,6 +500,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
         codec=not a.no_codec,
         backfill=a.backfill,
         cleaner_parts=max(1, a.cleaner_parts),
+        cleaner_args=shlex.split(a.cleaner_args),
         keep=a.keep,
     )
     return cfg, a.out

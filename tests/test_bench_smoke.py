@@ -122,6 +122,7 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
         buffer_pool_mib=0,
         codec=False,
         backfill=True,
+        cleaner_args=["--batch", "100"],
         round_trip_samples=1,
         warmup=0.02,
     )
@@ -139,6 +140,7 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     assert bf["insert_floor"]["servers_cpu_s"] >= 0
     cleaner = bf["cleaner"]
     assert cleaner["state"] == "ready", cleaner
+    assert "--batch 100" in cleaner["how"]
     assert _positive(cleaner["seconds"]) and _positive(cleaner["cleaner_cpu_s"]), cleaner
     assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
     assert bf["writer"]["during_ops"] > 0

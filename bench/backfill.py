@@ -153,9 +153,9 @@ def naive_backfill(b: Bench, batch: int = 1000) -> tuple[float, int]:
 
 def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
     """Only the inserts of a backfill, every statement's text built before the clock
-    starts: the same multi-row upserts into fresh tables of the index's shape, ``batch`` rows a
-    statement, both servers in parallel; (seconds, rows).  What the servers need to add
-    the rows one by one, whatever the client does."""
+    starts: the same multi-row upserts into fresh tables of the index's shape,
+    ``batch`` rows a statement, both servers in parallel; (seconds, rows).  What the
+    servers need to add the rows one by one, whatever the client does."""
     index = NEW_INDEX
     dbs = b.stores["i3"].cluster.current().dbs
     params: dict[int, list[list[Any]]] = {}  # server -> rows

@@ -32,29 +32,37 @@ def _databases(servers: Servers, prefix: str) -> list[str]:
     return out
 
 
-def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
+def _run_tiny(servers: Servers, **settings: Any) -> tuple[Config, dict[str, Any]]:
+    """The harness at a tiny scale under a fresh prefix, dropped afterwards; the config
+    and the results (through JSON)."""
     prefix = "bs_" + uuid.uuid4().hex[:8]
     cfg = Config(
         entities=300,
         shards=8,
         threads=[1],
         seconds=0.1,
-        write_ops=40,
-        ops=["put_1idx", "get", "get_many", "query_eq", "scatter_p10", "update", "delete"],
         prefix=prefix,
         durable=None,  # leave the shared test cluster's settings alone
         buffer_pool_mib=0,
-        codec_entities=300,
-        round_trip_samples=3,
         warmup=0.02,
+        **settings,
     )
     try:
         results = run(cfg, servers=servers)
     finally:
         drop_prefix(servers, prefix)
     assert _databases(servers, prefix) == []
+    return cfg, json.loads(json.dumps(results))
 
-    data = json.loads(json.dumps(results))
+
+def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
+    cfg, data = _run_tiny(
+        servers,
+        write_ops=40,
+        ops=["put_1idx", "get", "get_many", "query_eq", "scatter_p10", "update", "delete"],
+        codec_entities=300,
+        round_trip_samples=3,
+    )
     assert {"meta", "load", "round_trips", "ops", "codec", "targets"} <= set(data)
     assert data["meta"]["machine"]["servers"] == 2
     assert [r["op"] for r in data["ops"]] == cfg.ops
@@ -74,9 +82,9 @@ def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
     assert set(formats) >= {"pickle2+zlib6", "schemaless", "schemaless+dict"}
     assert all(_positive(f["size_vs_pickle2"]) for f in formats.values())
     assert all(isinstance(t["met"], bool) for t in data["targets"])
-    assert "get_many(100)" in format_table(results)
+    assert "get_many(100)" in format_table(data)
 
-    paths = write_results(results, str(tmp_path / "out.json"))
+    paths = write_results(data, str(tmp_path / "out.json"))
     try:
         assert json.loads((tmp_path / "out.json").read_text())["ops"] == data["ops"]
     finally:
@@ -109,29 +117,16 @@ def test_timeline_benchmark_json(servers: Servers) -> None:
 
 
 def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) -> None:
-    prefix = "bb_" + uuid.uuid4().hex[:8]
-    cfg = Config(
-        entities=300,
-        shards=8,
-        threads=[1],
-        seconds=0.1,
+    _, data = _run_tiny(
+        servers,
         ops=["get"],
-        prefix=prefix,
         cluster_dir=str(local_cluster.base_dir),
-        durable=None,
-        buffer_pool_mib=0,
         codec=False,
         backfill=True,
         cleaner_args=["--batch", "100"],
         round_trip_samples=1,
-        warmup=0.02,
     )
-    try:
-        results = run(cfg, servers=servers)
-    finally:
-        drop_prefix(servers, prefix)
-    assert _databases(servers, prefix) == []
-    bf = json.loads(json.dumps(results))["backfill"]
+    bf = data["backfill"]
     assert bf["entities"] == 300
     for key in ("alter", "alter_sharded"):
         assert _positive(bf[key]["seconds"]) and bf[key]["servers_cpu_s"] >= 0, key
@@ -144,4 +139,4 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     assert _positive(cleaner["seconds"]) and _positive(cleaner["cleaner_cpu_s"]), cleaner
     assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
     assert bf["writer"]["during_ops"] > 0
-    assert "Cleaner processes" in format_table(results)
+    assert "Cleaner processes" in format_table(data)

@@ -390,7 +390,7 @@ class Server:
             return ShardUnavailable(f"server unavailable: {where}")
         if code in _DEADLOCK:
             return ShardUnavailable(f"lock contention persisted: {where}")
-        if code == 1062:  # a NEW entity's id is taken: the statement wrote nothing
+        if code == 1062:  # duplicate key (e.g. a NEW entity's id is taken): nothing written
             return ConflictError(f"duplicate key: {where}")
         if code in _DENIED:
             hint = "" if code == 1045 else "; this user's grants do not allow it"

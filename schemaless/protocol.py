@@ -79,7 +79,7 @@ class Writer:
         self.codec = codec
         self.clock = clock
         self.decode = decode
-        self.stale = StaleRows(lambda rows: self._remove_stale(self.cluster.current(), rows))
+        self.stale = StaleRows(self._remove_stale)
 
     def write(self, entities: list[Mapping[str, Any]], mode: str | int) -> list[int]:
         """Validate everything, then run steps 1-3; return the versions."""
@@ -196,10 +196,11 @@ class Writer:
             failpoints.hit("put.after_stale_rows")
         return again
 
-    def _remove_stale(self, topo: Topology, rows: list[IndexRow]) -> None:
-        """Step 3 (run by ``self.stale``).  The writes are already committed: if a
-        server cannot be reached, the stale rows stay as orphans (filtered by queries,
-        removed by the Cleaner)."""
+    def _remove_stale(self, rows: list[IndexRow]) -> None:
+        """Step 3 (run by ``self.stale``), on the current topology.  The writes are
+        already committed: if a server cannot be reached, the stale rows stay as orphans
+        (filtered by queries, removed by the Cleaner)."""
+        topo = self.cluster.current()
         try:
             self._run_rows(topo, rows, topo.dbs, delete_rows_sql)
         except SchemalessError as exc:  # unreachable, or the shard is moving

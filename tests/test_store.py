@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from faults.helpers import count_rows
 
 from schemaless import (
     ConflictError,
@@ -19,21 +20,6 @@ from schemaless import (
     new_id,
 )
 from schemaless.schema import shard_db
-
-
-def count_rows(store: DataStore) -> dict[str, int]:
-    """Rows in every entities and index table, summed over all shards."""
-    store.flush()  # the stale rows of earlier writes deleted
-    topo = store.cluster.refresh()
-    totals: dict[str, int] = {}
-    tables = ["entities"] + [i.index.table for i in topo.indexes.values()]
-    for shard in range(topo.n_shards):
-        server = store.cluster.server_of_shard(topo, shard)
-        db = shard_db(topo.prefix, shard)
-        sql = " UNION ALL ".join(f"SELECT '{t}', COUNT(*) FROM `{db}`.`{t}`" for t in tables)
-        for table, n in server.run(sql)[0]:
-            totals[table] = totals.get(table, 0) + int(n)
-    return totals
 
 
 def test_friendfeed_post_example(make_store: Any) -> None:

@@ -271,6 +271,12 @@ class ColumnType:
         """True for the untyped ``auto`` column (values are :func:`key_encode` bytes)."""
         return self.name == "auto"
 
+    @property
+    def plain(self) -> bool:
+        """Whether a column value, stored as a property, gives itself back: not so for
+        ``auto`` (key-encoded bytes) nor ``bool`` (0 and 1, from True and False only)."""
+        return self.name not in ("auto", "bool")
+
     def coerce(self, value: object) -> object:
         """The column value for ``value``; ValueError (with the reason) if it does not fit."""
         return self._coerce(value)

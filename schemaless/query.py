@@ -14,6 +14,7 @@ import binascii
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,7 +74,7 @@ class Query:
         data = msgpack.packb(
             [
                 _definition(self.index),
-                [list(eq) for eq in self.eqs],
+                sorted(msgpack.packb(list(eq)) for eq in self.eqs),  # an __in list is a set
                 list(self.lower or ()),
                 list(self.upper or ()),
                 self.descending,
@@ -93,6 +94,19 @@ class Query:
     def k(self) -> int:
         """How many properties the equality prefix fixes."""
         return len(self.eqs[0])
+
+    def order_key(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A row's place in the query's order: the columns after the prefix, then (for
+        an ``__in`` list) the prefix, which tells apart the rows of one entity when its
+        multi-valued property is in the prefix."""
+        k = self.k
+        return (row[k:], row[:k])
+
+    def follows(self, eq: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
+        """Whether the rows of prefix ``eq`` come after those of ``after``'s prefix
+        where they tie on every other column."""
+        other = after[: self.k]
+        return eq < other if self.descending else eq > other
 
     @functools.cached_property
     def _eq_set(self) -> frozenset[tuple[Any, ...]]:
@@ -158,6 +172,8 @@ class QueryEngine:
                     f"index {idx.name!r} has no property {prop!r} "
                     f"(its properties: {', '.join(idx.properties)})"
                 )
+            if op in ("", "in") and prop in eq:
+                raise InvalidQuery(f"two equality conditions on {prop!r}")
             if not op:
                 eq[prop] = idx.coerce_query_value(prop, value)
             elif op == "in":
@@ -172,10 +188,10 @@ class QueryEngine:
             elif op == "between":
                 if not isinstance(value, (tuple, list)) or len(value) != 2:
                     raise InvalidQuery(f"{key} takes a pair (low, high)")
-                ranges.setdefault(prop, {})["gte"] = idx.coerce_query_value(prop, value[0])
-                ranges.setdefault(prop, {})["lte"] = idx.coerce_query_value(prop, value[1])
+                _bound(ranges, prop, "gte", idx.coerce_query_value(prop, value[0]))
+                _bound(ranges, prop, "lte", idx.coerce_query_value(prop, value[1]))
             elif op in _OPS:
-                ranges.setdefault(prop, {})[op] = idx.coerce_query_value(prop, value)
+                _bound(ranges, prop, op, idx.coerce_query_value(prop, value))
             else:
                 raise InvalidQuery(
                     f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte or between"
@@ -195,8 +211,6 @@ class QueryEngine:
                     "a range is allowed only on the property after the equality prefix "
                     f"of index {idx.name!r} ({after})"
                 )
-            if ("gt" in ops and "gte" in ops) or ("lt" in ops and "lte" in ops):
-                raise InvalidQuery(f"two lower or two upper bounds on {prop!r}")
             for op in ("gt", "gte"):
                 if op in ops:
                     lower = (ops[op], _OPS[op][1])
@@ -296,10 +310,10 @@ class QueryEngine:
             return False
         if values not in produced or not q.matches(values):
             return False
-        k = q.k
-        matching = [r[k:] for r in produced if q.matches(r)]
-        first = max(matching) if q.descending else min(matching)
-        return first == values[k:]
+        order = q.order_key
+        matching = [r for r in produced if q.matches(r)]
+        first = max(matching, key=order) if q.descending else min(matching, key=order)
+        return first == values
 
     def _scan(
         self, q: Query, after: tuple[Any, ...] | None, n: int
@@ -316,18 +330,25 @@ class QueryEngine:
             only = q.shard(eq, topo.n_shards)
             for shard in [only] if only is not None else range(topo.n_shards):
                 by_server.setdefault(topo.shard_servers[shard], []).append((shard, eq))
-        cols = ", ".join(quote(c) for c in q.index.columns)
+        columns = q.index.columns
+        cols = ", ".join(quote(c) for c in columns)
         k = q.k
         direction = " DESC" if q.descending else ""
-        order = ", ".join(f"{quote(c)}{direction}" for c in (*q.index.columns[k:], "entity_id"))
-        where, rest = self._where(q, after)  # the same for every value of an __in list
-        tail = f" WHERE {where} ORDER BY {order} LIMIT {int(n)}"
+        order = ", ".join(f"{quote(c)}{direction}" for c in (*columns[k:], "entity_id"))
+        merged = order  # the order of the server's merge; an __in list's prefix breaks ties
+        if len(q.eqs) > 1:
+            merged = ", ".join([order, *(f"{quote(c)}{direction}" for c in columns[:k])])
+        # The same for every value of an __in list, but for its values that follow the
+        # cursor's prefix: those still owe the rows that tie with the cursor's.
+        where, rest = self._where(q, after)
+        tails = [f" WHERE {w} ORDER BY {order} LIMIT {int(n)}" for w in where]
         table = q.index.table
         batches: dict[int, Batch] = {}
         for sid, group in by_server.items():
             parts = []
             params: list[Any] = []
             for shard, eq in group:
+                tail = tails[after is not None and len(q.eqs) > 1 and q.follows(eq, after)]
                 parts.append(
                     f"SELECT {cols}, `entity_id` FROM {quote(topo.dbs[shard], table)}{tail}"
                 )
@@ -337,7 +358,7 @@ class QueryEngine:
                 sql = parts[0]
             else:  # the server merges its parts: n rows come back, not n each
                 sql = " UNION ALL ".join(f"({part})" for part in parts)
-                sql += f" ORDER BY {order} LIMIT {int(n)}"
+                sql += f" ORDER BY {merged} LIMIT {int(n)}"
             batches[sid] = Batch(cluster.reader(topo, sid, q.consistency), sql, params)
         if q.partial:
             results, errors = gather_partial(batches)
@@ -351,14 +372,15 @@ class QueryEngine:
             rows += result[0]
             if len(result[0]) >= n:
                 exhausted = False  # that server may hold more
-        rows.sort(key=lambda r: r[k:], reverse=q.descending)
+        rows.sort(key=q.order_key, reverse=q.descending)
         if len(rows) > n:
             rows, exhausted = rows[:n], False
         return rows, exhausted, gone
 
     @staticmethod
-    def _where(q: Query, after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
-        """A scan's WHERE clause and its parameters after the equality prefix's."""
+    def _where(q: Query, after: tuple[Any, ...] | None) -> tuple[tuple[str, str], list[Any]]:
+        """A scan's WHERE clause, strictly after the cursor's row and from it on, and
+        their parameters after the equality prefix's."""
         cols = q.index.columns
         k = q.k
         params: list[Any] = []
@@ -373,16 +395,14 @@ class QueryEngine:
             values = after[k:]
             for i in range(len(cols) - k + 1):
                 params += values[: i + 1]
-        sql = _where_sql(
-            cols,
-            k,
-            q.bounds is not None,
-            None if q.lower is None else q.lower[1],
-            None if q.upper is None else q.upper[1],
-            after is not None,
-            q.descending,
+        lower = None if q.lower is None else q.lower[1]
+        upper = None if q.upper is None else q.upper[1]
+        bounded, keyset = q.bounds is not None, after is not None
+        sql = tuple(
+            _where_sql(cols, k, bounded, lower, upper, keyset, q.descending, inclusive)
+            for inclusive in (False, True)
         )
-        return sql, params
+        return (sql[0], sql[1]), params
 
     # -- cursors -------------------------------------------------------------------------
 
@@ -407,7 +427,9 @@ class QueryEngine:
         for value, ctype in zip(row, types, strict=False):
             base = ctype.name.partition("(")[0]
             expected = _PY_TYPES.get(base, str if base == "str" else bytes)
-            if type(value) is not expected:
+            if type(value) is not expected or (
+                isinstance(value, float) and not math.isfinite(value)
+            ):
                 raise InvalidQuery("invalid cursor")
         if not isinstance(row[-1], bytes) or len(row[-1]) != 16:
             raise InvalidQuery("invalid cursor")
@@ -423,10 +445,12 @@ def _where_sql(
     upper: bool | None,
     keyset: bool,
     descending: bool,
+    inclusive: bool,
 ) -> str:
     """A scan's WHERE clause (the same for every value of an ``__in`` list): equality
     on ``k`` columns, then the range (``lower``/``upper``: inclusive or not, None when
-    absent), then ``keyset``: after a cursor's row in the index order."""
+    absent), then ``keyset``: after a cursor's row in the index order (or from it on,
+    ``inclusive``)."""
     clauses = [f"{quote(c)} = %s" for c in cols[:k]] or ["TRUE"]
     if k < len(cols):
         col = quote(cols[k])
@@ -441,10 +465,19 @@ def _where_sql(
         op = "<" if descending else ">"
         ors = []
         for i, col in enumerate(names):
-            ands = [f"{c} = %s" for c in names[:i]] + [f"{col} {op} %s"]
+            last = inclusive and i == len(names) - 1
+            ands = [f"{c} = %s" for c in names[:i]] + [f"{col} {op}{'=' if last else ''} %s"]
             ors.append("(" + " AND ".join(ands) + ")")
         clauses.append("(" + " OR ".join(ors) + ")")
     return " AND ".join(clauses)
+
+
+def _bound(ranges: dict[str, dict[str, Any]], prop: str, op: str, value: Any) -> None:
+    """Add a range bound on ``prop``; a second lower or upper bound is refused."""
+    ops = ranges.setdefault(prop, {})
+    if any(o[:2] == op[:2] for o in ops):  # gt/gte: lower, lt/lte: upper
+        raise InvalidQuery(f"two lower or two upper bounds on {prop!r}")
+    ops[op] = value
 
 
 @functools.lru_cache(maxsize=1024)
@@ -457,9 +490,9 @@ def _produces(index: Index, entity: Entity, values: tuple[Any, ...]) -> bool:
     get = entity.get
     for pos, prop in enumerate(index.properties):
         value, target = get(prop), values[pos]
-        if (type(value) is not type(target) or value != target) and not _column_produces(
-            index, pos, value, target
-        ):  # unless already the column's value (coercion keeps those as they are)
+        if (
+            type(value) is not type(target) or value != target or not index.types[pos].plain
+        ) and not _column_produces(index, pos, value, target):
             return False
     return True
 

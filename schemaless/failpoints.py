@@ -1,5 +1,5 @@
-"""Failpoints: named places in the write protocol and the Cleaner where a test can
-make the process raise, sleep or die.
+"""Failpoints: named places in the write protocol, the Cleaner and shard moves where a
+test can make the process raise, sleep or die.
 
 Inactive unless named, either by the environment (read once at import)::
 

@@ -13,16 +13,20 @@
 
 Tombstones travel with the rows, so deletes made during the move do not come back.  A
 move interrupted at any point can be run again: the copy converges, and a fenced side
-copy is found from the move record and finished (or ``rollback`` renames it back).
+copy is found from the move record, which names it before the rename, and finished (or
+``rollback`` renames it back).  A copy without its ``entities`` table is never read
+from, so a side copy that has gone fails the move instead of flipping the map.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import failpoints
 from .catalog import Topology
 from .connection import Server
 from .errors import CatalogError
@@ -132,8 +136,9 @@ class ShardMover:
         dst = self.cluster.server(topo.servers[dest])
         db = topo.dbs[shard]
         tables = self._tables(topo)
-        side = record[2].partition(":")[2] if record and record[2].startswith("fenced:") else ""
-        if not side:
+        side = _side(record[2]) if record else ""
+        paused = time.monotonic()
+        if not side or "entities" not in self._table_names(src, side):  # not fenced yet
             self.cluster.catalog.record_move(shard, source, dest, "copying")
             self._create(dst, db, topo)
             for round_ in (1, 2):
@@ -141,12 +146,9 @@ class ShardMover:
                 report.rows_copied += copied
                 report.rows_deleted += deleted
                 self.progress(f"shard {shard}: copy round {round_}: {copied} rows copied")
-            side = check_identifier(f"{db}_old{int(time.time())}", "database")
+            side = side or check_identifier(f"{db}_old{int(time.time())}", "database")
             paused = time.monotonic()
-            self._fence(src, db, side, tables)
-            self.cluster.catalog.record_move(shard, source, dest, f"fenced:{side}")
-        else:
-            paused = time.monotonic()
+            self._fence(shard, (source, dest), src, side, tables)
         try:
             copied, deleted = self._sync_all(src, side, dst, db, tables)
             report.rows_copied += copied
@@ -171,8 +173,8 @@ class ShardMover:
         if record is None:
             return
         source, _, phase = record
-        if phase.startswith("fenced:"):
-            side = check_identifier(phase.partition(":")[2], "database")
+        side = _side(phase)
+        if side:
             db = topo.dbs[shard]
             src = self.cluster.server(topo.servers[source])
             present = self._table_names(src, side)
@@ -189,7 +191,9 @@ class ShardMover:
     def drop_old_copies(self) -> list[str]:
         """Drop the side copies that finished moves left on their old servers."""
         topo = self.cluster.refresh()
-        fenced = {p.partition(":")[2] for _, _, p in topo.moves.values()}
+        fenced = {_side(p) for _, _, p in topo.moves.values()}
+        # This datastore's only: another's prefix may start with this one and "_".
+        ours = re.compile(re.escape(topo.prefix) + r"_[0-9]{4,}_old[0-9]+\Z")
         dropped = []
         for server in self.cluster.all_servers(topo).values():
             rows = server.run(
@@ -197,7 +201,7 @@ class ShardMover:
                 (f"{topo.prefix}\\_%\\_old%",),
             )[0]
             for (name,) in rows:
-                if name not in fenced:
+                if ours.match(str(name)) and name not in fenced:
                     server.run(f"DROP DATABASE IF EXISTS {quote(str(name))}")
                     dropped.append(f"{server.name}/{name}")
         return dropped
@@ -209,7 +213,14 @@ class ShardMover:
         stmts += [info.index.create_table_sql(db) for info in topo.indexes.values()]
         dst.run(";\n".join(stmts))
 
-    def _fence(self, src: Server, db: str, side: str, tables: Sequence[_Table]) -> None:
+    def _fence(
+        self, shard: int, servers: tuple[int, int], src: Server, side: str, tables: Sequence[_Table]
+    ) -> None:
+        """Rename the shard's tables into ``side``, whose name is recorded first: a mover
+        that dies during the rename leaves a move that can be resumed or rolled back."""
+        catalog = self.cluster.catalog
+        catalog.record_move(shard, *servers, f"fencing:{side}")
+        db = self.cluster.current().dbs[shard]
         present = self._table_names(src, db)
         pairs = [
             f"{quote(db, t.name)} TO {quote(side, t.name)}" for t in tables if t.name in present
@@ -220,6 +231,8 @@ class ShardMover:
             f" RENAME TABLE {', '.join(pairs)};"
             " SET SESSION lock_wait_timeout = DEFAULT"
         )
+        failpoints.hit("move.after_fence")
+        catalog.record_move(shard, *servers, f"fenced:{side}")
 
     @staticmethod
     def _table_names(server: Server, db: str) -> set[str]:
@@ -228,10 +241,17 @@ class ShardMover:
         )[0]
         return {str(r[0]) for r in rows}
 
+    def _present(self, src: Server, db: str) -> set[str]:
+        """The tables of a shard's copy to read from, which has its entities at least."""
+        present = self._table_names(src, db)
+        if "entities" not in present:
+            raise CatalogError(f"{db} on {src.name} has no entities table: nothing to copy")
+        return present
+
     def _sync_all(
         self, src: Server, src_db: str, dst: Server, dst_db: str, tables: Sequence[_Table]
     ) -> tuple[int, int]:
-        present = self._table_names(src, src_db)
+        present = self._present(src, src_db)
         copied = deleted = 0
         for table in tables:
             if table.name in present:
@@ -316,7 +336,7 @@ class ShardMover:
         self, src: Server, src_db: str, dst: Server, dst_db: str, tables: Sequence[_Table]
     ) -> dict[str, tuple[int, int]]:
         """Row counts and CHECKSUM TABLE must agree on both sides."""
-        present = self._table_names(src, src_db)
+        present = self._present(src, src_db)
         out = {}
         for table in tables:
             if table.name not in present:
@@ -332,6 +352,12 @@ class ShardMover:
                 )
             out[table.name] = sums[0]
         return out
+
+
+def _side(phase: str) -> str:
+    """The side database a move's phase names (``fencing:`` or ``fenced:``), or ""."""
+    kind, _, side = phase.partition(":")
+    return check_identifier(side, "database") if kind in ("fencing", "fenced") else ""
 
 
 def _after(keys: list[str], last: tuple[Any, ...] | None) -> tuple[str, list[Any]]:

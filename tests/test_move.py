@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from schemaless import CatalogError, Index, TableMissing, new_id
+from schemaless import CatalogError, Index, TableMissing, failpoints, new_id
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.move import ShardMover, rebalance_plan
+from schemaless.names import quote
 
 BY_USER = Index("by_user", {"user": "int", "n": "int"}, shard_on="user")
 
@@ -116,9 +117,7 @@ def _die_after_fence(mover: ShardMover, shard: int, target: int) -> None:
     store.cluster.catalog.record_move(shard, source, target, "copying")
     mover._create(dst, db, topo)
     mover._sync_all(src, db, dst, db, tables)
-    side = f"{db}_old1"
-    mover._fence(src, db, side, tables)
-    store.cluster.catalog.record_move(shard, source, target, f"fenced:{side}")
+    mover._fence(shard, (source, target), src, f"{db}_old1", tables)
 
 
 def test_an_interrupted_move_resumes_or_rolls_back(make_store: Any) -> None:
@@ -147,3 +146,63 @@ def test_an_interrupted_move_resumes_or_rolls_back(make_store: Any) -> None:
     assert store.get(entities[0]["id"]) == {"id": entities[0]["id"], "user": 0, "n": -1}
     for diff in diff_indexes(store).values():
         assert diff.missing == {} and diff.behind == {}
+
+
+def test_a_move_killed_during_its_fence_resumes_or_rolls_back(make_store: Any) -> None:
+    """The side copy is named in the move record before the rename."""
+    store = make_store(indexes=[BY_USER], move_wait=0.5)
+    entities = [{"id": new_id(), "user": i % 3, "n": i} for i in range(100)]
+    store.put_many(entities)
+    shard = store.cluster.shard_of_id(entities[0]["id"])
+    here = store.cluster.current().shard_servers[shard]
+    failpoints.set("move.after_fence", "raise")
+    try:
+        with pytest.raises(failpoints.FailpointError):
+            ShardMover(store).move(shard, 1 - here)
+        assert store.cluster.refresh().moves[shard][2].startswith("fencing:")
+        ShardMover(store).rollback(shard)
+        assert store.get_many(e["id"] for e in entities) == entities
+        with pytest.raises(failpoints.FailpointError):
+            ShardMover(store).move(shard, 1 - here)
+    finally:
+        failpoints.clear("move.after_fence")
+    ShardMover(store).move(shard, 1 - here)
+    assert store.cluster.refresh().shard_servers[shard] == 1 - here
+    assert store.get_many(e["id"] for e in entities) == entities
+
+
+def test_a_move_whose_side_copy_is_gone_fails_instead_of_flipping(make_store: Any) -> None:
+    store = make_store(indexes=[BY_USER], move_wait=0.5)
+    entities = [{"id": new_id(), "user": i % 3, "n": i} for i in range(50)]
+    store.put_many(entities)
+    shard = store.cluster.shard_of_id(entities[0]["id"])
+    topo = store.cluster.current()
+    here = topo.shard_servers[shard]
+    _die_after_fence(ShardMover(store), shard, 1 - here)
+    source = store.cluster.server_of_shard(topo, shard)
+    source.run(f"DROP DATABASE {quote(topo.dbs[shard] + '_old1')}")
+    with pytest.raises(CatalogError, match="no entities table"):
+        ShardMover(store).move(shard, 1 - here)
+    assert store.cluster.refresh().shard_servers[shard] == here
+
+
+def test_old_copies_of_another_datastore_are_left_alone(make_store: Any) -> None:
+    """Another datastore's prefix may begin with this one's and an underscore."""
+    store = make_store()
+    topo = store.cluster.current()
+    server = store.cluster.server_of_shard(topo, 0)
+    theirs = [f"{topo.prefix}_b_0001_old5", f"{topo.prefix}_0001_old5_0000"]
+    mine = f"{topo.prefix}_0001_old5"
+    try:
+        for db in [*theirs, mine]:
+            server.run(f"CREATE DATABASE {quote(db)}")
+        dropped = ShardMover(store).drop_old_copies()
+        assert [d.rpartition("/")[2] for d in dropped] == [mine]
+        left = server.run(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
+            (f"{topo.prefix}%",),
+        )[0]
+        assert set(theirs) <= {r[0] for r in left}
+    finally:
+        for db in theirs:
+            server.run(f"DROP DATABASE IF EXISTS {quote(db)}")

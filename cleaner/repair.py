@@ -6,11 +6,14 @@ with the guard ``entity_version <= <version seen>``, so a writer that changed th
 entity meanwhile (and upserted its rows with a higher version first) is never undone.
 
 Rows whose version is above the entity's are a write in flight or a writer that died
-after step 1.  For an absent entity or a tombstone they are fenced at once: a
-tombstone at least as high as the rows is written (an in-flight writer then retries
-above it), and only then are the rows deleted.  For a live entity they are left alone
-until seen again ``fence_after`` seconds later at the same entity version; then the
-entity's version is raised to theirs (body unchanged) and they are deleted.
+after step 1.  For an absent entity or a tombstone, they and every other row are fenced
+at once: a tombstone at least as high as the rows is written or kept (an in-flight
+writer then retries above it), and only then are the rows deleted, with the tombstone's
+version as read back.  (A tombstone purged meanwhile may have been followed by a
+create at version 1, whose rows a guard from the old tombstone would delete.)  For a
+live entity they are left alone until seen again ``fence_after`` seconds later at the
+same entity version; then the entity's version is raised to theirs (body unchanged)
+and they are deleted.
 """
 
 from __future__ import annotations
@@ -142,9 +145,9 @@ class Repairer:
                     upserts.append(
                         IndexRow(row.index, row.shard, row.values, row.entity_id, entity.version)
                     )
-            elif row.version <= entity.version:
+            elif row.version <= entity.version and entity.body is not None:
                 deletes.append((row.index, row.shard, row.values, row.entity_id, entity.version))
-            else:
+            else:  # ahead of its entity, or of a tombstone that may be purged meanwhile
                 ahead.setdefault(row.entity_id, []).append(row)
         if add_missing:
             for entity_id, keys in wanted.items():
@@ -172,7 +175,9 @@ class Repairer:
         """Deletes made safe by fencing rows that ran ahead of their entity."""
         out: list[Guarded] = []
         dead = {
-            k: max(r.version for r in rows) for k, rows in ahead.items() if entities[k].body is None
+            k: max(entities[k].version, *(r.version for r in rows))
+            for k, rows in ahead.items()
+            if entities[k].body is None
         }
         for key, (version, tombstone) in fence(self.store, topo, dead).items():
             if tombstone and version >= dead[key]:

@@ -43,7 +43,7 @@ __all__ = ["Backfill", "grace_deadline"]
 
 def grace_deadline(info: IndexInfo, topo: Topology) -> float:
     """When every writer maintains the index: its state change plus two catalog
-    refresh intervals plus one second (Unix seconds)."""
+    refresh intervals plus one second (Unix seconds, on the catalog server's clock)."""
     return info.changed / 1e6 + 2 * topo.refresh_interval + 1.0
 
 
@@ -132,7 +132,9 @@ class Backfill:
         return all(saved.get(shard, (0, False, 0))[1] for shard in range(topo.n_shards))
 
     def _wait_grace(self, info: IndexInfo, topo: Topology) -> None:
-        left = grace_deadline(info, topo) - time.time()
+        catalog = self.rt.store.cluster.catalog
+        now = self.rt.retry("reading the catalog's clock", catalog.server_now_us)
+        left = grace_deadline(info, topo) - now / 1e6
         if left > 0:
             self.rt.figures.set(state="grace")
             self.rt.progress.message(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -27,6 +27,11 @@ __all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "now_us"]
 #: The index lifecycle: writers maintain ``building`` and ``ready``; queries use ``ready``.
 STATES = ("building", "ready", "dropped")
 FORMAT = "1"
+
+
+#: The catalog server's clock in microseconds: index state changes are stamped with
+#: it, and the Cleaner's grace period is measured on it, so client clocks may differ.
+_SERVER_US = "(UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6)))"  # one instant, no time zone
 
 
 def now_us() -> int:
@@ -84,6 +89,16 @@ class Catalog:
 
     def _t(self, table: str) -> str:
         return quote(self.db, table)
+
+    @property
+    def _lock_map(self) -> str:
+        """Lock the map version's row until the transaction ends: the declaration of an
+        index and the flip of a shard move take it, so they never interleave."""
+        return f"SELECT value FROM {self._t('meta')} WHERE name = 'map_version' FOR UPDATE"
+
+    def server_now_us(self) -> int:
+        """The catalog server's clock, in microseconds since the epoch."""
+        return int(self.server.run(f"SELECT {_SERVER_US}")[0][0][0])
 
     # -- creation -----------------------------------------------------------------------
 
@@ -196,16 +211,17 @@ class Catalog:
         """
         if state not in STATES:
             raise CatalogError(f"unknown index state {state!r}")
-        now = now_us()
         definition = json.dumps(index.to_dict(), sort_keys=True)
         out = self.server.run(
-            f"INSERT IGNORE INTO {self._t('indexes')} (name, definition, state, created, changed)"
-            " VALUES (%s, %s, %s, %s, %s);"
+            f"START TRANSACTION; {self._lock_map};"
+            f" INSERT IGNORE INTO {self._t('indexes')} (name, definition, state, created, changed)"
+            f" VALUES (%s, %s, %s, {_SERVER_US}, {_SERVER_US});"
             f" SELECT definition, state, created, changed FROM {self._t('indexes')}"
-            " WHERE name = %s",
-            (index.name, definition, state, now, now, index.name),
+            " WHERE name = %s; COMMIT",
+            (index.name, definition, state, index.name),
+            commits=True,
         )
-        stored, stored_state, created, changed = out[0][0]
+        stored, stored_state, created, changed = out[1][0]
         existing = Index.from_dict(json.loads(stored))
         if existing != index:
             raise IndexDefinitionError(
@@ -218,8 +234,8 @@ class Catalog:
         """Move an index to ``state`` (only from ``expect`` if given); True if changed."""
         if state not in STATES:
             raise CatalogError(f"unknown index state {state!r}")
-        sql = f"UPDATE {self._t('indexes')} SET state = %s, changed = %s WHERE name = %s"
-        params: list[Any] = [state, now_us(), name]
+        sql = f"UPDATE {self._t('indexes')} SET state = %s, changed = {_SERVER_US} WHERE name = %s"
+        params: list[Any] = [state, name]
         if expect is not None:
             sql += " AND state = %s"
             params.append(expect)
@@ -359,21 +375,34 @@ class Catalog:
             (shard, source, target, phase, now, now),
         )
 
-    def finish_move(self, shard: int, target: int) -> int:
+    def finish_move(self, shard: int, target: int, indexes: Iterable[str]) -> int:
         """Point a logical shard at its new server, bump the map version, forget the
-        move record (one transaction); return the new map version."""
+        move record (one transaction); return the new map version.
+
+        Only if the catalog still lists exactly the ``indexes`` the move copied (an index
+        is recorded under the same lock, so none is declared meanwhile); otherwise
+        nothing changes and a ``CatalogError`` names the difference."""
+        names = ",".join(sorted(indexes))
         out = self.server.run(
-            "START TRANSACTION;"
-            f" UPDATE {self._t('shards')} SET server_id = %s WHERE shard = %s;"
-            f" UPDATE {self._t('meta')} SET value = value + 1 WHERE name = 'map_version';"
-            f" DELETE FROM {self._t('moves')} WHERE shard = %s;"
+            f"START TRANSACTION; {self._lock_map};"
+            " SELECT @names := COALESCE(GROUP_CONCAT(name ORDER BY name SEPARATOR ','), '')"
+            f" FROM {self._t('indexes')};"
+            f" UPDATE {self._t('shards')} SET server_id = %s WHERE shard = %s AND @names = %s;"
+            f" UPDATE {self._t('meta')} SET value = value + 1"
+            " WHERE name = 'map_version' AND @names = %s;"
+            f" DELETE FROM {self._t('moves')} WHERE shard = %s AND @names = %s;"
             f" SELECT value FROM {self._t('meta')} WHERE name = 'map_version';"
             " COMMIT",
-            (target, shard, shard),
+            (target, shard, names, names, shard, names),
             commits=True,
             idempotent=False,
         )
-        return int(out[0][0][0])
+        if out[1][0][0] != names:
+            raise CatalogError(
+                f"the indexes changed during the move of shard {shard} (now: "
+                f"{out[1][0][0] or 'none'}; copied: {names or 'none'}): move it again"
+            )
+        return int(out[-1][0][0])
 
     def add_replica(self, server_id: int, address: Address) -> None:
         """Record a read replica of a server (replication is set up by the operator)."""

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .catalog import Catalog, Topology
@@ -75,8 +75,8 @@ class Cluster:
         elif create:
             with contextlib.suppress(PermissionDenied):  # an application user without DDL
                 self.catalog.ensure_tables()
-        self.topology = self.catalog.load()
         self._loaded = time.monotonic()
+        self.topology = self.catalog.load()
         if n_shards is not None and n_shards != self.topology.n_shards:
             raise CatalogError(
                 f"datastore {prefix!r} has {self.topology.n_shards} logical shards; "
@@ -124,8 +124,8 @@ class Cluster:
         topo = self.catalog.load()
         self._sync_codec(topo)
         with self._lock:
-            if started >= self._loaded:
-                self.topology, self._loaded = topo, time.monotonic()
+            if started >= self._loaded:  # the map is at least as new as the load's start
+                self.topology, self._loaded = topo, started
             return self.topology
 
     def reader(self, topo: Topology, server_id: int, consistency: str) -> Server:
@@ -186,26 +186,28 @@ class Cluster:
 
     # -- schema --------------------------------------------------------------------------
 
-    def create_tables(self, topo: Topology, indexes: Sequence[Index]) -> None:
-        """Create shard databases, entities tables and the given index tables."""
+    def create_shards(self, topo: Topology) -> None:
+        """Create the shard databases and their entities tables."""
+        self._on_shards(
+            topo, lambda db: [f"CREATE DATABASE IF NOT EXISTS {quote(db)}", entities_table_sql(db)]
+        )
+
+    def create_index_tables(self, topo: Topology, index: Index) -> None:
+        """Create an index's table on every logical shard.  Never a shard's database or
+        entities table: a shard fenced by a move has none, and must not get new ones."""
+        self._on_shards(topo, lambda db: [index.create_table_sql(db)])
+
+    def _on_shards(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
+        """Run the statements ``sql(db)`` of every logical shard, servers in parallel."""
         by_server: dict[int, list[str]] = {}
         for shard, sid in enumerate(topo.shard_servers):
-            db = topo.dbs[shard]
-            stmts = by_server.setdefault(sid, [])
-            stmts.append(f"CREATE DATABASE IF NOT EXISTS {quote(db)}")
-            stmts.append(entities_table_sql(db))
-            stmts.extend(index.create_table_sql(db) for index in indexes)
+            by_server.setdefault(sid, []).extend(sql(topo.dbs[shard]))
         servers = self.all_servers(topo)
         gather({sid: Batch(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()})
 
     def drop_tables(self, topo: Topology, index: Index) -> None:
         """Remove an index's table from every logical shard."""
-        by_server: dict[int, list[str]] = {}
-        for shard, sid in enumerate(topo.shard_servers):
-            table = quote(topo.dbs[shard], index.table)
-            by_server.setdefault(sid, []).append(f"DROP TABLE IF EXISTS {table}")
-        servers = self.all_servers(topo)
-        gather({sid: Batch(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()})
+        self._on_shards(topo, lambda db: [f"DROP TABLE IF EXISTS {quote(db, index.table)}"])
 
     def _initialise(self, addresses: list[Address], n_shards: int, refresh: float) -> None:
         """Create the shards first, then the catalog that makes them visible."""
@@ -221,7 +223,7 @@ class Cluster:
             dictionary_ids=(),
             active_dictionary=None,
         )
-        self.create_tables(draft, [])
+        self.create_shards(draft)
         if self.catalog.create(addresses, n_shards, refresh):
             log.info(
                 "initialised datastore %r: %d logical shards on %d servers",

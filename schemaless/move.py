@@ -154,10 +154,10 @@ class ShardMover:
             report.rows_copied += copied
             report.rows_deleted += deleted
             report.verified = self._verify(src, side, dst, db, tables)
+            self.cluster.catalog.finish_move(shard, dest, topo.indexes)
         except BaseException:
             self.rollback(shard)
             raise
-        self.cluster.catalog.finish_move(shard, dest)
         self.cluster.refresh()
         report.pause_seconds = time.monotonic() - paused
         self.progress(

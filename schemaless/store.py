@@ -18,6 +18,7 @@ from .connection import Batch, ConnectOptions, Retry, Tracer, gather, gather_par
 from .dsn import Address, Credentials, parse_address
 from .entity import Entity
 from .errors import (
+    CatalogError,
     ConflictError,
     CorruptEntity,
     IndexDefinitionError,
@@ -357,8 +358,16 @@ class DataStore:
                     f"index {index.name!r} was dropped; purge it before declaring it again"
                 )
             return existing.state
-        self.cluster.create_tables(topo, [index])
+        if topo.moves:  # its tables would miss the moving shards' new servers
+            raise CatalogError(
+                f"logical shards {', '.join(map(str, sorted(topo.moves)))} are being moved: "
+                "declare the index once the moves have finished or been rolled back"
+            )
+        self.cluster.create_index_tables(topo, index)
         info = self.cluster.catalog.record_index(index, "building")
+        now = self.cluster.refresh()
+        if now.map_version != topo.map_version:  # a move finished meanwhile
+            self.cluster.create_index_tables(now, index)
         if info.state == "building" and self._empty(topo):
             self.cluster.catalog.set_index_state(index.name, "ready", expect="building")
         return self.cluster.refresh().indexes[index.name].state

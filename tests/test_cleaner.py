@@ -16,7 +16,7 @@ import pytest
 from schemaless import DataStore, Index, failpoints
 from schemaless.catalog import Topology
 from schemaless.cleaner import Cleaner, diff_indexes
-from schemaless.cleaner.access import read_entities, read_rows
+from schemaless.cleaner.access import fence, read_entities, read_rows
 from schemaless.cleaner.progress import Progress
 from schemaless.cleaner.runtime import Shutdown
 from schemaless.cleaner.throttle import TokenBucket
@@ -156,6 +156,23 @@ def test_backfill_under_concurrent_writers(make_store: Any, local_cluster: Local
     # resumable: every shard's checkpoint is done
     checkpoints = store.cluster.catalog.checkpoints("backfill:by_link")
     assert len(checkpoints) == 8 and all(done for _, done, _ in checkpoints.values())
+
+
+def test_the_grace_period_runs_on_the_catalog_servers_clock(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A declaring client whose clock is an hour behind must not shorten the grace."""
+    store = make_store()
+    load(store, 5)
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() - 3600 * 10**9)
+    assert store.declare_index(BY_LINK) == "building"
+    monkeypatch.undo()
+    changed = store.cluster.refresh().indexes["by_link"].changed
+    assert abs(changed - store.cluster.catalog.server_now_us()) < 60 * 10**6
+    started = time.monotonic()
+    assert Cleaner(store).backfill("by_link") == "ready"
+    assert time.monotonic() - started >= 2 * 0.2 + 1.0 - 0.1  # waited out the grace
 
 
 def test_backfill_of_ready_or_unknown_index(make_store: Any) -> None:
@@ -305,6 +322,25 @@ def test_orphans_of_a_crashed_insert_are_fenced_then_removed(make_store: Any) ->
     assert_clean(store)
 
 
+def test_a_put_fenced_in_flight_writes_again_above_the_fence(make_store: Any) -> None:
+    """The Cleaner may fence a new entity's id between steps 1 and 2 of its put: a
+    blind put then writes again above the tombstone instead of raising a conflict."""
+    store = make_store(indexes=[BY_LINK])
+    entity: dict[str, Any] = {"link": "http://fenced-in-flight"}
+
+    def fence_it() -> None:
+        failpoints.clear("put.after_index_rows")
+        topo = store.cluster.refresh()
+        assert fence(store, topo, {entity["id"]: 10**18})[entity["id"]] == (10**18, True)
+
+    failpoints.set("put.after_index_rows", fence_it)
+    version = store.put(entity)
+    assert version > 10**18
+    assert store.get(entity["id"]) == entity
+    assert rows_of(store, BY_LINK, entity["id"]) == {("http://fenced-in-flight",): version}
+    assert_clean(store)
+
+
 def test_rows_ahead_of_a_live_entity_wait_for_fence_after(make_store: Any) -> None:
     store = make_store(indexes=[BY_LINK])
     ids = load(store, 10)
@@ -361,6 +397,33 @@ def test_purge_of_old_tombstones(make_store: Any) -> None:
     assert cleaner.run_once(now=time.time() + 7200)["purged"] == 10
     topo = store.cluster.refresh()
     assert all(not e.exists for e in read_entities(store, topo, ids[:10]).values())
+    assert_clean(store)
+
+
+def test_a_tombstone_purged_during_a_pass_never_costs_a_recreated_entity_its_rows(
+    make_store: Any,
+) -> None:
+    """The orphan row of a deleted entity is read with its tombstone; before the delete,
+    another Cleaner purges the tombstone and the id is created again at version 1."""
+    store = make_store(indexes=[BY_LINK])
+    key = load(store, 1)[0]
+    store.delete(key)
+    store.flush()
+    plant(store, BY_LINK, ("http://example.com/0",), key, 1)  # step 3 of the delete died
+    cleaner = Cleaner(store, tombstone_retention=3600)
+
+    def purge_and_create() -> None:
+        failpoints.clear("cleaner.before_delete")
+        assert (
+            Cleaner(store, tombstone_retention=3600).run_once(now=time.time() + 7200)["purged"] == 1
+        )
+        assert store.put({"id": key, "link": "http://example.com/0"}, expect_version=0) == 1
+
+    failpoints.set("cleaner.before_delete", purge_and_create)
+    cleaner.run_once()
+    assert store.get(key) == {"id": key, "link": "http://example.com/0"}
+    assert rows_of(store, BY_LINK, key) == {("http://example.com/0",): 1}
+    assert [e["id"] for e in store.query(BY_LINK, link="http://example.com/0")] == [key]
     assert_clean(store)
 
 

@@ -206,3 +206,34 @@ def test_old_copies_of_another_datastore_are_left_alone(make_store: Any) -> None
     finally:
         for db in theirs:
             server.run(f"DROP DATABASE IF EXISTS {quote(db)}")
+
+
+def test_an_index_declared_during_a_move_follows_the_shard(make_store: Any) -> None:
+    by_n = Index("by_n", {"n": "int"}, shard_on="n")
+    store = make_store(indexes=[BY_USER], move_wait=0.5)
+    entities = [{"id": new_id(), "user": i % 3, "n": i} for i in range(100)]
+    store.put_many(entities)
+    shard = store.cluster.shard_of_id(entities[0]["id"])
+    here = store.cluster.current().shard_servers[shard]
+    _die_after_fence(ShardMover(store), shard, 1 - here)
+    with pytest.raises(CatalogError, match="being moved"):
+        store.declare_index(by_n)
+    ShardMover(store).rollback(shard)
+
+    def declared_meanwhile() -> None:  # by a client that checked before the move began
+        store.cluster.create_index_tables(store.cluster.current(), by_n)
+        store.cluster.catalog.record_index(by_n, "building")
+
+    failpoints.set("move.after_fence", declared_meanwhile)
+    try:
+        with pytest.raises(CatalogError, match="indexes changed"):
+            ShardMover(store).move(shard, 1 - here)
+    finally:
+        failpoints.clear("move.after_fence")
+    assert store.cluster.refresh().shard_servers[shard] == here  # rolled back
+    ShardMover(store).move(shard, 1 - here)
+    assert store.cluster.refresh().shard_servers[shard] == 1 - here
+    moved = [e for e in entities if store.cluster.shard_of_id(e["id"]) == shard]
+    store.put_many({**e, "n": e["n"] + 1000} for e in moved)  # every index table is there
+    store.put({"id": new_id(), "user": 1, "n": 5})
+    assert store.get_many(e["id"] for e in moved) == [{**e, "n": e["n"] + 1000} for e in moved]

@@ -111,13 +111,7 @@ class Writer:
         versions: dict[bytes, int] = {}
         pending = prepared
         for _ in range(_BLIND_ATTEMPTS):
-            try:
-                pending = self._attempt(topo, indexes, pending, mode, versions, fresh)
-            except ConflictError:
-                # A made id already stored: the Cleaner fenced this write's rows in
-                # flight (a tombstone).  A blind put writes again, above it.
-                if not fresh or mode != BLIND:
-                    raise
+            pending = self._attempt(topo, indexes, pending, mode, versions, fresh)
             fresh = set()  # written once already: read the row before from now on
             if not pending:
                 return [versions[p[0]] for p in prepared]

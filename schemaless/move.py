@@ -148,7 +148,7 @@ class ShardMover:
                 self.progress(f"shard {shard}: copy round {round_}: {copied} rows copied")
             side = side or check_identifier(f"{db}_old{int(time.time())}", "database")
             paused = time.monotonic()
-            self._fence(shard, (source, dest), src, side, tables)
+            self._fence(shard, (source, dest), src, db, side, tables)
         try:
             copied, deleted = self._sync_all(src, side, dst, db, tables)
             report.rows_copied += copied
@@ -214,13 +214,18 @@ class ShardMover:
         dst.run(";\n".join(stmts))
 
     def _fence(
-        self, shard: int, servers: tuple[int, int], src: Server, side: str, tables: Sequence[_Table]
+        self,
+        shard: int,
+        servers: tuple[int, int],
+        src: Server,
+        db: str,
+        side: str,
+        tables: Sequence[_Table],
     ) -> None:
         """Rename the shard's tables into ``side``, whose name is recorded first: a mover
         that dies during the rename leaves a move that can be resumed or rolled back."""
         catalog = self.cluster.catalog
         catalog.record_move(shard, *servers, f"fencing:{side}")
-        db = self.cluster.current().dbs[shard]
         present = self._table_names(src, db)
         pairs = [
             f"{quote(db, t.name)} TO {quote(side, t.name)}" for t in tables if t.name in present

@@ -117,7 +117,7 @@ def _die_after_fence(mover: ShardMover, shard: int, target: int) -> None:
     store.cluster.catalog.record_move(shard, source, target, "copying")
     mover._create(dst, db, topo)
     mover._sync_all(src, db, dst, db, tables)
-    mover._fence(shard, (source, target), src, f"{db}_old1", tables)
+    mover._fence(shard, (source, target), src, db, f"{db}_old1", tables)
 
 
 def test_an_interrupted_move_resumes_or_rolls_back(make_store: Any) -> None:

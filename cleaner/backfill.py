@@ -1,6 +1,7 @@
 """Backfill a ``building`` index, then mark it ``ready``.
 
-After the grace period (every writer maintains the index by then), each logical
+After the grace period (every writer maintains the index by then, and no fence of an
+older index epoch is left, so no writer without it can still commit), each logical
 shard's entities are read by ``added_id`` in batches; their rows are upserted with the
 entity's version (``GREATEST``), grouped per server, servers in parallel; then the
 batch's versions are read again, and entities that a writer changed meanwhile are
@@ -91,6 +92,7 @@ class Backfill:
             )
         self._wait_grace(info, topo)
         topo = rt.retry("reading the catalog", cluster.refresh)
+        self._check_fences(topo)
         saved = rt.retry("reading checkpoints", lambda: cluster.catalog.checkpoints(self.job))
         k, n = self.part
         for shard in range(k, topo.n_shards, n):
@@ -110,6 +112,7 @@ class Backfill:
         if self.part[1] > 1 and not self._all_parts_done(topo):
             log.info("index %r: part %d/%d done; other parts still running", self.name, k + 1, n)
             return "building"
+        self._check_fences(rt.retry("reading the catalog", cluster.refresh))
         if rt.retry(
             "marking ready",
             lambda: cluster.catalog.set_index_state(self.name, "ready", expect="building"),
@@ -130,6 +133,19 @@ class Backfill:
         catalog = self.rt.store.cluster.catalog
         saved = self.rt.retry("reading checkpoints", lambda: catalog.checkpoints(self.job))
         return all(saved.get(shard, (0, False, 0))[1] for shard in range(topo.n_shards))
+
+    def _check_fences(self, topo: Topology) -> None:
+        """Refuse while a fence of an older index epoch remains: a writer whose map
+        lacks this index could still commit (its declaration was interrupted)."""
+        cluster = self.rt.store.cluster
+        found = self.rt.retry("listing fences", lambda: cluster.fences(topo))
+        old = sorted(db for dbs in found.values() for db, e in dbs if e < topo.index_epoch)
+        if old:
+            raise CatalogError(
+                f"index {self.name!r}: fences of an older index epoch remain on "
+                f"{', '.join(old[:5])}{' ...' if len(old) > 5 else ''} (a declaration was "
+                "interrupted): declare the index again to finish it, then rerun the Cleaner"
+            )
 
     def _wait_grace(self, info: IndexInfo, topo: Topology) -> None:
         catalog = self.rt.store.cluster.catalog

@@ -20,7 +20,7 @@ from .dsn import Address
 from .errors import CatalogError, IndexDefinitionError
 from .index import Index
 from .names import quote
-from .schema import CATALOG_TABLES, check_prefix, shard_db
+from .schema import CATALOG_TABLES, check_prefix, fence_table, shard_db
 
 __all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "now_us"]
 
@@ -64,6 +64,12 @@ class Topology:
     active_dictionary: int | None
     moves: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # shard -> move
     replicas: dict[int, tuple[Address, ...]] = field(default_factory=dict)  # server -> replicas
+    index_epoch: int = 0  # bumped by every index declaration; 0: a catalog from before fences
+
+    @property
+    def fence(self) -> str | None:
+        """The fence table every write of a body names (None before fences existed)."""
+        return fence_table(self.index_epoch) if self.index_epoch else None
 
     @cached_property
     def dbs(self) -> tuple[str, ...]:
@@ -136,7 +142,8 @@ class Catalog:
         params: list[Any] = []
         stmts.append(
             f"INSERT IGNORE INTO {self._t('meta')} (name, value) VALUES"
-            " ('format', %s), ('shards', %s), ('map_version', '1'), ('refresh_interval', %s)"
+            " ('format', %s), ('shards', %s), ('map_version', '1'), ('refresh_interval', %s),"
+            " ('index_epoch', '1')"
         )
         params += [FORMAT, str(n_shards), repr(float(refresh_interval))]
         stmts.append("SELECT ROW_COUNT()")
@@ -154,7 +161,16 @@ class Catalog:
             params += [shard, shard % len(addresses)]
         stmts.append("COMMIT")
         out = self.server.run(";\n".join(stmts), params, commits=True)
-        return bool(out[0][0][0] == 4)
+        return bool(out[0][0][0] == 5)
+
+    def start_epochs(self) -> bool:
+        """Give a catalog from before fences its first index epoch (its shards' fence
+        tables must exist first); True if this call did."""
+        out = self.server.run(
+            f"INSERT IGNORE INTO {self._t('meta')} (name, value) VALUES ('index_epoch', '1');"
+            " SELECT ROW_COUNT()"
+        )
+        return bool(out[0][0][0])
 
     # -- reading ------------------------------------------------------------------------
 
@@ -200,27 +216,37 @@ class Catalog:
             active_dictionary=int(active) if active else None,
             moves={int(r[0]): (int(r[1]), int(r[2]), str(r[3])) for r in out[5]},
             replicas=_group_replicas(out[6]),
+            index_epoch=int(meta.get("index_epoch", "0")),
         )
 
     # -- indexes ------------------------------------------------------------------------
 
-    def record_index(self, index: Index, state: str) -> IndexInfo:
-        """Record a new index in ``state``; an identical existing one is returned as is.
+    def record_index(self, index: Index, state: str, epoch: int) -> IndexInfo | None:
+        """Record a new index in ``state`` and move the index epoch on from ``epoch``
+        (whose successor's fence tables the caller created); an identical existing
+        index is returned as is.  None if the epoch is no longer ``epoch`` (another
+        index was declared meanwhile): create the next fences and try again.
 
         A different definition under the same name is an ``IndexDefinitionError``.
         """
         if state not in STATES:
             raise CatalogError(f"unknown index state {state!r}")
         definition = json.dumps(index.to_dict(), sort_keys=True)
+        meta = self._t("meta")
         out = self.server.run(
-            f"START TRANSACTION; {self._lock_map};"
+            f"START TRANSACTION; {self._lock_map}; SET @epoch = NULL;"  # pooled sessions
+            f" SELECT value INTO @epoch FROM {meta} WHERE name = 'index_epoch';"
             f" INSERT IGNORE INTO {self._t('indexes')} (name, definition, state, created, changed)"
-            f" VALUES (%s, %s, %s, {_SERVER_US}, {_SERVER_US});"
+            f" SELECT %s, %s, %s, {_SERVER_US}, {_SERVER_US} FROM DUAL WHERE @epoch = %s;"
+            " SET @added = ROW_COUNT();"
+            f" UPDATE {meta} SET value = value + 1 WHERE name = 'index_epoch' AND @added > 0;"
             f" SELECT definition, state, created, changed FROM {self._t('indexes')}"
             " WHERE name = %s; COMMIT",
-            (index.name, definition, state, index.name),
+            (index.name, definition, state, str(epoch), index.name),
             commits=True,
         )
+        if not out[1]:
+            return None
         stored, stored_state, created, changed = out[1][0]
         existing = Index.from_dict(json.loads(stored))
         if existing != index:
@@ -375,32 +401,35 @@ class Catalog:
             (shard, source, target, phase, now, now),
         )
 
-    def finish_move(self, shard: int, target: int, indexes: Iterable[str]) -> int:
+    def finish_move(self, shard: int, target: int, indexes: Iterable[str], epoch: int) -> int:
         """Point a logical shard at its new server, bump the map version, forget the
         move record (one transaction); return the new map version.
 
-        Only if the catalog still lists exactly the ``indexes`` the move copied (an index
-        is recorded under the same lock, so none is declared meanwhile); otherwise
-        nothing changes and a ``CatalogError`` names the difference."""
-        names = ",".join(sorted(indexes))
+        Only if the catalog still lists exactly the ``indexes`` the move copied, at the
+        index ``epoch`` whose fence it copied (an index is recorded under the same
+        lock, so none is declared meanwhile); otherwise nothing changes and a
+        ``CatalogError`` names the difference."""
+        copied = ",".join(sorted(indexes)) + f"@{int(epoch)}"
         out = self.server.run(
             f"START TRANSACTION; {self._lock_map};"
-            " SELECT @names := COALESCE(GROUP_CONCAT(name ORDER BY name SEPARATOR ','), '')"
-            f" FROM {self._t('indexes')};"
+            " SELECT @names := CONCAT(COALESCE(GROUP_CONCAT(name ORDER BY name SEPARATOR ','),"
+            f" ''), '@', COALESCE((SELECT value FROM {self._t('meta')}"
+            f" WHERE name = 'index_epoch'), '0')) FROM {self._t('indexes')};"
             f" UPDATE {self._t('shards')} SET server_id = %s WHERE shard = %s AND @names = %s;"
             f" UPDATE {self._t('meta')} SET value = value + 1"
             " WHERE name = 'map_version' AND @names = %s;"
             f" DELETE FROM {self._t('moves')} WHERE shard = %s AND @names = %s;"
             f" SELECT value FROM {self._t('meta')} WHERE name = 'map_version';"
             " COMMIT",
-            (target, shard, names, names, shard, names),
+            (target, shard, copied, copied, shard, copied),
             commits=True,
             idempotent=False,
         )
-        if out[1][0][0] != names:
+        if out[1][0][0] != copied:
+            now = str(out[1][0][0]).replace("@", " at index epoch ")
             raise CatalogError(
-                f"the indexes changed during the move of shard {shard} (now: "
-                f"{out[1][0][0] or 'none'}; copied: {names or 'none'}): move it again"
+                f"the indexes changed during the move of shard {shard} (now: {now}; "
+                f"copied: {copied.replace('@', ' at index epoch ')}): move it again"
             )
         return int(out[-1][0][0])
 

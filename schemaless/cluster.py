@@ -27,7 +27,7 @@ from .errors import (
 from .hashing import shard_of
 from .index import Index
 from .names import quote
-from .schema import entities_table_sql
+from .schema import entities_table_sql, fence_epoch, fence_table, fence_table_sql
 
 __all__ = ["DEFAULT_SHARDS", "Cluster", "unreachable_only"]
 
@@ -77,6 +77,11 @@ class Cluster:
                 self.catalog.ensure_tables()
         self._loaded = time.monotonic()
         self.topology = self.catalog.load()
+        if create and not self.topology.index_epoch:  # a catalog from before fences
+            with contextlib.suppress(PermissionDenied):
+                self.create_fences(self.topology, 1)
+                self.catalog.start_epochs()
+                self.refresh()
         if n_shards is not None and n_shards != self.topology.n_shards:
             raise CatalogError(
                 f"datastore {prefix!r} has {self.topology.n_shards} logical shards; "
@@ -187,10 +192,52 @@ class Cluster:
     # -- schema --------------------------------------------------------------------------
 
     def create_shards(self, topo: Topology) -> None:
-        """Create the shard databases and their entities tables."""
+        """Create the shard databases, their entities tables and fences."""
         self._on_shards(
-            topo, lambda db: [f"CREATE DATABASE IF NOT EXISTS {quote(db)}", entities_table_sql(db)]
+            topo,
+            lambda db: [
+                f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
+                entities_table_sql(db),
+                fence_table_sql(db, topo.index_epoch),
+            ],
         )
+
+    def create_fences(self, topo: Topology, epoch: int) -> None:
+        """Create the fence table of an index epoch on every logical shard."""
+        self._on_shards(topo, lambda db: [fence_table_sql(db, epoch)])
+
+    def fences(self, topo: Topology) -> dict[int, list[tuple[str, int]]]:
+        """The fence tables on each server's logical shards: ``(database, epoch)``."""
+        calls = {}
+        for sid, server in self.all_servers(topo).items():
+            dbs = [topo.dbs[s] for s in topo.shards_of(sid)]
+            if dbs:
+                marks = ", ".join(["%s"] * len(dbs))
+                sql = (
+                    "SELECT table_schema, table_name FROM information_schema.tables"
+                    f" WHERE table_schema IN ({marks}) AND table_name LIKE 'fence\\_%%'"
+                )
+                calls[sid] = Batch(server, sql, dbs)
+        out: dict[int, list[tuple[str, int]]] = {}
+        for sid, sets in gather(calls).items():
+            for db, table in sets[0]:
+                epoch = fence_epoch(str(table))
+                if epoch is not None:
+                    out.setdefault(sid, []).append((str(db), epoch))
+        return out
+
+    def retire_fences(self, topo: Topology) -> None:
+        """Drop the fences of index epochs before ``topo``'s: each drop waits for the
+        writes in flight that named it; later writes with an older map fail
+        (``TableMissing``), refresh and write again with the new indexes."""
+        calls = {}
+        servers = self.all_servers(topo)
+        for sid, found in self.fences(topo).items():
+            old = [quote(db, fence_table(e)) for db, e in found if e < topo.index_epoch]
+            if old:
+                sql = f"SET SESSION lock_wait_timeout = 60; DROP TABLE IF EXISTS {', '.join(old)}"
+                calls[sid] = Batch(servers[sid], sql)
+        gather(calls)
 
     def create_index_tables(self, topo: Topology, index: Index) -> None:
         """Create an index's table on every logical shard.  Never a shard's database or
@@ -222,6 +269,7 @@ class Cluster:
             indexes={},
             dictionary_ids=(),
             active_dictionary=None,
+            index_epoch=1,
         )
         self.create_shards(draft)
         if self.catalog.create(addresses, n_shards, refresh):

@@ -32,7 +32,7 @@ from .connection import Server
 from .errors import CatalogError
 from .index import Index
 from .names import check_identifier, quote
-from .schema import entities_table_sql
+from .schema import entities_table_sql, fence_table_sql
 from .store import DataStore
 
 __all__ = ["MoveReport", "ShardMover", "rebalance_plan"]
@@ -61,6 +61,10 @@ _ENTITIES = _Table(
     ("added_id", "id", "version", "updated", "body"),
     ("`added_id`", "`id`", "`version`", "`updated`", "`body` IS NULL", "CRC32(`body`)"),
 )
+
+
+def _fence_table(name: str) -> _Table:
+    return _Table(name, ("unused",), ("unused",), ("`unused`",))  # always empty
 
 
 def _index_table(index: Index) -> _Table:
@@ -106,7 +110,8 @@ class ShardMover:
 
     def _tables(self, topo: Topology) -> list[_Table]:
         indexes = [info.index for info in topo.indexes.values()]
-        return [_ENTITIES, *(_index_table(i) for i in indexes)]
+        fence = [_fence_table(topo.fence)] if topo.fence else []
+        return [_ENTITIES, *(_index_table(i) for i in indexes), *fence]
 
     # -- the move ------------------------------------------------------------------------
 
@@ -154,7 +159,7 @@ class ShardMover:
             report.rows_copied += copied
             report.rows_deleted += deleted
             report.verified = self._verify(src, side, dst, db, tables)
-            self.cluster.catalog.finish_move(shard, dest, topo.indexes)
+            self.cluster.catalog.finish_move(shard, dest, topo.indexes, topo.index_epoch)
         except BaseException:
             self.rollback(shard)
             raise
@@ -211,6 +216,8 @@ class ShardMover:
     def _create(self, dst: Server, db: str, topo: Topology) -> None:
         stmts = [f"CREATE DATABASE IF NOT EXISTS {quote(db)}", entities_table_sql(db)]
         stmts += [info.index.create_table_sql(db) for info in topo.indexes.values()]
+        if topo.index_epoch:
+            stmts.append(fence_table_sql(db, topo.index_epoch))
         dst.run(";\n".join(stmts))
 
     def _fence(

@@ -328,7 +328,7 @@ class Writer:
         firsts: dict[int, int] = {}
         for sid, group in by_server.items():
             rows = local.get(sid, []) if local else []
-            sql, params, firsts[sid] = entity_batch_sql(group, rows, topo.dbs)
+            sql, params, firsts[sid] = entity_batch_sql(group, rows, topo.dbs, topo.fence)
             batches[sid] = Batch(
                 servers[sid], sql, params, commits=True, idempotent=False, counts=[]
             )

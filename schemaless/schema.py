@@ -1,4 +1,5 @@
-"""DDL of the catalog database and of each logical shard's ``entities`` table."""
+"""DDL of the catalog database and of each logical shard's ``entities`` and fence
+tables."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ import re
 from .errors import CatalogError
 from .names import quote
 
-__all__ = ["CATALOG_TABLES", "check_prefix", "entities_table_sql", "shard_db"]
+__all__ = [
+    "CATALOG_TABLES",
+    "check_prefix",
+    "entities_table_sql",
+    "fence_epoch",
+    "fence_table",
+    "fence_table_sql",
+    "shard_db",
+]
 
 _PREFIX = re.compile(r"[a-z][a-z0-9_]{0,39}\Z")
+_FENCE = re.compile(r"fence_([0-9]{1,18})\Z")
 
 
 def check_prefix(prefix: object) -> str:
@@ -40,6 +50,28 @@ def entities_table_sql(db: str) -> str:
         " UNIQUE KEY `by_id` (`id`),"
         " KEY `by_updated` (`updated`)"
         ") ENGINE=InnoDB"
+    )
+
+
+def fence_table(epoch: int) -> str:
+    """The fence table of an index epoch: every write of a body names it, so a writer
+    whose map predates an index declaration fails once the declaration drops it."""
+    return f"fence_{int(epoch)}"
+
+
+def fence_epoch(table: str) -> int | None:
+    """The index epoch a table name fences, or None if it is not a fence table."""
+    match = _FENCE.match(table)
+    return int(match.group(1)) if match else None
+
+
+def fence_table_sql(db: str, epoch: int) -> str:
+    """A shard's fence table: always empty, only its name matters, so MEMORY (no
+    tablespace pages or files: a server out of space still has its fences, and
+    reading one costs less than an InnoDB table)."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {quote(db, fence_table(epoch))}"
+        " (`unused` TINYINT NOT NULL PRIMARY KEY) ENGINE=MEMORY"
     )
 
 

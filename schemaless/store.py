@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_DECLARE_ATTEMPTS = 5  # declarations racing each other for the next index epoch
+
 
 class DataStore:
     """Schemaless entities on sharded MySQL/MariaDB servers.
@@ -288,18 +290,19 @@ class DataStore:
         raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
 
     def rerouted(self, fn: Callable[[], T]) -> T:
-        """Internal: run ``fn``; while a logical shard is being moved (its tables are
-        fenced off on the old server), refresh the map and run it again: writers wait,
-        not fail."""
+        """Internal: run ``fn``; when its tables are gone because the map changed (a
+        logical shard moved, or an index was declared and the old fence dropped),
+        refresh the map and run it again; while a move is under way, wait for it:
+        writers pause, they do not fail."""
         deadline = time.monotonic() + self.move_wait
         delay = 0.01
         while True:
-            version = self.cluster.topology.map_version
+            seen = self.cluster.topology
             try:
                 return fn()
             except TableMissing:
                 topo = self.cluster.refresh()
-                if topo.map_version != version:
+                if (topo.map_version, topo.index_epoch) != (seen.map_version, seen.index_epoch):
                     continue
                 if not topo.moves or time.monotonic() >= deadline:
                     raise
@@ -341,34 +344,55 @@ class DataStore:
 
         On a datastore with no entities the index is ``ready`` at once; otherwise it is
         ``building`` until ``cleaner --index=NAME`` has backfilled it.  Declaring the
-        same definition again is a no-op; a different one under the name is an error.
+        same definition again is a no-op (for a ``building`` index it also finishes an
+        interrupted declaration); a different one under the name is an error.
+
+        The declaration moves the index epoch on: the next epoch's fence tables first,
+        then the index with the new epoch in the catalog, then the old fences dropped.
+        Each drop waits for the writes in flight that named it; a later write from a
+        map without the index fails, refreshes and writes again with it (``rerouted``).
         """
         if not isinstance(index, Index):
             raise IndexDefinitionError(f"expected an Index, got {type(index).__name__}")
-        topo = self.cluster.refresh()
-        existing = topo.indexes.get(index.name)
-        if existing is not None:
-            if existing.index != index:
-                raise IndexDefinitionError(
-                    f"index {index.name!r} already exists with a different definition: "
-                    f"{existing.index!r}; drop and purge it first"
+        for _ in range(_DECLARE_ATTEMPTS):
+            topo = self.cluster.refresh()
+            existing = topo.indexes.get(index.name)
+            if existing is not None:
+                if existing.index != index:
+                    raise IndexDefinitionError(
+                        f"index {index.name!r} already exists with a different definition: "
+                        f"{existing.index!r}; drop and purge it first"
+                    )
+                if existing.state == "dropped":
+                    raise IndexDefinitionError(
+                        f"index {index.name!r} was dropped; purge it before declaring it again"
+                    )
+                if existing.state == "building":
+                    self.cluster.retire_fences(topo)
+                return existing.state
+            if topo.moves:  # its tables would miss the moving shards' new servers
+                raise CatalogError(
+                    f"logical shards {', '.join(map(str, sorted(topo.moves)))} are being moved:"
+                    " declare the index once the moves have finished or been rolled back"
                 )
-            if existing.state == "dropped":
-                raise IndexDefinitionError(
-                    f"index {index.name!r} was dropped; purge it before declaring it again"
+            if not topo.index_epoch:
+                raise CatalogError(
+                    "this datastore predates index fences: open it once as a user that may "
+                    "create tables (e.g. `schemaless init`) to upgrade it"
                 )
-            return existing.state
-        if topo.moves:  # its tables would miss the moving shards' new servers
-            raise CatalogError(
-                f"logical shards {', '.join(map(str, sorted(topo.moves)))} are being moved: "
-                "declare the index once the moves have finished or been rolled back"
-            )
-        self.cluster.create_index_tables(topo, index)
-        info = self.cluster.catalog.record_index(index, "building")
+            self.cluster.create_index_tables(topo, index)
+            self.cluster.create_fences(topo, topo.index_epoch + 1)
+            info = self.cluster.catalog.record_index(index, "building", topo.index_epoch)
+            if info is not None:
+                break
+        else:
+            raise CatalogError(f"index {index.name!r}: other declarations kept racing; try again")
         now = self.cluster.refresh()
         if now.map_version != topo.map_version:  # a move finished meanwhile
             self.cluster.create_index_tables(now, index)
-        if info.state == "building" and self._empty(topo):
+            self.cluster.create_fences(now, now.index_epoch)
+        self.cluster.retire_fences(now)
+        if info.state == "building" and self._empty(now):
             self.cluster.catalog.set_index_state(index.name, "ready", expect="building")
         return self.cluster.refresh().indexes[index.name].state
 

@@ -3,7 +3,8 @@
 Pure builders: each returns statements and parameters for one server's batch.
 Step 1 upserts index rows with ``GREATEST(entity_version, V)``; step 2 writes each
 entity with one conditional statement (after the upserts of its rows that live on the
-same server, in one transaction); step 3 deletes the old body's rows only where
+same server, in one transaction), the first body of each logical shard naming that
+shard's fence table; step 3 deletes the old body's rows only where
 ``entity_version < V``.
 """
 
@@ -107,7 +108,10 @@ def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
 
 
 def entity_batch_sql(
-    writes: Sequence[EntityWrite], rows: Sequence[IndexRow] = (), dbs: Sequence[str] = ()
+    writes: Sequence[EntityWrite],
+    rows: Sequence[IndexRow] = (),
+    dbs: Sequence[str] = (),
+    fence: str | None = None,
 ) -> tuple[str, list[Any], int]:
     """Step 2: write each entity with one atomic conditional statement, in one round
     trip; return the SQL, its parameters and the position of the first write among the
@@ -119,12 +123,23 @@ def entity_batch_sql(
     before (NULL for a tombstone: a hint of which rows step 3 removes).
     Several statements share one transaction (one commit), entities in id order so
     concurrent batches cannot deadlock.
+
+    ``fence``: the fence table of the writer's index epoch.  The first write of a body
+    on each logical shard reads it (its version plus the empty table's ``COUNT(*)``),
+    which holds the table until the transaction ends: a declaration that drops it
+    waits for this write, and a write from an older map fails (``TableMissing``).
+    Tombstones need no fence (they produce no index rows).
     """
     stmts, params = _upserts(rows, dbs)
     upserts = len(stmts)
+    fenced: set[str] = set()
     for w in sorted(writes, key=lambda w: (w.db, w.entity_id)):
         kind = _kind(w)
-        stmts.append(_entity_sql(w.db, kind, w.want_body))
+        shard_fence = None
+        if fence is not None and w.body is not None and w.db not in fenced:
+            fenced.add(w.db)
+            shard_fence = fence
+        stmts.append(_entity_sql(w.db, kind, w.want_body, shard_fence))
         if w.want_body:
             params.append(w.entity_id)
         if kind in ("blind", "create", "new"):
@@ -151,19 +166,23 @@ def _kind(w: EntityWrite) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _entity_sql(db: str, kind: str, want_body: bool) -> str:
+def _entity_sql(db: str, kind: str, want_body: bool, fence: str | None = None) -> str:
     """The statements of one entity's step 2 (their parameters: see entity_batch_sql).
 
     Each write applies only if the stored version is below the new one (and, for
     compare-and-set, equal to the expected one), so versions only grow; a write that
     does not apply changes nothing and affects 0 rows.  A NEW write is a plain INSERT:
     the server's conditional upsert costs it 30-50 µs more, and no row can be there.
+    With ``fence``, the version is ``V + (SELECT COUNT(*) FROM <fence>)``, always V.
     """
     table = quote(db, "entities")
+    version = f"%s + (SELECT COUNT(*) FROM {quote(db, fence)})" if fence else "%s"
     stmts = []
     if want_body:
         stmts.append(f"SELECT `body` FROM {table} WHERE `id` = %s")  # NULL: a tombstone
-    insert = f"INSERT INTO {table} (`id`, `version`, `updated`, `body`) VALUES (%s, %s, %s, %s)"
+    insert = (
+        f"INSERT INTO {table} (`id`, `version`, `updated`, `body`) VALUES (%s, {version}, %s, %s)"
+    )
     if kind == "new":  # a duplicate id fails the statement (ConflictError), never overwrites
         stmts.append(insert)
     elif kind in ("blind", "create"):
@@ -179,7 +198,7 @@ def _entity_sql(db: str, kind: str, want_body: bool) -> str:
         )
     elif kind == "cas":
         stmts.append(
-            f"UPDATE {table} SET `body` = %s, `updated` = %s, `version` = %s"
+            f"UPDATE {table} SET `body` = %s, `updated` = %s, `version` = {version}"
             " WHERE `id` = %s AND `version` = %s AND `body` IS NOT NULL"
         )
     else:

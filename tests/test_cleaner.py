@@ -175,6 +175,63 @@ def test_the_grace_period_runs_on_the_catalog_servers_clock(
     assert time.monotonic() - started >= 2 * 0.2 + 1.0 - 0.1  # waited out the grace
 
 
+@pytest.mark.parametrize("kind", ["update", "new"])
+def test_a_writer_paused_past_the_grace_period_still_indexes_its_write(
+    make_store: Any, local_cluster: LocalCluster, kind: str
+) -> None:
+    """A writer whose map predates an index, paused between steps 1 and 2 while the
+    index is declared and backfilled to ready, must not commit without the index's
+    row: the declaration dropped the fence its step 2 names, so it refreshes and
+    writes again with the index, and the query finds the entity."""
+    store = make_store()
+    ids = load(store, 20)
+    writer = same_store(local_cluster, store)  # its own map, loaded before the index
+    entity: dict[str, Any] = {"link": "http://example.com/moved", "n": 3}
+    if kind == "update":
+        entity["id"] = ids[3]
+    writer.put({"link": "warm-up", "n": 0})  # the map in use: no index
+    declared: list[str] = []
+
+    def declare_and_backfill() -> None:  # while the writer waits before its step 2
+        if not declared:
+            declared.append(store.declare_index(BY_LINK))
+            declared.append(Cleaner(store).backfill("by_link"))  # after the grace period
+
+    failpoints.set("put.after_index_rows", declare_and_backfill)
+    writer.put(entity)
+    failpoints.clear()
+    assert declared == ["building", "ready"]
+    store.cluster.refresh()
+    found = store.query("by_link", link="http://example.com/moved")
+    assert [e["id"] for e in found] == [entity["id"]]
+    writer.flush()
+    assert_clean(store, "by_link")
+    writer.close()
+
+
+def test_a_backfill_refuses_while_an_interrupted_declaration_left_fences(
+    make_store: Any,
+) -> None:
+    """A declaration that died after recording the index but before dropping the old
+    fences: writers with an older map could still commit, so the Cleaner refuses to
+    backfill until the declaration is run again, which finishes it."""
+    store = make_store()
+    load(store, 20)
+    topo = store.cluster.refresh()
+    store.cluster.create_index_tables(topo, BY_LINK)
+    store.cluster.create_fences(topo, topo.index_epoch + 1)
+    assert store.cluster.catalog.record_index(BY_LINK, "building", topo.index_epoch)
+    assert store.cluster.catalog.record_index(BY_TAG, "building", topo.index_epoch) is None
+    with pytest.raises(SchemalessError, match="fences of an older index epoch remain"):
+        Cleaner(store).backfill("by_link")
+    assert store.declare_index(BY_LINK) == "building"  # finishes the declaration
+    now = store.cluster.refresh()
+    epochs = {e for dbs in store.cluster.fences(now).values() for _, e in dbs}
+    assert epochs == {topo.index_epoch + 1} == {now.index_epoch}
+    assert Cleaner(store).backfill("by_link") == "ready"
+    assert_clean(store, "by_link")
+
+
 def test_backfill_of_ready_or_unknown_index(make_store: Any) -> None:
     store = make_store(indexes=[BY_LINK])
     assert Cleaner(store).backfill("by_link") == "ready"

@@ -221,8 +221,11 @@ def test_an_index_declared_during_a_move_follows_the_shard(make_store: Any) -> N
     ShardMover(store).rollback(shard)
 
     def declared_meanwhile() -> None:  # by a client that checked before the move began
-        store.cluster.create_index_tables(store.cluster.current(), by_n)
-        store.cluster.catalog.record_index(by_n, "building")
+        topo = store.cluster.current()
+        store.cluster.create_index_tables(topo, by_n)
+        store.cluster.create_fences(topo, topo.index_epoch + 1)
+        assert store.cluster.catalog.record_index(by_n, "building", topo.index_epoch)
+        store.cluster.retire_fences(store.cluster.refresh())
 
     failpoints.set("move.after_fence", declared_meanwhile)
     try:

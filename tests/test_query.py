@@ -77,12 +77,13 @@ def test_an_id_made_by_the_library_skips_the_read_of_the_row_before(make_store: 
     fresh = entity(1, 100)
     del fresh["id"]
     calls.clear()
+    read_before = "SELECT `body` FROM"
     store.put(fresh)  # no id: the library makes one, so there is no row before
-    assert not any("SELECT" in sql and ".`entities`" in sql for sql in calls)
+    assert not any(read_before in sql for sql in calls)
     calls.clear()
     fresh["published"] = 101  # now it exists: the row before is read for step 3
     store.put(fresh)
-    assert any("SELECT" in sql and ".`entities`" in sql for sql in calls)
+    assert any(read_before in sql for sql in calls)
     assert [e["published"] for e in store.query(BY_USER, user=1)] == [101]
 
 

@@ -3,6 +3,7 @@ queries.  Writes run the protocol of ``schemaless.protocol``."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -25,6 +26,7 @@ from .errors import (
     IndexNotReady,
     InvalidEntity,
     InvalidQuery,
+    PermissionDenied,
     TableMissing,
 )
 from .ids import id_hex, to_id
@@ -367,8 +369,9 @@ class DataStore:
                     raise IndexDefinitionError(
                         f"index {index.name!r} was dropped; purge it before declaring it again"
                     )
-                if existing.state == "building":
-                    self.cluster.retire_fences(topo)
+                if existing.state == "building":  # finish a declaration that died
+                    with contextlib.suppress(PermissionDenied):  # an admin's to finish
+                        self.cluster.retire_fences(topo)
                 return existing.state
             if topo.moves:  # its tables would miss the moving shards' new servers
                 raise CatalogError(

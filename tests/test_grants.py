@@ -292,6 +292,32 @@ def test_the_application_user_reads_and_writes_but_runs_no_ddl(
     assert "(MySQL error 1045)" in str(login.value) and "grants" not in str(login.value)
 
 
+def test_an_application_user_opens_past_an_interrupted_declaration(
+    local_cluster: LocalCluster, store: DataStore, users: dict[str, User]
+) -> None:
+    """Dropping the old fences a died declaration left is an admin's re-declaration;
+    an application user declaring the same index at open (no DROP right) opens and
+    writes, and the old fences stay until the admin finishes it."""
+    topo = store.cluster.refresh()
+    store.cluster.create_index_tables(topo, BY_N)
+    store.cluster.create_fences(topo, topo.index_epoch + 1)
+    assert store.cluster.catalog.record_index(BY_N, "building", topo.index_epoch)
+    try:
+        with open_as(local_cluster, store, users["app"], indexes=[BY_N]) as ds:
+            entity = {"link": "http://grants.example/fenced", "n": 7}
+            ds.put(entity)
+            assert ds.get(entity["id"]) == entity
+        now = store.cluster.refresh()
+        epochs = {e for dbs in store.cluster.fences(now).values() for _, e in dbs}
+        assert epochs == {topo.index_epoch, now.index_epoch}  # left for the admin
+        assert store.declare_index(BY_N) == "building"  # the admin finishes it
+        epochs = {e for dbs in store.cluster.fences(now).values() for _, e in dbs}
+        assert epochs == {now.index_epoch}
+    finally:
+        store.drop_index(BY_N.name)
+        store.purge_index(BY_N.name)
+
+
 # -- the Cleaner user -----------------------------------------------------------------
 
 

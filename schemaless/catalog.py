@@ -163,14 +163,12 @@ class Catalog:
         out = self.server.run(";\n".join(stmts), params, commits=True)
         return bool(out[0][0][0] == 5)
 
-    def start_epochs(self) -> bool:
+    def start_epochs(self) -> None:
         """Give a catalog from before fences its first index epoch (its shards' fence
-        tables must exist first); True if this call did."""
-        out = self.server.run(
-            f"INSERT IGNORE INTO {self._t('meta')} (name, value) VALUES ('index_epoch', '1');"
-            " SELECT ROW_COUNT()"
+        tables must exist first); one that has an epoch keeps it."""
+        self.server.run(
+            f"INSERT IGNORE INTO {self._t('meta')} (name, value) VALUES ('index_epoch', '1')"
         )
-        return bool(out[0][0][0])
 
     # -- reading ------------------------------------------------------------------------
 

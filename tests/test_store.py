@@ -11,6 +11,7 @@ import pytest
 from faults.helpers import count_rows
 
 from schemaless import (
+    CatalogError,
     ConflictError,
     DataStore,
     EntityTooLarge,
@@ -19,6 +20,7 @@ from schemaless import (
     InvalidId,
     new_id,
 )
+from schemaless.names import quote
 from schemaless.schema import shard_db
 
 
@@ -337,3 +339,42 @@ def test_trained_dictionary_shrinks_bodies_and_old_bodies_stay_readable(make_sto
         assert fresh.get_many([old[0]["id"], new["id"]]) == [old[0], new]
     finally:
         fresh.close()
+
+
+def test_a_catalog_from_before_fences_is_upgraded_by_an_open_with_ddl(
+    make_store: Any, local_cluster: Any
+) -> None:
+    """A datastore made before index epochs: its clients write without a fence and may
+    not declare an index until a client that may create tables opens it, which gives
+    every shard its first fence and the catalog its first epoch."""
+    store = make_store()
+    topo = store.cluster.refresh()
+    catalog = store.cluster.catalog
+    catalog.server.run(f"DELETE FROM {quote(catalog.db, 'meta')} WHERE name = 'index_epoch'")
+    for sid, server in store.cluster.all_servers(topo).items():
+        drops = [quote(topo.dbs[s], "fence_1") for s in topo.shards_of(sid)]
+        server.run(f"DROP TABLE {', '.join(drops)}")
+
+    def reopen(create: bool) -> DataStore:
+        return DataStore(
+            local_cluster.addresses,
+            prefix=topo.prefix,
+            create=create,
+            option_file=str(local_cluster.option_file),
+        )
+
+    with reopen(create=False) as old:
+        assert old.cluster.topology.index_epoch == 0 and old.cluster.topology.fence is None
+        entity = {"n": 1}
+        old.put(entity)  # no fence named
+        assert old.get(entity["id"]) == entity
+        with pytest.raises(CatalogError, match="predates index fences"):
+            old.declare_index(Index("by_n", {"n": "int"}))
+    with reopen(create=True) as upgraded:
+        now = upgraded.cluster.topology
+        assert now.index_epoch == 1
+        fences = upgraded.cluster.fences(now)
+        assert sorted(db for dbs in fences.values() for db, e in dbs if e == 1) == list(now.dbs)
+        assert upgraded.declare_index(Index("by_n", {"n": "int"})) == "building"
+        upgraded.put({"n": 2})
+    assert store.cluster.refresh().index_epoch == 2

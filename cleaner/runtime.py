@@ -2,7 +2,8 @@
 
 ``Shutdown`` holds the signal flags (handlers only set them: the first SIGTERM/SIGINT
 asks to stop after the current batch, the second restores the default handler and
-re-raises the signal).  ``Runtime.retry`` backs off while a server is unavailable.
+re-raises the signal).  ``Runtime.retry`` backs off while a server is unavailable, and
+follows the map when a logical shard moves.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
 
-from schemaless.errors import ShardUnavailable
+from schemaless.errors import ShardUnavailable, TableMissing
 from schemaless.store import DataStore
 
 from .metrics import Figures
@@ -127,10 +128,15 @@ class Runtime:
 
     def retry(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``, again and again while a server is unavailable (exponential backoff,
-        capped at ``backoff_cap``); ``Stopped`` if a stop is requested meanwhile."""
+        capped at ``backoff_cap``) or while its tables are gone because a logical shard
+        moved (at once, on the new map) or is moving (for as long as the move is
+        recorded); ``Stopped`` if a stop is requested meanwhile.  To follow a move,
+        ``fn`` reads the map afresh (``cluster.current()``)."""
         delays = backoff_delays(cap=self.backoff_cap)
-        failing = False
+        moving = backoff_delays(base=0.05, cap=min(1.0, self.backoff_cap))
+        failing = waiting = False
         while True:
+            seen = self.store.cluster.topology
             try:
                 result = fn()
             except ShardUnavailable as exc:
@@ -139,6 +145,21 @@ class Runtime:
                 log.warning("%s: %s; retrying in %.3gs", what, exc, delay)
                 failing = True
                 self.sleep(delay)
+                continue
+            except TableMissing as exc:
+                topo = self.retry("reading the catalog", self.store.cluster.refresh)
+                if topo.routing != seen.routing:
+                    log.info("%s: %s; the map changed, carrying on with the new one", what, exc)
+                    continue
+                if not topo.moves:
+                    raise
+                if not waiting:
+                    shards = ", ".join(map(str, sorted(topo.moves)))
+                    log.warning(
+                        "%s: %s; waiting for the move of logical shard(s) %s", what, exc, shards
+                    )
+                    waiting = True
+                self.sleep(next(moving))
                 continue
             if failing:
                 log.info("%s: server available again, carrying on", what)

@@ -71,6 +71,12 @@ class Topology:
         """The fence table every write of a body names (None before fences existed)."""
         return fence_table(self.index_epoch) if self.index_epoch else None
 
+    @property
+    def routing(self) -> tuple[int, int]:
+        """What decides which tables a client names: when it changed, a client that got
+        "table doesn't exist" retries on the new map."""
+        return self.map_version, self.index_epoch
+
     @cached_property
     def dbs(self) -> tuple[str, ...]:
         """The database name of every logical shard, by shard number."""

@@ -304,7 +304,7 @@ class DataStore:
                 return fn()
             except TableMissing:
                 topo = self.cluster.refresh()
-                if (topo.map_version, topo.index_epoch) != (seen.map_version, seen.index_epoch):
+                if topo.routing != seen.routing:
                     continue
                 if not topo.moves or time.monotonic() >= deadline:
                     raise

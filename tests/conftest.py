@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from schemaless import DataStore, Index
+from schemaless import DataStore, Index, failpoints
 from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.schema import shard_db
@@ -43,6 +43,13 @@ def local_cluster() -> Iterator[LocalCluster]:
             cluster.down()
 
 
+@pytest.fixture(autouse=True)
+def no_failpoints() -> Iterator[None]:
+    """No failpoint outlives its test."""
+    yield
+    failpoints.clear()
+
+
 @pytest.fixture
 def make_store(local_cluster: LocalCluster) -> Iterator[Callable[..., DataStore]]:
     """A factory of datastores, each with its own prefix (8 logical shards, a short
@@ -65,6 +72,16 @@ def make_store(local_cluster: LocalCluster) -> Iterator[Callable[..., DataStore]
     yield make
     for store in stores:
         drop_datastore(store)
+
+
+def same_store(local_cluster: LocalCluster, store: DataStore) -> DataStore:
+    """Another client of the same datastore (its own pools and catalog refreshes)."""
+    return DataStore(
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=store.cluster.topology.prefix,
+        create=False,
+    )
 
 
 def drop_datastore(store: DataStore) -> None:

@@ -8,10 +8,10 @@ import random
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import same_store
 
 from schemaless import DataStore, Index, failpoints
 from schemaless.catalog import Topology
@@ -32,12 +32,6 @@ BY_LINK = Index("by_link", {"link": "str(100)"})
 BY_TAG = Index("by_tag", {"tags": "str(20)", "n": "int"}, multi="tags")
 
 
-@pytest.fixture(autouse=True)
-def no_failpoints() -> Iterator[None]:
-    yield
-    failpoints.clear()
-
-
 def load(store: DataStore, n: int, start: int = 0) -> list[bytes]:
     """Put ``n`` entities; their ids."""
     ids: list[bytes] = []
@@ -49,16 +43,6 @@ def load(store: DataStore, n: int, start: int = 0) -> list[bytes]:
         store.put_many(batch)
         ids += [e["id"] for e in batch]
     return ids
-
-
-def same_store(local_cluster: LocalCluster, store: DataStore) -> DataStore:
-    """Another client of the same datastore (its own pools and catalog refreshes)."""
-    return DataStore(
-        local_cluster.addresses,
-        option_file=str(local_cluster.option_file),
-        prefix=store.cluster.topology.prefix,
-        create=False,
-    )
 
 
 def step1_rows(store: DataStore, index: Index, entity: dict[str, Any]) -> set[tuple[Any, ...]]:

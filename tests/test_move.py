@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from typing import Any
 
 import pytest
+from conftest import same_store
 
 from schemaless import CatalogError, Index, TableMissing, failpoints, new_id
+from schemaless.cleaner import Cleaner
 from schemaless.cleaner.verify import diff_indexes
+from schemaless.local import LocalCluster
 from schemaless.move import ShardMover, rebalance_plan
 from schemaless.names import quote
 
@@ -184,6 +188,66 @@ def test_a_move_whose_side_copy_is_gone_fails_instead_of_flipping(make_store: An
     with pytest.raises(CatalogError, match="no entities table"):
         ShardMover(store).move(shard, 1 - here)
     assert store.cluster.refresh().shard_servers[shard] == here
+
+
+def test_a_backfill_follows_the_shards_that_move_under_it(
+    make_store: Any, local_cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both lanes hold a batch read on the old map when logical shard 0 has moved and
+    shard 1 is fenced for its move: the backfill carries on with the new map, waits for
+    the recorded move, and builds the whole index."""
+    store = make_store(shards=2)  # one logical shard per server: one backfill lane each
+    store.put_many({"user": i % 7, "n": i} for i in range(300))
+    assert store.declare_index(BY_USER) == "building"
+    topo = store.cluster.refresh()
+    mover = same_store(local_cluster, store)  # another client, as the CLI would be
+    fenced = threading.Event()
+    lanes: set[int] = set()
+    errors: list[BaseException] = []
+    second: list[threading.Thread] = []
+
+    def hold_the_fence() -> None:
+        fenced.set()
+        time.sleep(1.0)  # shard 1's tables are gone and its move is recorded meanwhile
+
+    def move_shard_1() -> None:
+        try:
+            ShardMover(mover, chunk=50).move(1, topo.shard_servers[0])
+        except BaseException as exc:
+            errors.append(exc)
+
+    def move_both() -> None:
+        ShardMover(mover, chunk=50).move(0, topo.shard_servers[1])
+        failpoints.set("move.after_fence", hold_the_fence)
+        second.append(threading.Thread(target=move_shard_1))
+        second[0].start()
+        assert fenced.wait(30)
+
+    both_read = threading.Barrier(2, action=move_both, timeout=120)
+
+    def first_batch_of_each_lane() -> None:
+        if threading.get_ident() not in lanes:
+            lanes.add(threading.get_ident())
+            both_read.wait()
+
+    failpoints.set("cleaner.after_read", first_batch_of_each_lane)
+    caplog.set_level(logging.INFO, logger="schemaless.cleaner")
+    try:
+        state = Cleaner(store, batch=50).backfill("by_user")
+    finally:
+        for t in second:
+            t.join()
+        mover.close()
+    assert not errors, errors
+    assert state == "ready"
+    moved = store.cluster.refresh()
+    assert moved.shard_servers == (topo.shard_servers[1], topo.shard_servers[0])
+    assert not moved.moves
+    log = caplog.text
+    assert "the map changed, carrying on with the new one" in log
+    assert "waiting for the move of logical shard(s) 1" in log
+    for diff in diff_indexes(store).values():
+        assert diff.clean, diff.summary()
 
 
 def test_old_copies_of_another_datastore_are_left_alone(make_store: Any) -> None:

@@ -19,7 +19,7 @@ from .catalog import Topology
 from .clock import VersionClock
 from .cluster import Cluster
 from .codec import Codec
-from .connection import Batch, gather
+from .connection import Batch, gather, gather_partial
 from .entity import Entity
 from .errors import ConflictError, CorruptEntity, InvalidEntity, SchemalessError
 from .hashing import shard_of
@@ -89,7 +89,7 @@ class Writer:
         indexes = topo.maintained()
         prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]] = []
         seen: set[bytes] = set()
-        fresh: set[bytes] = set()  # ids made here: no row before, nothing for step 3
+        fresh: set[bytes] = set()  # ids made here: no live row before, nothing for step 3
         for entity in entities:
             if not isinstance(entity, Mapping):
                 raise InvalidEntity(f"an entity must be a dict, got {type(entity).__name__}")
@@ -110,9 +110,8 @@ class Writer:
             prepared.append((key, self.cluster.shard_of_id(key), body, rows))
         versions: dict[bytes, int] = {}
         pending = prepared
-        for _ in range(_BLIND_ATTEMPTS):
-            pending = self._attempt(topo, indexes, pending, mode, versions, fresh)
-            fresh = set()  # written once already: read the row before from now on
+        for attempt in range(_BLIND_ATTEMPTS):
+            pending = self._attempt(topo, indexes, pending, mode, versions, fresh, attempt == 0)
             if not pending:
                 return [versions[p[0]] for p in prepared]
         raise ConflictError(
@@ -128,8 +127,14 @@ class Writer:
         mode: str | int,
         versions: dict[bytes, int],
         fresh: set[bytes],
+        first: bool,
     ) -> list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]:
-        """One pass of steps 1-3; return the entities to write again with a new V."""
+        """One pass of steps 1-3; return the entities to write again with a new V.
+
+        An id made here is a plain INSERT the first time (``NEW``); if that met a row
+        (the Cleaner's tombstone over rows that step 1 wrote ahead of it), it is written
+        again only over a tombstone (``CREATE``), never over a live entity.
+        """
         dbs = topo.dbs
         by_name = {index.name: index for index in indexes}
         now = self.clock.next()
@@ -153,7 +158,7 @@ class Writer:
                     version,
                     now,
                     body,
-                    NEW if key in fresh else mode,
+                    (NEW if first else CREATE) if key in fresh else mode,
                     bool(indexes) and key not in fresh,
                 )
             )
@@ -184,7 +189,17 @@ class Writer:
                 continue
             if out.stored is not None:
                 self.clock.observe(out.stored)
-            if mode == BLIND:
+            if key in fresh:
+                if out.alive:  # a random collision: that entity is left alone
+                    raise ConflictError(
+                        f"entity {id_hex(key)}: duplicate key, the id made for it is taken "
+                        f"(stored version {out.stored}); that entity is left alone",
+                        current_version=out.stored,
+                    )
+                if out.stored is not None:
+                    versions[key] = out.stored
+                again.append((key, shard, body, rows))
+            elif mode == BLIND:
                 again.append((key, shard, body, rows))
             elif mode == CREATE and not out.alive and out.stored is not None:
                 versions[key] = out.stored  # a tombstone: create above its version
@@ -319,6 +334,9 @@ class Writer:
 
         A write that applied is known from its affected-row count; only for those that
         did not (a conflict, a clock behind, an absent entity) is the stored state read.
+        So it is for every write of a server whose transaction a NEW write's INSERT
+        ended: the id was taken, in practice by the Cleaner's tombstone over the rows
+        that step 1 wrote ahead of it, and the server rolled the whole batch back.
         """
         by_server: dict[int, list[EntityWrite]] = {}
         for w in writes:
@@ -332,9 +350,15 @@ class Writer:
             batches[sid] = Batch(
                 servers[sid], sql, params, commits=True, idempotent=False, counts=[]
             )
-        results = gather(batches)
+        results, errors = gather_partial(batches)
         out: dict[bytes, Outcome] = {}
         refused: dict[int, dict[int, list[bytes]]] = {}
+        for sid, error in errors.items():
+            if not isinstance(error, ConflictError) or all(w.mode != NEW for w in by_server[sid]):
+                raise error
+            for w in by_server.pop(sid):
+                out[w.entity_id] = Outcome(False, None, None, False)
+                refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
         for sid, group in by_server.items():
             sets, counts, first = results[sid], batches[sid].counts or [], firsts[sid]
             ordered = sorted(group, key=lambda w: (w.db, w.entity_id))

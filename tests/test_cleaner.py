@@ -363,6 +363,47 @@ def test_orphans_of_a_crashed_insert_are_fenced_then_removed(make_store: Any) ->
     assert_clean(store)
 
 
+@pytest.mark.parametrize("how", ["put", "put_many", "create"])
+def test_a_new_entity_fenced_in_flight_is_written_above_the_fence(
+    make_store: Any, how: str
+) -> None:
+    """The Cleaner fences the rows of an absent entity at once (a writer in flight looks
+    like one that died after step 1): a put of a new entity (its id made by the library)
+    that meets the tombstone is written again above it, and so is every entity whose
+    step 2 shared that server's rolled-back transaction; nothing is refused."""
+    store = make_store(indexes=[BY_LINK, BY_TAG])
+    load(store, 20)
+    topo = store.cluster.refresh()
+    servers = set()
+    tags: list[str] = []
+    while len(servers) < 2:  # rows on both servers: some go ahead in step 1, whatever the id
+        tags.append(f"x{len(tags)}")
+        row = (tags[-1], 1)
+        servers.add(topo.shard_servers[shard_of(BY_TAG.shard_key(row), topo.n_shards)])
+    first = {"link": "http://in-flight/0", "tags": tags, "n": 1}
+    entities = [first] + [
+        {"link": f"http://in-flight/{i}", "n": i} for i in range(1, 9 if how == "put_many" else 1)
+    ]
+    fired: list[dict[str, Any]] = []
+
+    def cleaner_meets_step_1() -> None:
+        if not fired:
+            fired.append(Cleaner(store).run_once())
+
+    failpoints.set("put.after_index_rows", cleaner_meets_step_1)
+    if how == "put_many":
+        versions = store.put_many(entities)
+    else:  # create: only if the id is not taken (a tombstone does not count)
+        versions = [store.put(first, expect_version=0 if how == "create" else None)]
+    failpoints.clear()
+    assert fired and fired[0]["fenced"] >= 1  # the fence was there before step 2
+    for entity, version in zip(entities, versions, strict=True):
+        got = store.get(entity["id"])
+        assert got == entity and got.version == version
+        assert [e["id"] for e in store.query("by_link", link=entity["link"])] == [entity["id"]]
+    assert_clean(store)
+
+
 def test_rows_ahead_of_a_live_entity_wait_for_fence_after(make_store: Any) -> None:
     store = make_store(indexes=[BY_LINK])
     ids = load(store, 10)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from typing import Any
 
 from schemaless.catalog import Topology
+from schemaless.connection import Rows
 from schemaless.errors import PermissionDenied
 
 from .runtime import Runtime, log
@@ -27,12 +29,11 @@ def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
     """Delete tombstones last written before ``before_us`` on every shard; how many."""
     total = 0
     for shard in range(topo.n_shards):
-        server = rt.store.cluster.server_of_shard(topo, shard)
         sql, params = purge_sql(topo.prefix, shard, before_us, rt.batch)
         while not rt.stopping:
             try:
                 out = rt.retry(
-                    f"purging tombstones, shard {shard}", partial(server.run, sql, params)
+                    f"purging tombstones, shard {shard}", partial(_purge, rt, shard, sql, params)
                 )
             except PermissionDenied as exc:
                 _skipped(rt, exc)
@@ -45,6 +46,12 @@ def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
                 break
             rt.throttle(n)
     return total
+
+
+def _purge(rt: Runtime, shard: int, sql: str, params: list[Any]) -> Rows:
+    """One purge batch, on the server that holds the shard now."""
+    cluster = rt.store.cluster
+    return cluster.server_of_shard(cluster.current(), shard).run(sql, params)
 
 
 def _skipped(rt: Runtime, exc: PermissionDenied) -> None:

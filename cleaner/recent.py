@@ -45,22 +45,22 @@ class RecentPass:
         default = max(0, now_us - self.window_us)
         return {s: saved[s][0] if s in saved else default for s in range(topo.n_shards)}
 
-    def backlog(self, topo: Topology, marks: dict[int, int]) -> int:
+    def backlog(self, marks: dict[int, int]) -> int:
         """Entity rows changed after the marks (one statement per server)."""
-        servers = self.rt.store.cluster.all_servers(topo)
+        topo = self.rt.store.cluster.current()
         total = 0
-        for sid, server in servers.items():
+        for sid, server in self.rt.store.cluster.all_servers(topo).items():
             mine = {s: marks[s] for s in topo.shards_of(sid)}
             if mine:
                 sql, params = backlog_sql(topo.prefix, mine)
-                out = self.rt.retry("counting the backlog", partial(server.run, sql, params))
-                total += int(out[0][0][0])
+                total += int(server.run(sql, params)[0][0][0])
         return total
 
     def run(self, topo: Topology, indexes: Sequence[Index], now_us: int) -> int:
         """One pass over every shard; the number of entities checked."""
         marks = self.marks(topo, now_us)
-        self.rt.figures.set(backlog=self.backlog(topo, marks))
+        backlog = self.rt.retry("counting the backlog", partial(self.backlog, marks))
+        self.rt.figures.set(backlog=backlog)
         if not indexes:
             return 0
         checked = 0
@@ -71,7 +71,7 @@ class RecentPass:
                     return checked
                 position, n = self.rt.retry(
                     f"recent pass, shard {shard}",
-                    partial(self._batch, topo, indexes, shard, position, marks[shard]),
+                    partial(self._batch, indexes, shard, position, marks[shard]),
                 )
                 checked += n
                 self.checked += n
@@ -81,7 +81,6 @@ class RecentPass:
 
     def _batch(
         self,
-        topo: Topology,
         indexes: Sequence[Index],
         shard: int,
         after: tuple[int, int],
@@ -89,6 +88,7 @@ class RecentPass:
     ) -> tuple[tuple[int, int] | None, int]:
         """One batch after ``(updated, added_id)``; the next position (None: done)."""
         rt = self.rt
+        topo = rt.store.cluster.current()  # a shard may have moved since the pass began
         server = rt.store.cluster.server_of_shard(topo, shard)
         sql, params = recent_batch_sql(topo.prefix, shard, after[0], after[1], rt.batch)
         rows = server.run(sql, params)[0]

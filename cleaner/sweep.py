@@ -75,7 +75,7 @@ class Sweep:
                     return budget
                 after, done, n = rt.retry(
                     f"sweep of {index.name}, shard {shard}",
-                    partial(self._batch, topo, index, shard, current, after, rows),
+                    partial(self._batch, index, shard, current, after, rows),
                 )
                 rows += n
                 if budget is not None:
@@ -87,7 +87,6 @@ class Sweep:
 
     def _batch(
         self,
-        topo: Topology,
         index: Index,
         shard: int,
         round_: int,
@@ -97,6 +96,7 @@ class Sweep:
         """One batch of rows after ``after``: (last key, shard done, rows read)."""
         rt = self.rt
         store = rt.store
+        topo = store.cluster.current()  # a shard may have moved since the sweep began
         batch = index_batch(store, topo, shard, index, after, rt.batch)
         found = [Found(index, shard, values, key, version) for values, key, version in batch]
         if found:

@@ -250,6 +250,32 @@ def test_a_backfill_follows_the_shards_that_move_under_it(
         assert diff.clean, diff.summary()
 
 
+def test_a_cleaner_pass_follows_a_shard_that_moves_under_it(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    """Logical shard 1 moves (another client) after the pass's first batch, planned on
+    the old map: the recent pass, the sweep and the purge all read it on its new server."""
+    store = make_store(indexes=[BY_USER], shards=2)
+    store.put_many({"user": i % 7, "n": i} for i in range(120))
+    topo = store.cluster.refresh()
+    mover = same_store(local_cluster, store)
+    moved: list[Any] = []
+
+    def move_once() -> None:
+        if not moved:
+            moved.append(ShardMover(mover, chunk=50).move(1, topo.shard_servers[0]))
+
+    failpoints.set("cleaner.after_batch", move_once)
+    try:
+        figures = Cleaner(store, batch=20).run_once()
+    finally:
+        mover.close()
+    assert moved and store.cluster.refresh().shard_servers[1] == topo.shard_servers[0]
+    assert figures["rows_checked"] >= 3 * 120  # recent: entities and rows; sweep: rows
+    for diff in diff_indexes(store).values():
+        assert diff.clean, diff.summary()
+
+
 def test_old_copies_of_another_datastore_are_left_alone(make_store: Any) -> None:
     """Another datastore's prefix may begin with this one's and an underscore."""
     store = make_store()

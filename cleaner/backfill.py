@@ -98,7 +98,7 @@ class Backfill:
         for shard in range(k, topo.n_shards, n):
             position, done, rows = saved.get(shard, (0, False, 0))
             self._shards[shard] = _Shard(shard, position, done, rows)
-        rt.retry("measuring shards", lambda: self._measure(topo))
+        rt.retry("measuring shards", self._measure)
         rt.figures.set(state="backfilling")
         self._report(force=True)
         self._started = started = time.monotonic()
@@ -158,7 +158,8 @@ class Backfill:
             )
             self.rt.sleep(left)
 
-    def _measure(self, topo: Topology) -> None:
+    def _measure(self) -> None:
+        topo = self.rt.store.cluster.current()
         by_server: dict[int, list[int]] = {}
         for s in self._shards.values():
             if not s.done:

@@ -127,27 +127,20 @@ class Runtime:
                 self.sleep(wait)
 
     def retry(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn()``, again and again while a server is unavailable (exponential backoff,
-        capped at ``backoff_cap``) or while its tables are gone because a logical shard
-        moved (at once, on the new map) or is moving (for as long as the move is
-        recorded); ``Stopped`` if a stop is requested meanwhile.  To follow a move,
-        ``fn`` reads the map afresh (``cluster.current()``)."""
-        delays = backoff_delays(cap=self.backoff_cap)
+        """``fn()``, again and again while a server is unavailable (see ``_backoff``) or
+        while its tables are gone because a logical shard moved (at once, on the new
+        map) or is moving (for as long as the move is recorded); ``Stopped`` if a stop
+        is requested meanwhile.  To follow a move, ``fn`` reads the map afresh
+        (``cluster.current()``)."""
+        cluster = self.store.cluster
         moving = backoff_delays(base=0.05, cap=min(1.0, self.backoff_cap))
-        failing = waiting = False
+        waiting = False
         while True:
-            seen = self.store.cluster.topology
+            seen = cluster.topology
             try:
-                result = fn()
-            except ShardUnavailable as exc:
-                delay = next(delays)
-                self.figures.add(backoffs=1)
-                log.warning("%s: %s; retrying in %.3gs", what, exc, delay)
-                failing = True
-                self.sleep(delay)
-                continue
+                return self._backoff(what, fn)
             except TableMissing as exc:
-                topo = self.retry("reading the catalog", self.store.cluster.refresh)
+                topo = self._backoff("reading the catalog", cluster.refresh)
                 if topo.routing != seen.routing:
                     log.info("%s: %s; the map changed, carrying on with the new one", what, exc)
                     continue
@@ -160,6 +153,21 @@ class Runtime:
                     )
                     waiting = True
                 self.sleep(next(moving))
+
+    def _backoff(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, again and again while a server is unavailable (exponential backoff,
+        capped at ``backoff_cap``)."""
+        delays = backoff_delays(cap=self.backoff_cap)
+        failing = False
+        while True:
+            try:
+                result = fn()
+            except ShardUnavailable as exc:
+                delay = next(delays)
+                self.figures.add(backoffs=1)
+                log.warning("%s: %s; retrying in %.3gs", what, exc, delay)
+                failing = True
+                self.sleep(delay)
                 continue
             if failing:
                 log.info("%s: server available again, carrying on", what)

@@ -20,7 +20,7 @@ from schemaless.cleaner.access import read_entities, read_rows
 from schemaless.cleaner.progress import Progress
 from schemaless.cleaner.runtime import Shutdown
 from schemaless.cleaner.throttle import TokenBucket
-from schemaless.errors import ConflictError, SchemalessError, ShardUnavailable
+from schemaless.errors import ConflictError, SchemalessError, ShardUnavailable, TableMissing
 from schemaless.failpoints import FailpointError
 from schemaless.hashing import shard_of
 from schemaless.ids import new_id
@@ -544,6 +544,30 @@ def test_backs_off_while_a_server_is_unavailable_then_carries_on(
     assert cleaner.figures.as_dict()["backoffs"] == 3
     assert "retrying in" in caplog.text and "available again" in caplog.text
     assert_clean(store)
+
+
+def test_a_missing_table_without_a_move_stops_the_job(make_store: Any) -> None:
+    """ "Table doesn't exist" is retried only when the map changed or a move is recorded;
+    otherwise (here even the catalog is gone) it stops the job as it is."""
+    store = make_store()
+    topo = store.cluster.refresh()
+    server = store.cluster.server_of_shard(topo, 0)
+    catalog = store.cluster.catalog
+    rt = Cleaner(store, backoff_cap=0.05).rt
+
+    def missing() -> Any:
+        return server.run(f"SELECT 1 FROM {quote(topo.dbs[0], 'no_such_table')}")
+
+    with pytest.raises(TableMissing):
+        rt.retry("reading a table that is not there", missing)
+    catalog.server.run(f"RENAME TABLE {quote(catalog.db, 'meta')} TO {quote(catalog.db, 'gone')}")
+    try:
+        with pytest.raises(TableMissing):  # the catalog's reload fails too: no loop
+            rt.retry("reading a table that is not there", missing)
+    finally:
+        catalog.server.run(
+            f"RENAME TABLE {quote(catalog.db, 'gone')} TO {quote(catalog.db, 'meta')}"
+        )
 
 
 def test_rate_limit_paces_the_pass(make_store: Any) -> None:

@@ -138,8 +138,8 @@ class Backfill:
         """Refuse while a fence of an older index epoch remains: a writer whose map
         lacks this index could still commit (its declaration was interrupted)."""
         cluster = self.rt.store.cluster
-        found = self.rt.retry("listing fences", lambda: cluster.fences(topo))
-        old = sorted(db for dbs in found.values() for db, e in dbs if e < topo.index_epoch)
+        found = self.rt.retry("listing fences", lambda: cluster.old_fences(topo))
+        old = sorted(db for dbs in found.values() for db, _ in dbs)
         if old:
             raise CatalogError(
                 f"index {self.name!r}: fences of an older index epoch remain on "

@@ -226,17 +226,23 @@ class Cluster:
                     out.setdefault(sid, []).append((str(db), epoch))
         return out
 
+    def old_fences(self, topo: Topology) -> dict[int, list[tuple[str, int]]]:
+        """The fences of index epochs before ``topo``'s, per server (none once every
+        declaration has finished)."""
+        found = self.fences(topo).items()
+        old = {sid: [(db, e) for db, e in dbs if e < topo.index_epoch] for sid, dbs in found}
+        return {sid: dbs for sid, dbs in old.items() if dbs}
+
     def retire_fences(self, topo: Topology) -> None:
         """Drop the fences of index epochs before ``topo``'s: each drop waits for the
         writes in flight that named it; later writes with an older map fail
         (``TableMissing``), refresh and write again with the new indexes."""
-        calls = {}
         servers = self.all_servers(topo)
-        for sid, found in self.fences(topo).items():
-            old = [quote(db, fence_table(e)) for db, e in found if e < topo.index_epoch]
-            if old:
-                sql = f"SET SESSION lock_wait_timeout = 60; DROP TABLE IF EXISTS {', '.join(old)}"
-                calls[sid] = Batch(servers[sid], sql)
+        calls = {}
+        for sid, old in self.old_fences(topo).items():
+            tables = ", ".join(quote(db, fence_table(e)) for db, e in old)
+            sql = f"SET SESSION lock_wait_timeout = 60; DROP TABLE IF EXISTS {tables}"
+            calls[sid] = Batch(servers[sid], sql)
         gather(calls)
 
     def create_index_tables(self, topo: Topology, index: Index) -> None:

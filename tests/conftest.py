@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from schemaless import DataStore, Index, failpoints
+from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.schema import shard_db
@@ -82,6 +83,12 @@ def same_store(local_cluster: LocalCluster, store: DataStore) -> DataStore:
         prefix=store.cluster.topology.prefix,
         create=False,
     )
+
+
+def assert_clean(store: DataStore, *names: str) -> None:
+    """Every index (or those named) holds exactly the rows its entities produce."""
+    diffs = diff_indexes(store, names or None)
+    assert {n: d.summary() for n, d in diffs.items() if not d.clean} == {}
 
 
 def drop_datastore(store: DataStore) -> None:

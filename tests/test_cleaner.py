@@ -11,11 +11,11 @@ import urllib.request
 from typing import Any
 
 import pytest
-from conftest import same_store
+from conftest import assert_clean, same_store
 
 from schemaless import DataStore, Index, failpoints
 from schemaless.catalog import Topology
-from schemaless.cleaner import Cleaner, diff_indexes
+from schemaless.cleaner import Cleaner
 from schemaless.cleaner.access import read_entities, read_rows
 from schemaless.cleaner.progress import Progress
 from schemaless.cleaner.runtime import Shutdown
@@ -76,11 +76,6 @@ def plant(store: DataStore, index: Index, values: tuple[Any, ...], key: bytes, v
         [*values, key, version],
     )
     return shard
-
-
-def assert_clean(store: DataStore, *names: str) -> None:
-    diffs = diff_indexes(store, names or None)
-    assert {n: d.summary() for n, d in diffs.items() if not d.clean} == {}
 
 
 # -- backfill --------------------------------------------------------------------------

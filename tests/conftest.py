@@ -75,13 +75,13 @@ def make_store(local_cluster: LocalCluster) -> Iterator[Callable[..., DataStore]
         drop_datastore(store)
 
 
-def same_store(local_cluster: LocalCluster, store: DataStore) -> DataStore:
+def same_store(local_cluster: LocalCluster, store: DataStore, create: bool = False) -> DataStore:
     """Another client of the same datastore (its own pools and catalog refreshes)."""
     return DataStore(
         local_cluster.addresses,
         option_file=str(local_cluster.option_file),
         prefix=store.cluster.topology.prefix,
-        create=False,
+        create=create,
     )
 
 

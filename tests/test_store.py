@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from conftest import same_store
 from faults.helpers import count_rows
 
 from schemaless import (
@@ -355,22 +356,14 @@ def test_a_catalog_from_before_fences_is_upgraded_by_an_open_with_ddl(
         drops = [quote(topo.dbs[s], "fence_1") for s in topo.shards_of(sid)]
         server.run(f"DROP TABLE {', '.join(drops)}")
 
-    def reopen(create: bool) -> DataStore:
-        return DataStore(
-            local_cluster.addresses,
-            prefix=topo.prefix,
-            create=create,
-            option_file=str(local_cluster.option_file),
-        )
-
-    with reopen(create=False) as old:
+    with same_store(local_cluster, store) as old:
         assert old.cluster.topology.index_epoch == 0 and old.cluster.topology.fence is None
         entity = {"n": 1}
         old.put(entity)  # no fence named
         assert old.get(entity["id"]) == entity
         with pytest.raises(CatalogError, match="predates index fences"):
             old.declare_index(Index("by_n", {"n": "int"}))
-    with reopen(create=True) as upgraded:
+    with same_store(local_cluster, store, create=True) as upgraded:
         now = upgraded.cluster.topology
         assert now.index_epoch == 1
         fences = upgraded.cluster.fences(now)

@@ -129,23 +129,28 @@ def plot_scale(runs: list[dict[str, Any]], out: Path) -> Path:
     return path
 
 
+def _label(model: str) -> str:
+    return model.replace(", ", ",\n")
+
+
 def plot_timeline(results: dict[str, Any], out: Path) -> Path:
     """Timelines per second (first and older page) and submissions per second."""
     plt = _plt()
     models = list(results["models"])
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), width_ratios=[3, 2])
     xs = list(range(len(models)))
     first = [results["models"][m]["timelines_first"]["per_s"] for m in models]
     older = [results["models"][m]["timelines_older"]["per_s"] for m in models]
     axes[0].bar([x - 0.2 for x in xs], first, 0.4, label="first page")
     axes[0].bar([x + 0.2 for x in xs], older, 0.4, label="older page")
     axes[0].set_ylabel("timelines / s")
-    axes[0].set_xticks(xs, [m.replace(", ", ",\n") for m in models], rotation=20, ha="right")
+    axes[0].set_xticks(xs, [_label(m) for m in models], rotation=30, ha="right", fontsize=9)
     axes[0].legend()
-    subs = [results["models"][m].get("submissions", {}).get("per_s", 0) for m in models]
-    axes[1].bar(xs, subs, 0.5, color="tab:green")
+    writers = [m for m in models if "submissions" in results["models"][m]]
+    subs = [results["models"][m]["submissions"]["per_s"] for m in writers]
+    axes[1].bar(range(len(writers)), subs, 0.5, color="tab:green")
     axes[1].set_ylabel("submissions / s")
-    axes[1].set_xticks(xs, [m.replace(", ", ",\n") for m in models], rotation=20, ha="right")
+    axes[1].set_xticks(range(len(writers)), [_label(m) for m in writers], rotation=30, ha="right", fontsize=9)
     m = results["meta"]
     fig.suptitle(
         f"Timeline (Oku 2008): {m['users']:,} users, {m['messages']:,} messages, "

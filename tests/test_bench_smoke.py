@@ -12,7 +12,7 @@ import pytest
 
 from bench.env import Servers
 from bench.harness import Config, drop_prefix, format_table, run, write_results
-from bench.timeline import TimelineConfig, format_timeline, run_timeline
+from bench.timeline import FLOOR, TimelineConfig, format_timeline, run_timeline
 from schemaless.local import LocalCluster
 
 
@@ -112,7 +112,10 @@ def test_timeline_benchmark_json(servers: Servers) -> None:
         row = data["models"][name]
         for key in ("submissions", "timelines_first", "timelines_older"):
             assert _positive(row[key]["per_s"]), (name, key)
+    floor = data["models"][FLOOR]  # same tables, fewest statements: no submissions of its own
+    assert "submissions" not in floor and _positive(floor["timelines_older"]["per_s"])
     assert all(_positive(v) for v in data["goals"].values())
+    assert "push_floor_retrieval_vs_raw" in data["goals"]
     assert "schemaless pull" in format_timeline(results)
 
 

@@ -150,7 +150,9 @@ def plot_timeline(results: dict[str, Any], out: Path) -> Path:
     subs = [results["models"][m]["submissions"]["per_s"] for m in writers]
     axes[1].bar(range(len(writers)), subs, 0.5, color="tab:green")
     axes[1].set_ylabel("submissions / s")
-    axes[1].set_xticks(range(len(writers)), [_label(m) for m in writers], rotation=30, ha="right", fontsize=9)
+    axes[1].set_xticks(
+        range(len(writers)), [_label(m) for m in writers], rotation=30, ha="right", fontsize=9
+    )
     m = results["meta"]
     fig.suptitle(
         f"Timeline (Oku 2008): {m['users']:,} users, {m['messages']:,} messages, "

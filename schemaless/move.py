@@ -151,7 +151,7 @@ class ShardMover:
                 report.rows_copied += copied
                 report.rows_deleted += deleted
                 self.progress(f"shard {shard}: copy round {round_}: {copied} rows copied")
-            side = side or check_identifier(f"{db}_old{int(time.time())}", "database")
+            side = side or self._side_name(src, db)
             paused = time.monotonic()
             self._fence(shard, (source, dest), src, db, side, tables)
         try:
@@ -245,6 +245,20 @@ class ShardMover:
         )
         failpoints.hit("move.after_fence")
         catalog.record_move(shard, *servers, f"fenced:{side}")
+
+    @staticmethod
+    def _side_name(src: Server, db: str) -> str:
+        """A new side database for ``db`` on ``src``: ``<db>_old<unix time>``, the time
+        bumped past the names an earlier move of the shard left there."""
+        rows = src.run(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
+            (db.replace("_", "\\_") + "\\_old%",),
+        )[0]
+        taken = {str(r[0]) for r in rows}
+        stamp = int(time.time())
+        while f"{db}_old{stamp}" in taken:
+            stamp += 1
+        return check_identifier(f"{db}_old{stamp}", "database")
 
     @staticmethod
     def _table_names(server: Server, db: str) -> set[str]:

@@ -3,16 +3,19 @@ ranges and a Cleaner repairs, fences and purges under them."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from conftest import assert_clean, same_store
 
 from schemaless import DataStore, Index, new_id
 from schemaless.cleaner import Cleaner
 from schemaless.local import LocalCluster
+from schemaless.move import ShardMover
 
 BY_USER = Index("by_user", {"user": "int", "published": "int"}, shard_on="user")
 BY_TAG = Index("by_tag", {"tags": "str(8)", "published": "int"}, shard_on="tags", multi="tags")
@@ -98,11 +101,13 @@ class Acks:
             ]
 
 
+@pytest.mark.parametrize("moves", [False, True], ids=["", "moves"])
 def test_queries_during_writes_and_cleaner_passes(
-    make_store: Any, local_cluster: LocalCluster
+    make_store: Any, local_cluster: LocalCluster, moves: bool
 ) -> None:
     """While 3 writers put, update (values that change and change back), delete and
-    recreate entities, and a Cleaner fences at once and purges tombstones, every query
+    recreate entities, a Cleaner fences at once and purges tombstones (and, with
+    ``moves``, logical shards move back and forth between the servers), every query
     (iterated in pages of 2):
 
     * returns only entities that match it on the values returned;
@@ -120,7 +125,7 @@ def test_queries_during_writes_and_cleaner_passes(
     churn = [e["id"] for e in entities[:45]]  # the other 55 are never written again
     clients: list[DataStore] = []
     churned = set(churn)
-    counts = {"writes": 0, "queries": 0, "passes": 0, "checked": 0, "churned": 0}
+    counts = {"writes": 0, "queries": 0, "passes": 0, "checked": 0, "churned": 0, "moves": 0}
 
     def client() -> DataStore:
         other = same_store(local_cluster, store)
@@ -163,6 +168,15 @@ def test_queries_during_writes_and_cleaner_passes(
             c.run_once()
             counts["passes"] += 1
 
+    def mover(stop: threading.Event) -> None:
+        m, home = ShardMover(store, chunk=20), store.cluster.current()
+        for shard in itertools.cycle(range(home.n_shards)):
+            if stop.is_set():
+                return
+            here = store.cluster.current().shard_servers[shard]
+            m.move(shard, next(sid for sid in home.servers if sid != here))
+            counts["moves"] += 1
+
     def reader(seed: int) -> Callable[[threading.Event], None]:
         def run(stop: threading.Event) -> None:
             q, r = client(), random.Random(100 + seed)
@@ -190,6 +204,7 @@ def test_queries_during_writes_and_cleaner_passes(
                 **{f"writer{i}": writer(i) for i in range(3)},
                 **{f"reader{i}": reader(i) for i in range(2)},
                 "cleaner": cleaner,
+                **({"mover": mover} if moves else {}),
             },
             SECONDS,
         )
@@ -197,6 +212,9 @@ def test_queries_during_writes_and_cleaner_passes(
         for c in clients:
             c.close()
     assert counts["writes"] > 100 and counts["queries"] > 20 and counts["passes"] >= 2, counts
+    assert counts["moves"] >= 2 if moves else counts["moves"] == 0, counts
+    if moves:
+        assert ShardMover(store).drop_old_copies()
     Cleaner(store, tombstone_retention=0.0, fence_after=0.0).run_once()
     assert_clean(store)
     # every acknowledged write is what is stored, and the reads above checked something

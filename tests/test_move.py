@@ -12,6 +12,7 @@ import pytest
 from conftest import assert_clean, same_store
 
 from schemaless import CatalogError, Index, TableMissing, failpoints, new_id
+from schemaless import move as move_module
 from schemaless.cleaner import Cleaner
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
@@ -173,6 +174,40 @@ def test_a_move_killed_during_its_fence_resumes_or_rolls_back(make_store: Any) -
     ShardMover(store).move(shard, 1 - here)
     assert store.cluster.refresh().shard_servers[shard] == 1 - here
     assert store.get_many(e["id"] for e in entities) == entities
+
+
+def test_a_shard_moved_out_of_a_server_twice_in_one_second_keeps_both_old_copies(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each move off a server gets its own side database, even when the clock gives the
+    same second (a scripted rebalance of a small shard): the second move used to fail
+    renaming into the first one's ("Table 'entities' already exists")."""
+    store = make_store(indexes=[BY_USER])
+    entities = [{"id": new_id(), "user": i % 3, "n": i} for i in range(40)]
+    store.put_many(entities)
+    shard = store.cluster.shard_of_id(entities[0]["id"])
+    here = store.cluster.current().shard_servers[shard]
+    monkeypatch.setattr(move_module, "time", _FrozenWallClock)
+    mover = ShardMover(store)
+    for target in (1 - here, here, 1 - here, here):
+        assert mover.move(shard, target).verified["entities"][0] > 0
+    assert store.cluster.refresh().shard_servers[shard] == here
+    assert store.get_many(e["id"] for e in entities) == entities
+    db = store.cluster.current().dbs[shard]
+    assert sorted(d.rsplit("/", 1)[1] for d in mover.drop_old_copies()) == sorted(
+        f"{db}_old{_FrozenWallClock.now + i}" for i in (0, 0, 1, 1)
+    )
+
+
+class _FrozenWallClock:
+    """``time`` for schemaless.move, whose wall clock stands still."""
+
+    now = 1_700_000_000
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def time() -> float:
+        return float(_FrozenWallClock.now)
 
 
 def test_a_move_whose_side_copy_is_gone_fails_instead_of_flipping(make_store: Any) -> None:

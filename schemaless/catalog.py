@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -450,6 +451,30 @@ class Catalog:
             f"DELETE FROM {self._t('replicas')} WHERE server_id = %s AND host = %s AND port = %s",
             (server_id, address.host, address.port),
         )
+
+    @contextmanager
+    def move_lock(self, shard: int) -> Iterator[None]:
+        """Held while a shard is moved or rolled back, so that one process at a time
+        does it: a named lock on the catalog server, which the server also releases
+        when the holder's connection ends (a mover that dies frees it)."""
+        name = f"schemaless:{self.prefix}:move:{int(shard)}".encode()
+        with self.server.connection() as db:
+            lock = db.string_literal(name)
+            # A few seconds: the server may still be tearing down a dead holder's session.
+            db.query(b"SELECT GET_LOCK(%s, 3), IS_USED_LOCK(%s)" % (lock, lock))
+            got, holder = db.store_result().fetch_row()[0]
+            if got != 1:
+                raise CatalogError(
+                    f"shard {shard} is being moved or rolled back by another process"
+                    f" (catalog connection {holder}); wait for it to end, or stop it"
+                )
+            try:
+                yield
+            except BaseException:
+                with suppress(Exception):  # the connection is closed next, lock or not
+                    db.query(b"DO RELEASE_LOCK(%s)" % lock)
+                raise
+            db.query(b"DO RELEASE_LOCK(%s)" % lock)
 
     def cancel_move(self, shard: int) -> None:
         """Forget a move that was rolled back."""

@@ -116,7 +116,16 @@ class ShardMover:
     # -- the move ------------------------------------------------------------------------
 
     def move(self, shard: int, target: int | str, *, dry_run: bool = False) -> MoveReport:
-        """Move one logical shard to ``target`` (a server id or ``host:port``)."""
+        """Move one logical shard to ``target`` (a server id or ``host:port``).
+
+        One process at a time moves a given shard: ``CatalogError`` if another is.
+        """
+        if dry_run:
+            return self._move(shard, target, dry_run=True)
+        with self.cluster.catalog.move_lock(shard):
+            return self._move(shard, target, dry_run=False)
+
+    def _move(self, shard: int, target: int | str, *, dry_run: bool) -> MoveReport:
         topo = self.cluster.refresh()
         if not 0 <= shard < topo.n_shards:
             raise CatalogError(f"no logical shard {shard}: there are {topo.n_shards}")
@@ -161,7 +170,7 @@ class ShardMover:
             report.verified = self._verify(src, side, dst, db, tables)
             self.cluster.catalog.finish_move(shard, dest, topo.indexes, topo.index_epoch)
         except BaseException:
-            self.rollback(shard)
+            self._rollback(shard)
             raise
         self.cluster.refresh()
         report.pause_seconds = time.monotonic() - paused
@@ -173,6 +182,10 @@ class ShardMover:
 
     def rollback(self, shard: int) -> None:
         """Undo an unfinished move: rename a fenced side copy back, forget the record."""
+        with self.cluster.catalog.move_lock(shard):
+            self._rollback(shard)
+
+    def _rollback(self, shard: int) -> None:
         topo = self.cluster.refresh()
         record = topo.moves.get(shard)
         if record is None:

@@ -199,6 +199,49 @@ def test_a_shard_moved_out_of_a_server_twice_in_one_second_keeps_both_old_copies
     )
 
 
+def test_one_process_at_a_time_moves_a_shard(make_store: Any) -> None:
+    """A second mover of a shard being moved is refused (it used to run the same move
+    alongside, each renaming the other's tables); other shards still move."""
+    store = make_store(indexes=[BY_USER])
+    entities = [{"id": new_id(), "user": i % 3, "n": i} for i in range(60)]
+    store.put_many(entities)
+    topo = store.cluster.current()
+    shard = store.cluster.shard_of_id(entities[0]["id"])
+    other = next(s for s in range(topo.n_shards) if s != shard)
+    fenced, go_on = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        fenced.set()
+        assert go_on.wait(30)
+
+    failpoints.set("move.after_fence", hold)
+    first = threading.Thread(
+        target=ShardMover(store).move, args=(shard, 1 - topo.shard_servers[shard])
+    )
+    first.start()
+    try:
+        assert fenced.wait(30)
+        failpoints.clear("move.after_fence")
+        for attempt in (
+            lambda: ShardMover(store).move(shard, 1 - topo.shard_servers[shard]),
+            lambda: ShardMover(store).rollback(shard),
+        ):
+            with pytest.raises(CatalogError, match="being moved or rolled back by another"):
+                attempt()
+        ShardMover(store).move(other, 1 - topo.shard_servers[other])
+    finally:
+        go_on.set()
+        first.join()
+    now = store.cluster.refresh()
+    assert (now.shard_servers[shard], now.shard_servers[other]) == (
+        1 - topo.shard_servers[shard],
+        1 - topo.shard_servers[other],
+    )
+    assert not now.moves
+    assert store.get_many(e["id"] for e in entities) == entities
+    ShardMover(store).move(shard, topo.shard_servers[shard])  # the lock was released
+
+
 class _FrozenWallClock:
     """``time`` for schemaless.move, whose wall clock stands still."""
 

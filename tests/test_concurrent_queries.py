@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import assert_clean, same_store
 
-from schemaless import DataStore, Index, new_id
+from schemaless import DataStore, Index, IndexNotReady, new_id
 from schemaless.cleaner import Cleaner
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
@@ -101,13 +101,14 @@ class Acks:
             ]
 
 
-@pytest.mark.parametrize("moves", [False, True], ids=["", "moves"])
+@pytest.mark.parametrize("also", ["", "moves", "backfill"])
 def test_queries_during_writes_and_cleaner_passes(
-    make_store: Any, local_cluster: LocalCluster, moves: bool
+    make_store: Any, local_cluster: LocalCluster, also: str
 ) -> None:
     """While 3 writers put, update (values that change and change back), delete and
-    recreate entities, a Cleaner fences at once and purges tombstones (and, with
-    ``moves``, logical shards move back and forth between the servers), every query
+    recreate entities, a Cleaner fences at once and purges tombstones (and, ``also``,
+    logical shards move back and forth between the servers, or the multi-valued index
+    is declared when the test starts and the Cleaner only backfills it), every query
     (iterated in pages of 2):
 
     * returns only entities that match it on the values returned;
@@ -117,15 +118,18 @@ def test_queries_during_writes_and_cleaner_passes(
 
     At the end every stored entity is the last write acknowledged for it.
     """
-    store = make_store(indexes=[BY_USER, BY_TAG])
+    store = make_store(indexes=[BY_USER] if also == "backfill" else [BY_USER, BY_TAG])
     rnd = random.Random(7)
     entities = [_random_entity(rnd, new_id()) for _ in range(100)]
     store.put_many(entities)
+    if also == "backfill":
+        assert store.declare_index(BY_TAG) == "building"
     acks = Acks(entities)
     churn = [e["id"] for e in entities[:45]]  # the other 55 are never written again
     clients: list[DataStore] = []
     churned = set(churn)
-    counts = {"writes": 0, "queries": 0, "passes": 0, "checked": 0, "churned": 0, "moves": 0}
+    counts = dict.fromkeys(("writes", "queries", "passes", "checked", "churned", "moves"), 0)
+    counts.update(building=0, by_user=0, by_tag=0)  # building: refused, not ready yet
 
     def client() -> DataStore:
         other = same_store(local_cluster, store)
@@ -164,6 +168,9 @@ def test_queries_during_writes_and_cleaner_passes(
 
     def cleaner(stop: threading.Event) -> None:
         c = Cleaner(client(), batch=50, tombstone_retention=0.3, fence_after=0.0)
+        if also == "backfill":  # only: a pass after it would repair what it missed
+            assert c.backfill("by_tag") == "ready"
+            return
         while not stop.is_set():
             c.run_once()
             counts["passes"] += 1
@@ -184,7 +191,12 @@ def test_queries_during_writes_and_cleaner_passes(
                 order = r.choice(["asc", "desc"])
                 index, condition, matches = _pick(r)
                 before = acks.snapshot()
-                got = list(q.iter(index, page_size=2, order=order, **condition))
+                try:
+                    got = list(q.iter(index, page_size=2, order=order, **condition))
+                except IndexNotReady:
+                    assert also == "backfill"
+                    counts["building"] += 1
+                    continue
                 assert all(matches(e) for e in got), "a non-match was returned"
                 want = {e["id"] for e in acks.untouched(before) if matches(e)}
                 found = sorted(e["id"] for e in got if e["id"] in want)
@@ -193,6 +205,7 @@ def test_queries_during_writes_and_cleaner_passes(
                 assert keys == sorted(keys, reverse=order == "desc"), "out of index order"
                 assert len(set(keys)) == len(keys), "an entity returned twice at one place"
                 counts["queries"] += 1
+                counts[index.name] += 1
                 counts["checked"] += len(want)
                 counts["churned"] += len(want & churned)
 
@@ -204,16 +217,19 @@ def test_queries_during_writes_and_cleaner_passes(
                 **{f"writer{i}": writer(i) for i in range(3)},
                 **{f"reader{i}": reader(i) for i in range(2)},
                 "cleaner": cleaner,
-                **({"mover": mover} if moves else {}),
+                **({"mover": mover} if also == "moves" else {}),
             },
             SECONDS,
         )
     finally:
         for c in clients:
             c.close()
-    assert counts["writes"] > 100 and counts["queries"] > 20 and counts["passes"] >= 2, counts
-    assert counts["moves"] >= 2 if moves else counts["moves"] == 0, counts
-    if moves:
+    assert counts["writes"] > 100 and counts["queries"] > 20, counts
+    assert counts["passes"] >= 2 if also != "backfill" else counts["passes"] == 0, counts
+    assert counts["moves"] >= 2 if also == "moves" else counts["moves"] == 0, counts
+    assert counts["building"] > 0 if also == "backfill" else counts["building"] == 0, counts
+    assert counts["by_tag"] > 10, counts  # the backfilled index was queried once ready
+    if also == "moves":
         assert ShardMover(store).drop_old_copies()
     Cleaner(store, tombstone_retention=0.0, fence_after=0.0).run_once()
     assert_clean(store)

@@ -73,10 +73,11 @@ class Topology:
         return fence_table(self.index_epoch) if self.index_epoch else None
 
     @property
-    def routing(self) -> tuple[int, int]:
-        """What decides which tables a client names: when it changed, a client that got
-        "table doesn't exist" retries on the new map."""
-        return self.map_version, self.index_epoch
+    def routing(self) -> tuple[int, int, tuple[str, ...]]:
+        """What decides which tables a client names (the map, the fence, the indexes
+        writers maintain): when it changed, a client that got "table doesn't exist"
+        retries on the new map."""
+        return self.map_version, self.index_epoch, tuple(sorted(i.name for i in self.maintained()))
 
     @cached_property
     def dbs(self) -> tuple[str, ...]:

@@ -293,9 +293,9 @@ class DataStore:
 
     def rerouted(self, fn: Callable[[], T]) -> T:
         """Internal: run ``fn``; when its tables are gone because the map changed (a
-        logical shard moved, or an index was declared and the old fence dropped),
-        refresh the map and run it again; while a move is under way, wait for it:
-        writers pause, they do not fail."""
+        logical shard moved, an index was declared and the old fence dropped, or an
+        index was dropped and purged), refresh the map and run it again; while a move is
+        under way, wait for it: writers pause, they do not fail."""
         deadline = time.monotonic() + self.move_wait
         delay = 0.01
         while True:

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from conftest import same_store
 
 from schemaless import (
     DataStore,
@@ -18,11 +19,13 @@ from schemaless import (
     IndexNotReady,
     InvalidEntity,
     InvalidQuery,
+    failpoints,
     new_id,
 )
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.hashing import shard_of
 from schemaless.index import key_encode
+from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.schema import shard_db
 
@@ -314,6 +317,35 @@ def test_index_lifecycle(make_store: Any) -> None:
     store.purge_index("by_time")
     assert "by_time" not in store.indexes()
     assert store.declare_index(BY_TIME) == "building"
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["put", "put_many"])
+def test_a_write_in_flight_while_its_index_is_dropped_and_purged_carries_on(
+    make_store: Any, local_cluster: LocalCluster, many: bool
+) -> None:
+    """`index drop --purge` on a live service: a writer whose map still lists the index
+    meets its missing tables, reloads the map and writes again without it (it used to
+    fail with TableMissing until its next catalog refresh)."""
+    store = make_store(indexes=[BY_USER, BY_TIME])
+    store.put(entity(1, 1))
+    admin = same_store(local_cluster, store)
+
+    def drop_and_purge() -> None:  # between the writer's map and its first statement
+        failpoints.clear("put.before_index_rows")
+        admin.drop_index("by_time")
+        admin.purge_index("by_time")
+
+    failpoints.set("put.before_index_rows", drop_and_purge)
+    new = [entity(1, 2), entity(1, 3)]
+    if many:
+        store.put_many(new)
+    else:
+        store.put(new[0])
+        new = new[:1]
+    admin.close()
+    assert store.get_many(e["id"] for e in new) == new
+    assert {e["id"] for e in store.query(BY_USER, user=1)} >= {e["id"] for e in new}
+    assert "by_time" not in store.cluster.current().indexes
 
 
 @pytest.mark.parametrize(

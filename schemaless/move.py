@@ -20,6 +20,7 @@ from, so a side copy that has gone fails the move instead of flipping the map.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from typing import Any
 from . import failpoints
 from .catalog import Topology
 from .connection import Server
-from .errors import CatalogError
+from .errors import CatalogError, SchemalessError
 from .index import Index
 from .names import check_identifier, quote
 from .schema import entities_table_sql, fence_table_sql
@@ -38,6 +39,10 @@ from .store import DataStore
 __all__ = ["MoveReport", "ShardMover", "rebalance_plan"]
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
+#: At most this long, with the shard fenced, for the target's replicas to apply the
+#: final sync (small: the rows that changed since the copy rounds).
+_FENCED_REPLICA_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -89,10 +94,18 @@ class MoveReport:
 class ShardMover:
     """Moves logical shards of one datastore between its servers."""
 
-    def __init__(self, store: DataStore, *, chunk: int = 2000, progress: Progress | None = None):
+    def __init__(
+        self,
+        store: DataStore,
+        *,
+        chunk: int = 2000,
+        progress: Progress | None = None,
+        replica_wait: float = 60.0,
+    ):
         self.store = store
         self.cluster = store.cluster
         self.chunk = chunk
+        self.replica_wait = replica_wait  # for the target's replicas to apply the copy
         self.progress = progress or (lambda message: None)
 
     # -- planning ------------------------------------------------------------------------
@@ -160,6 +173,7 @@ class ShardMover:
                 report.rows_copied += copied
                 report.rows_deleted += deleted
                 self.progress(f"shard {shard}: copy round {round_}: {copied} rows copied")
+            self._wait_replicas(topo, dest, self.replica_wait)
             side = side or self._side_name(src, db)
             paused = time.monotonic()
             self._fence(shard, (source, dest), src, db, side, tables)
@@ -168,6 +182,7 @@ class ShardMover:
             report.rows_copied += copied
             report.rows_deleted += deleted
             report.verified = self._verify(src, side, dst, db, tables)
+            self._wait_replicas(topo, dest, min(self.replica_wait, _FENCED_REPLICA_WAIT))
             self.cluster.catalog.finish_move(shard, dest, topo.indexes, topo.index_epoch)
         except BaseException:
             self._rollback(shard)
@@ -258,6 +273,33 @@ class ShardMover:
         )
         failpoints.hit("move.after_fence")
         catalog.record_move(shard, *servers, f"fenced:{side}")
+
+    def _wait_replicas(self, topo: Topology, dest: int, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until the target's replicas have applied
+        everything written to it so far: once the map flips, replica reads of the shard
+        go there, and a copy makes old rows new to the binary log, so a replica within
+        its lag bound could still miss rows written long ago."""
+        replicas = topo.replicas.get(dest, ())
+        if not replicas:
+            return
+        dst = self.cluster.server(topo.servers[dest])
+        position = dst.run("SELECT @@gtid_binlog_pos")[0][0][0]
+        for address in replicas:
+            try:
+                done = self.cluster.server(address).run(
+                    "SELECT MASTER_GTID_WAIT(%s, %s)", (position, float(timeout))
+                )[0][0][0]
+            except SchemalessError as exc:
+                done = exc
+            if done != 0:
+                log.warning(
+                    "replica %s of %s has not applied the copy after %.0fs (%s): replica "
+                    "reads of the shard may miss rows until it has",
+                    address,
+                    dst.name,
+                    timeout,
+                    "timed out" if done == -1 else done,
+                )
 
     @staticmethod
     def _side_name(src: Server, db: str) -> str:

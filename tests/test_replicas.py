@@ -24,6 +24,7 @@ from schemaless.dsn import Address
 from schemaless.hashing import shard_of
 from schemaless.index import key_encode
 from schemaless.local import LocalCluster, LocalClusterError, LocalServer
+from schemaless.move import ShardMover
 
 PREFIX = "rep"
 BY_USER = Index("by_user", {"user": "int", "n": "int"}, shard_on="user")
@@ -312,3 +313,36 @@ def test_the_cleaner_never_reads_from_replicas(
     servers = trace.servers(catalog=True)
     assert servers == {s0, s1}
     assert replica not in servers
+
+
+def test_a_shard_moved_to_a_replicated_server_is_read_whole_from_its_replica(
+    cluster: LocalCluster, store: DataStore, trace: Trace
+) -> None:
+    """A move copies old rows: they are new to the target's binary log. The mover waits
+    for the target's replicas to apply the copy before it flips the map, so a replica
+    read right after the move finds rows written long before it (it used to miss them
+    while the replica, within its lag bound, was still applying the copy)."""
+    replica = names(cluster)[2]
+    shard = store.cluster.current().shards_of(1)[0]
+    keys: list[bytes] = []
+    while len(keys) < 30:
+        key = new_id()
+        if store.cluster.shard_of_id(key) == shard:
+            keys.append(key)
+    store.put_many({"id": k, "user": 6, "n": i} for i, k in enumerate(keys))
+    cluster.wait_replicated(0)
+    cluster.start_replication(0, delay=2)  # every event applied 2 s late
+    loose = open_store(cluster, trace, max_replica_lag=3600.0)
+    try:
+        ShardMover(store).move(shard, 0)
+        trace.clear()
+        got = loose.get_many(keys, consistency="replica")
+        assert trace.servers() == {replica}
+        assert [e["n"] if e else None for e in got] == list(range(30))
+    finally:
+        loose.close()
+        cluster.start_replication(0, delay=0)
+        cluster.wait_replicated(0)
+        ShardMover(store).move(shard, 1)
+        ShardMover(store).drop_old_copies()
+    assert store.cluster.refresh().shard_servers[shard] == 1

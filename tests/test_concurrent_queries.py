@@ -14,6 +14,7 @@ from conftest import assert_clean, same_store
 
 from schemaless import DataStore, Index, IndexNotReady, new_id
 from schemaless.cleaner import Cleaner
+from schemaless.cleaner.scan import entity_batches
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 
@@ -21,6 +22,7 @@ BY_USER = Index("by_user", {"user": "int", "published": "int"}, shard_on="user")
 BY_TAG = Index("by_tag", {"tags": "str(8)", "published": "int"}, shard_on="tags", multi="tags")
 USERS, TAGS = 3, ["a", "b", "c", "d"]
 SECONDS = 4.0
+WORDS = ["timeline", "entity", "shard", "cleaner", "index", "replica", "cursor", "fence"]
 
 
 def _random_entity(rnd: random.Random, key: bytes) -> dict[str, Any]:
@@ -29,6 +31,7 @@ def _random_entity(rnd: random.Random, key: bytes) -> dict[str, Any]:
         "user": rnd.randrange(USERS),
         "published": rnd.randrange(6),  # few values: ties, and values that come back
         "tags": rnd.sample(TAGS, rnd.randrange(3)),
+        "text": " ".join(rnd.choice(WORDS) for _ in range(12)),  # a body worth compressing
     }
 
 
@@ -101,14 +104,15 @@ class Acks:
             ]
 
 
-@pytest.mark.parametrize("also", ["", "moves", "backfill"])
+@pytest.mark.parametrize("also", ["", "moves", "backfill", "dictionaries"])
 def test_queries_during_writes_and_cleaner_passes(
     make_store: Any, local_cluster: LocalCluster, also: str
 ) -> None:
     """While 3 writers put, update (values that change and change back), delete and
     recreate entities, a Cleaner fences at once and purges tombstones (and, ``also``,
     logical shards move back and forth between the servers, or the multi-valued index
-    is declared when the test starts and the Cleaner only backfills it), every query
+    is declared when the test starts and the Cleaner only backfills it, or new codec
+    dictionaries are trained and put to use by one client), every query
     (iterated in pages of 2):
 
     * returns only entities that match it on the values returned;
@@ -124,12 +128,16 @@ def test_queries_during_writes_and_cleaner_passes(
     store.put_many(entities)
     if also == "backfill":
         assert store.declare_index(BY_TAG) == "building"
+    if also == "dictionaries":  # enough bodies to train on, in no index
+        store.put_many({"id": new_id(), "note": f"filler {i} " * 8} for i in range(150))
     acks = Acks(entities)
     churn = [e["id"] for e in entities[:45]]  # the other 55 are never written again
     clients: list[DataStore] = []
     churned = set(churn)
     counts = dict.fromkeys(("writes", "queries", "passes", "checked", "churned", "moves"), 0)
-    counts.update(building=0, by_user=0, by_tag=0)  # building: refused, not ready yet
+    counts.update(
+        building=0, by_user=0, by_tag=0, dictionaries=0
+    )  # building: refused, not ready yet
 
     def client() -> DataStore:
         other = same_store(local_cluster, store)
@@ -184,6 +192,15 @@ def test_queries_during_writes_and_cleaner_passes(
             m.move(shard, next(sid for sid in home.servers if sid != here))
             counts["moves"] += 1
 
+    def trainer(stop: threading.Event) -> None:
+        t = client()
+        for _ in range(2):
+            if stop.wait(1.0):
+                return
+            t.train_dictionary(samples=400, size=2048)
+            t.put({"note": "a body in the new dictionary " * 4})
+            counts["dictionaries"] += 1
+
     def reader(seed: int) -> Callable[[threading.Event], None]:
         def run(stop: threading.Event) -> None:
             q, r = client(), random.Random(100 + seed)
@@ -218,6 +235,7 @@ def test_queries_during_writes_and_cleaner_passes(
                 **{f"reader{i}": reader(i) for i in range(2)},
                 "cleaner": cleaner,
                 **({"mover": mover} if also == "moves" else {}),
+                **({"trainer": trainer} if also == "dictionaries" else {}),
             },
             SECONDS,
         )
@@ -228,7 +246,18 @@ def test_queries_during_writes_and_cleaner_passes(
     assert counts["passes"] >= 2 if also != "backfill" else counts["passes"] == 0, counts
     assert counts["moves"] >= 2 if also == "moves" else counts["moves"] == 0, counts
     assert counts["building"] > 0 if also == "backfill" else counts["building"] == 0, counts
-    assert counts["by_tag"] > 10, counts  # the backfilled index was queried once ready
+    assert counts["by_tag"] > 10, counts  # (a backfilled index: queried once ready)
+    assert counts["dictionaries"] == (2 if also == "dictionaries" else 0), counts
+    if also == "dictionaries":  # the writers took the new dictionaries up as they went
+        topo = store.cluster.refresh()
+        named = {
+            store.codec.dictionary_id(body)
+            for shard in range(topo.n_shards)
+            for batch in entity_batches(store, topo, shard)
+            for _, _, _, body in batch
+            if body is not None
+        }
+        assert set(topo.dictionary_ids) <= named, (named, topo.dictionary_ids)
     if also == "moves":
         assert ShardMover(store).drop_old_copies()
     Cleaner(store, tombstone_retention=0.0, fence_after=0.0).run_once()

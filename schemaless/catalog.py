@@ -154,22 +154,27 @@ class Catalog:
             " ('index_epoch', '1')"
         )
         params += [FORMAT, str(n_shards), repr(float(refresh_interval))]
-        stmts.append("SELECT ROW_COUNT()")
-        stmts.append(
-            f"INSERT IGNORE INTO {self._t('servers')} (server_id, host, port) VALUES "
-            + ", ".join(["(%s, %s, %s)"] * len(addresses))
-        )
-        for sid, addr in enumerate(addresses):
-            params += [sid, addr.host, addr.port]
-        stmts.append(
-            f"INSERT IGNORE INTO {self._t('shards')} (shard, server_id) VALUES "
-            + ", ".join(["(%s, %s)"] * n_shards)
-        )
-        for shard in range(n_shards):
-            params += [shard, shard % len(addresses)]
+        # Only the writer whose meta rows went in writes the map: a racing creator with
+        # another shard count or server list must not add its rows to the winner's.
+        stmts.append("SET @created := ROW_COUNT() = 5")
+        stmts.append("SELECT @created")
+        for table, cols, rows in (
+            (
+                "servers",
+                "server_id, host, port",
+                [(i, a.host, a.port) for i, a in enumerate(addresses)],
+            ),
+            ("shards", "shard, server_id", [(s, s % len(addresses)) for s in range(n_shards)]),
+        ):
+            marks = ", ".join(["(" + ", ".join(["%s"] * len(rows[0])) + ")"] * len(rows))
+            stmts.append(
+                f"INSERT IGNORE INTO {self._t(table)} ({cols}) WITH v ({cols}) AS"
+                f" (VALUES {marks}) SELECT {cols} FROM v WHERE @created"
+            )
+            params += [value for row in rows for value in row]
         stmts.append("COMMIT")
         out = self.server.run(";\n".join(stmts), params, commits=True)
-        return bool(out[0][0][0] == 5)
+        return bool(out[0][0][0] == 1)
 
     def start_epochs(self) -> None:
         """Give a catalog from before fences its first index epoch (its shards' fence

@@ -70,6 +70,57 @@ def test_mysql_shards_constructor_initialises_a_new_datastore(local_cluster: Any
         _drop(store)
 
 
+def test_clients_that_create_one_datastore_at_once_agree_on_its_map(local_cluster: Any) -> None:
+    """Six clients open a new datastore at the same moment, half asking for 8 logical
+    shards and half for 16: one map is written, whole; the clients that asked for the
+    other count are refused (the loser's shard rows used to go into the winner's map,
+    and every later open failed with "catalog maps 16 of 8 shards")."""
+    prefix = "t_" + uuid.uuid4().hex[:10]
+    start = threading.Barrier(6)
+    opened: list[DataStore] = []
+    refused: list[CatalogError] = []
+
+    def open_it(shards: int) -> None:
+        start.wait()
+        try:
+            opened.append(
+                DataStore(
+                    local_cluster.addresses,
+                    option_file=str(local_cluster.option_file),
+                    prefix=prefix,
+                    shards=shards,
+                )
+            )
+        except CatalogError as exc:
+            refused.append(exc)
+
+    threads = [threading.Thread(target=open_it, args=(8 << (i % 2),)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert opened and len(opened) + len(refused) == 6
+        n = opened[0].cluster.topology.n_shards
+        assert all(s.cluster.topology.n_shards == n for s in opened)
+        assert all(f"has {n} logical shards" in str(e) for e in refused), refused
+        again = same_store(local_cluster, opened[0])
+        assert again.cluster.topology.shard_servers == tuple(s % 2 for s in range(n))
+        again.close()
+    finally:
+        for store in opened[1:]:
+            store.close()
+        if opened:
+            servers = opened[0].cluster.all_servers(opened[0].cluster.topology).values()
+            for server in servers:  # with the shard databases of the clients that lost
+                for (db,) in server.run(
+                    "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
+                    (prefix + "\\_%",),
+                )[0]:
+                    server.run(f"DROP DATABASE {quote(str(db))}")
+            opened[0].close()
+
+
 def _drop(store: DataStore) -> None:
     topo = store.cluster.refresh()
     for sid, server in store.cluster.all_servers(topo).items():

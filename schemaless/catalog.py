@@ -459,21 +459,18 @@ class Catalog:
         )
 
     @contextmanager
-    def move_lock(self, shard: int) -> Iterator[None]:
-        """Held while a shard is moved or rolled back, so that one process at a time
-        does it: a named lock on the catalog server, which the server also releases
-        when the holder's connection ends (a mover that dies frees it)."""
-        name = f"schemaless:{self.prefix}:move:{int(shard)}".encode()
+    def lock(self, name: str, busy: str, wait: float) -> Iterator[None]:
+        """Hold the named lock ``name`` of this datastore, so that one process at a time
+        does what it guards; ``CatalogError(busy)`` after ``wait`` seconds.  A named lock
+        on the catalog server: the server also releases it when the holder's connection
+        ends, so a process that dies frees it."""
+        full = f"schemaless:{self.prefix}:{name}".encode()
         with self.server.connection() as db:
-            lock = db.string_literal(name)
-            # A few seconds: the server may still be tearing down a dead holder's session.
-            db.query(b"SELECT GET_LOCK(%s, 3), IS_USED_LOCK(%s)" % (lock, lock))
+            lock = db.string_literal(full)
+            db.query(b"SELECT GET_LOCK(%s, %d), IS_USED_LOCK(%s)" % (lock, round(wait), lock))
             got, holder = db.store_result().fetch_row()[0]
             if got != 1:
-                raise CatalogError(
-                    f"shard {shard} is being moved or rolled back by another process"
-                    f" (catalog connection {holder}); wait for it to end, or stop it"
-                )
+                raise CatalogError(f"{busy} (catalog connection {holder}); try again later")
             try:
                 yield
             except BaseException:

@@ -245,10 +245,16 @@ class Cluster:
             calls[sid] = Batch(servers[sid], sql)
         gather(calls)
 
-    def create_index_tables(self, topo: Topology, index: Index) -> None:
-        """Create an index's table on every logical shard.  Never a shard's database or
-        entities table: a shard fenced by a move has none, and must not get new ones."""
-        self._on_shards(topo, lambda db: [index.create_table_sql(db)])
+    def create_index_tables(self, topo: Topology, index: Index, *, fresh: bool = False) -> None:
+        """Create an index's table on every logical shard (``fresh``: dropping any table
+        of that name first).  Never a shard's database or entities table: a shard fenced
+        by a move has none, and must not get new ones."""
+
+        def sql(db: str) -> list[str]:
+            first = [f"DROP TABLE IF EXISTS {quote(db, index.table)}"] if fresh else []
+            return [*first, index.create_table_sql(db)]
+
+        self._on_shards(topo, sql)
 
     def _on_shards(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
         """Run the statements ``sql(db)`` of every logical shard, servers in parallel."""

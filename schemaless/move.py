@@ -24,6 +24,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +136,7 @@ class ShardMover:
         """
         if dry_run:
             return self._move(shard, target, dry_run=True)
-        with self.cluster.catalog.move_lock(shard):
+        with self._lock(shard):
             return self._move(shard, target, dry_run=False)
 
     def _move(self, shard: int, target: int | str, *, dry_run: bool) -> MoveReport:
@@ -197,8 +198,14 @@ class ShardMover:
 
     def rollback(self, shard: int) -> None:
         """Undo an unfinished move: rename a fenced side copy back, forget the record."""
-        with self.cluster.catalog.move_lock(shard):
+        with self._lock(shard):
             self._rollback(shard)
+
+    def _lock(self, shard: int) -> AbstractContextManager[None]:
+        """One process at a time moves or rolls back a shard (a few seconds' wait: the
+        server may still be ending a dead mover's session)."""
+        busy = f"shard {shard} is being moved or rolled back by another process"
+        return self.cluster.catalog.lock(f"move:{int(shard)}", busy, wait=3)
 
     def _rollback(self, shard: int) -> None:
         topo = self.cluster.refresh()

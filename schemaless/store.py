@@ -356,6 +356,12 @@ class DataStore:
         """
         if not isinstance(index, Index):
             raise IndexDefinitionError(f"expected an Index, got {type(index).__name__}")
+        busy = "another client is declaring an index of this datastore"
+        with self.cluster.catalog.lock("declare", busy, wait=60):
+            return self._declare(index)
+
+    def _declare(self, index: Index) -> str:
+        """``declare_index`` under the declaration lock."""
         for _ in range(_DECLARE_ATTEMPTS):
             topo = self.cluster.refresh()
             existing = topo.indexes.get(index.name)
@@ -383,7 +389,9 @@ class DataStore:
                     "this datastore predates index fences: open it once as a user that may "
                     "create tables (e.g. `schemaless init`) to upgrade it"
                 )
-            self.cluster.create_index_tables(topo, index)
+            # Anew: a table of the name can only be left by a declaration that died
+            # before recording it, perhaps with another definition; nobody writes it.
+            self.cluster.create_index_tables(topo, index, fresh=True)
             self.cluster.create_fences(topo, topo.index_epoch + 1)
             info = self.cluster.catalog.record_index(index, "building", topo.index_epoch)
             if info is not None:

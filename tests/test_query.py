@@ -319,6 +319,74 @@ def test_index_lifecycle(make_store: Any) -> None:
     assert store.declare_index(BY_TIME) == "building"
 
 
+def _column_types(store: DataStore, table: str, column: str) -> set[str]:
+    """The SQL type of one column of an index table, over every logical shard."""
+    topo = store.cluster.refresh()
+    return {
+        str(
+            store.cluster.server_of_shard(topo, shard).run(
+                "SELECT data_type FROM information_schema.columns"
+                " WHERE table_schema = %s AND table_name = %s AND column_name = %s",
+                (topo.dbs[shard], table, column),
+            )[0][0][0]
+        )
+        for shard in range(topo.n_shards)
+    }
+
+
+def test_racing_declarations_of_one_name_leave_the_recorded_tables(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    """Four clients declare ``by_x`` at once, two as int and two as str: one definition
+    is recorded, the others are refused, and every shard's table has the recorded
+    column type (a loser's CREATE TABLE used to win on some shards: strings then went
+    into a BIGINT column, or ints into a VARCHAR ordered as text)."""
+    store = make_store()
+    store.put({"x": 1})
+    clients = [same_store(local_cluster, store) for _ in range(4)]
+    start = threading.Barrier(4)
+    results: list[str] = []
+
+    def declare(client: DataStore, kind: str) -> None:
+        start.wait()
+        try:
+            results.append(client.declare_index(Index("by_x", {"x": kind})))
+        except IndexDefinitionError:
+            results.append("refused")
+
+    threads = [
+        threading.Thread(target=declare, args=(c, ["int", "str(10)"][i % 2]))
+        for i, c in enumerate(clients)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in clients:
+        c.close()
+    assert sorted(results) == ["building", "building", "refused", "refused"]
+    recorded = store.cluster.refresh().indexes["by_x"].index.types[0].name
+    want = {"int": {"bigint"}, "str(10)": {"varchar"}}[recorded]
+    assert _column_types(store, "index_by_x", "p_x") == want
+
+
+def test_a_table_left_by_a_declaration_that_died_is_made_anew(make_store: Any) -> None:
+    """A declaration that died between creating its tables and recording the index
+    left tables the catalog does not know, perhaps of another definition: declaring
+    the index (with another type) replaces them, and writes of it work."""
+    store = make_store()
+    store.put({"x": "a"})
+    store.cluster.create_index_tables(store.cluster.refresh(), Index("by_x", {"x": "int"}))
+    assert _column_types(store, "index_by_x", "p_x") == {"bigint"}
+    by_x = Index("by_x", {"x": "str(10)"})
+    assert store.declare_index(by_x) == "building"
+    assert _column_types(store, "index_by_x", "p_x") == {"varchar"}
+    for x in ("b", "c", "d"):
+        store.put({"x": x})  # a text value into a BIGINT column would be refused
+    got = store.query(by_x, x__gte="b", include_building=True, limit=10)
+    assert [e["x"] for e in got] == ["b", "c", "d"]
+
+
 @pytest.mark.parametrize("many", [False, True], ids=["put", "put_many"])
 def test_a_write_in_flight_while_its_index_is_dropped_and_purged_carries_on(
     make_store: Any, local_cluster: LocalCluster, many: bool

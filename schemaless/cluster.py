@@ -299,13 +299,15 @@ class Cluster:
         self.codec.use_dictionary(topo.active_dictionary)
 
     def _limit_body_size(self) -> None:
-        """Keep bodies below every server's max_allowed_packet."""
+        """Keep bodies, and the statement batches that carry them, below every server's
+        max_allowed_packet."""
         servers = self.all_servers(self.topology)
         packets = gather(
             {sid: Batch(s, "SELECT @@max_allowed_packet") for sid, s in servers.items()}
         )
         smallest = min(int(rows[0][0][0]) for rows in packets.values())
-        self.codec.max_body_bytes = min(self.codec.max_body_bytes, smallest - _PACKET_MARGIN)
+        self.max_batch_bytes = smallest - _PACKET_MARGIN
+        self.codec.max_body_bytes = min(self.codec.max_body_bytes, self.max_batch_bytes)
 
     def close(self) -> None:
         """Close every pool."""

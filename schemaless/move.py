@@ -36,6 +36,7 @@ from .index import Index
 from .names import check_identifier, quote
 from .schema import entities_table_sql, fence_table_sql
 from .store import DataStore
+from .writes import chunks, sql_bytes
 
 __all__ = ["MoveReport", "ShardMover", "rebalance_plan"]
 
@@ -409,15 +410,14 @@ class ShardMover:
                     ids,
                 )[0]
             ]
-        if not rows:
-            return 0
         one = "(" + ", ".join(["%s"] * len(table.columns)) + ")"
-        dst.run(
-            f"REPLACE INTO {quote(dst_db, table.name)}"
-            f" ({', '.join(quote(c) for c in table.columns)}) VALUES "
-            + ", ".join([one] * len(rows)),
-            [v for r in rows for v in r],
-        )
+        for part in chunks(rows, sql_bytes, self.cluster.max_batch_bytes):
+            dst.run(
+                f"REPLACE INTO {quote(dst_db, table.name)}"
+                f" ({', '.join(quote(c) for c in table.columns)}) VALUES "
+                + ", ".join([one] * len(part)),
+                [v for r in part for v in r],
+            )
         return len(rows)
 
     def _verify(

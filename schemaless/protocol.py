@@ -33,8 +33,10 @@ from .writes import (
     EntityWrite,
     IndexRow,
     by_id_sql,
+    chunks,
     delete_rows_sql,
     entity_batch_sql,
+    sql_bytes,
     upsert_rows_sql,
 )
 
@@ -63,6 +65,18 @@ def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
         f"{current if current is not None else 'absent'}",
         current_version=current,
     )
+
+
+def _write_bytes(prepared: tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]) -> int:
+    """At most the SQL of one entity's write: its statements, its body escaped (at most
+    twice as long) and its index rows."""
+    rows = [row for group in prepared[3].values() for row in group]
+    return 1024 + 2 * len(prepared[2]) + sum(512 + sql_bytes(row) for row in rows)
+
+
+def _delete_bytes(key: bytes) -> int:
+    """At most the SQL of one tombstone's statements."""
+    return 1024
 
 
 class Writer:
@@ -109,15 +123,17 @@ class Writer:
                 raise type(exc)(f"entity {id_hex(key)}: {exc}") from exc
             prepared.append((key, self.cluster.shard_of_id(key), body, rows))
         versions: dict[bytes, int] = {}
-        pending = prepared
-        for attempt in range(_BLIND_ATTEMPTS):
-            pending = self._attempt(topo, indexes, pending, mode, versions, fresh, attempt == 0)
-            if not pending:
-                return [versions[p[0]] for p in prepared]
-        raise ConflictError(
-            f"entity {id_hex(pending[0][0])}: stored version kept moving ahead "
-            f"after {_BLIND_ATTEMPTS} attempts"
-        )
+        for pending in chunks(prepared, _write_bytes, self.cluster.max_batch_bytes):
+            for attempt in range(_BLIND_ATTEMPTS):
+                pending = self._attempt(topo, indexes, pending, mode, versions, fresh, attempt == 0)
+                if not pending:
+                    break
+            else:
+                raise ConflictError(
+                    f"entity {id_hex(pending[0][0])}: stored version kept moving ahead "
+                    f"after {_BLIND_ATTEMPTS} attempts"
+                )
+        return [versions[p[0]] for p in prepared]
 
     def _attempt(
         self,
@@ -251,6 +267,10 @@ class Writer:
 
     def delete(self, keys: list[bytes], mode: str | int) -> int:
         """Write tombstones, then queue the old bodies' rows; return how many existed."""
+        budget = self.cluster.max_batch_bytes
+        return sum(self._delete(chunk, mode) for chunk in chunks(keys, _delete_bytes, budget))
+
+    def _delete(self, keys: Sequence[bytes], mode: str | int) -> int:
         topo = self.cluster.current()
         indexes = topo.maintained()
         by_name = {index.name: index for index in indexes}
@@ -258,7 +278,7 @@ class Writer:
         shards = {key: self.cluster.shard_of_id(key) for key in keys}
         deleted = 0
         stale: list[IndexRow] = []
-        pending = keys
+        pending = list(keys)
         for _ in range(_BLIND_ATTEMPTS):
             now = self.clock.next()
             writes = [

@@ -11,9 +11,9 @@ shard's fence table; step 3 deletes the old body's rows only where
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .index import Index
 from .names import quote
@@ -26,10 +26,14 @@ __all__ = [
     "EntityWrite",
     "IndexRow",
     "by_id_sql",
+    "chunks",
     "delete_rows_sql",
     "entity_batch_sql",
+    "sql_bytes",
     "upsert_rows_sql",
 ]
+
+T = TypeVar("T")
 
 BLIND = "blind"  # last writer wins; refused only if the stored version is already >= V
 CREATE = "create"  # expect_version=0: the entity must be absent (or a tombstone)
@@ -239,3 +243,26 @@ def _in_transaction(stmts: list[str]) -> str:
     if len(stmts) > 1:
         stmts = ["START TRANSACTION", *stmts, "COMMIT"]
     return ";\n".join(stmts)
+
+
+def chunks(items: list[T], size: Callable[[T], int], budget: int) -> Iterator[list[T]]:
+    """Consecutive runs of ``items`` whose ``size`` adds up to at most ``budget`` bytes
+    (an item above it goes alone): batches that fit the servers' max_allowed_packet."""
+    start, total = 0, 0
+    for i, item in enumerate(items):
+        n = size(item)
+        if i > start and total + n > budget:
+            yield items[start:i]
+            start, total = i, 0
+        total += n
+    if start < len(items):
+        yield items[start:]
+
+
+def sql_bytes(values: Iterable[Any]) -> int:
+    """At most the bytes of SQL that a row of these values takes as literals (a
+    character is up to 4 bytes, and escaping at most doubles them)."""
+    return 64 + sum(
+        8 * len(v) if isinstance(v, str) else 2 * len(v) if isinstance(v, bytes) else 32
+        for v in values
+    )

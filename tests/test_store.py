@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -21,6 +22,8 @@ from schemaless import (
     InvalidId,
     new_id,
 )
+from schemaless.local import LocalCluster
+from schemaless.move import ShardMover
 from schemaless.names import quote
 from schemaless.schema import shard_db
 
@@ -422,3 +425,41 @@ def test_a_catalog_from_before_fences_is_upgraded_by_an_open_with_ddl(
         assert upgraded.declare_index(Index("by_n", {"n": "int"})) == "building"
         upgraded.put({"n": 2})
     assert store.cluster.refresh().index_epoch == 2
+
+
+def test_batches_above_max_allowed_packet_are_sent_in_parts(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    """put_many, get_many, delete_many and a shard move's copy of more than one
+    statement can carry: the servers' max_allowed_packet (lowered to 1 MiB here) used
+    to refuse the statement and drop the connection (OutcomeUnknown for a write that
+    had not been applied)."""
+    admin = make_store()
+    servers = admin.cluster.all_servers(admin.cluster.topology).values()
+    before = {s.name: int(s.run("SELECT @@GLOBAL.max_allowed_packet")[0][0][0]) for s in servers}
+    for server in servers:
+        server.run("SET GLOBAL max_allowed_packet = 1048576")
+    try:
+        store = same_store(local_cluster, admin)  # its connections get the small packet
+        assert store.cluster.max_batch_bytes < 1048576
+        entities = [{"id": new_id(), "blob": os.urandom(40_000), "n": i} for i in range(100)]
+        store.put_many(entities)  # 4 MB of bodies: over 2 MiB a server
+        assert store.get_many(e["id"] for e in entities) == entities
+        shard = store.cluster.shard_of_id(entities[0]["id"])
+        more: list[dict[str, Any]] = []
+        while len(more) < 40:  # 1.6 MB more on that shard
+            key = new_id()
+            if store.cluster.shard_of_id(key) == shard:
+                more.append({"id": key, "blob": os.urandom(40_000), "n": -1})
+        store.put_many(more)
+        ShardMover(store).move(shard, 1 - store.cluster.current().shard_servers[shard])
+        assert store.get_many(e["id"] for e in [*entities, *more]) == [*entities, *more]
+        absent = [new_id() for _ in range(60_000)]  # 2.2 MB of ids
+        assert store.get_many([*absent, entities[0]["id"]])[-1] == entities[0]
+        assert store.delete_many([*absent, *(e["id"] for e in entities)]) == 100
+        assert store.delete_many(e["id"] for e in more) == 40
+        assert store.get_many(e["id"] for e in entities) == [None] * 100
+        store.close()
+    finally:
+        for server in servers:
+            server.run("SET GLOBAL max_allowed_packet = %s", (before[server.name],))

@@ -64,6 +64,7 @@ class Cluster:
         self._servers: dict[Address, Server] = {}
         self._lock = threading.Lock()
         self._refreshing = threading.Lock()
+        self._retry_at = 0.0  # after a failed reload: not before then
         self._all_servers: tuple[Topology, Mapping[int, Server]] | None = None
         self.catalog = Catalog(self.server(addresses[0]), prefix)
         if not self.catalog.exists():
@@ -108,13 +109,28 @@ class Cluster:
             return server
 
     def current(self) -> Topology:
-        """The topology, reloaded from the catalog when older than its refresh interval."""
+        """The topology, reloaded from the catalog when older than its refresh interval.
+
+        While the catalog's server is unreachable, the map in hand stays in use (and
+        the catalog is tried again an interval later): a stale map is safe, since a
+        move or a declaration fences the tables it would get wrong.
+        """
         topo = self.topology
-        if time.monotonic() - self._loaded >= topo.refresh_interval and self._refreshing.acquire(
-            blocking=False
+        now = time.monotonic()
+        if (
+            now - self._loaded >= topo.refresh_interval
+            and now >= self._retry_at
+            and self._refreshing.acquire(blocking=False)
         ):  # one thread reloads; the others keep using the map they have
             try:
                 self.refresh()
+            except ShardUnavailable as exc:
+                self._retry_at = time.monotonic() + topo.refresh_interval
+                log.warning(
+                    "catalog unreachable, carrying on with the map loaded %.0fs ago: %s",
+                    now - self._loaded,
+                    exc,
+                )
             finally:
                 self._refreshing.release()
         return self.topology

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import same_store
 
 from schemaless import ConflictError, DataStore, Index, OutcomeUnknown, ShardUnavailable, new_id
 from schemaless.cleaner.daemon import Cleaner
@@ -212,3 +213,34 @@ def test_a_committed_write_is_acknowledged_when_the_stale_rows_table_is_gone(
     finally:
         server.run(f"RENAME TABLE {quote(db, 'moved_away')} TO {quote(db, BY_N.table)}")
     assert store.get(key) == {"id": key, "n": n_new}
+
+
+def test_with_the_catalog_server_down_the_other_servers_stay_in_use(
+    fault_store: Callable[..., DataStore], fault_cluster: LocalCluster
+) -> None:
+    """Server 0 holds the catalog. While it is down, clients carry on with the map they
+    have: reads, writes and queries of what lives on server 1 work past the refresh
+    interval (every operation used to fail once the map was due for a reload), what
+    lives on server 0 fails with ShardUnavailable, and the map is reloaded once the
+    catalog answers again."""
+    store = fault_store([BY_N], refresh_interval=0.2)
+    keys = ids_on(store, 1, 3)
+    ns = values_on(store, BY_N, 1, 3)
+    for key, n in zip(keys, ns, strict=True):
+        store.put({"id": key, "n": n})
+    fault_cluster.kill_server(0)
+    try:
+        time.sleep(0.5)  # the map is due for a reload
+        for _ in range(3):  # and again after a failed reload
+            store.put({"id": keys[0], "n": ns[1]})
+            assert store.get(keys[1]) == {"id": keys[1], "n": ns[1]}
+            assert sorted(e["id"] for e in store.query(BY_N, n=ns[1])) == sorted(keys[:2])
+            time.sleep(0.25)
+        with pytest.raises(ShardUnavailable):
+            store.get(ids_on(store, 0, 1)[0])
+    finally:
+        fault_cluster.start_server(0)
+    admin = same_store(fault_cluster, store)
+    admin.drop_index("by_n")  # seen by the first client at its next reload
+    admin.close()
+    wait_for(lambda: store.cluster.current().indexes["by_n"].state == "dropped", timeout=10)

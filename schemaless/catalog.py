@@ -465,9 +465,10 @@ class Catalog:
         on the catalog server: the server also releases it when the holder's connection
         ends, so a process that dies frees it."""
         full = f"schemaless:{self.prefix}:{name}".encode()
+        wait = min(wait, self.server.options.read_timeout - 2)  # an answer, not a timeout
         with self.server.connection() as db:
             lock = db.string_literal(full)
-            db.query(b"SELECT GET_LOCK(%s, %d), IS_USED_LOCK(%s)" % (lock, round(wait), lock))
+            db.query(b"SELECT GET_LOCK(%s, %d), IS_USED_LOCK(%s)" % (lock, max(0, wait), lock))
             got, holder = db.store_result().fetch_row()[0]
             if got != 1:
                 raise CatalogError(f"{busy} (catalog connection {holder}); try again later")

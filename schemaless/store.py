@@ -362,29 +362,40 @@ class DataStore:
         """
         if not isinstance(index, Index):
             raise IndexDefinitionError(f"expected an Index, got {type(index).__name__}")
+        state = self._declared(index, self.cluster.refresh())  # no lock for a known one
+        if state is not None:
+            return state
         busy = "another client is declaring an index of this datastore"
-        with self.cluster.catalog.lock("declare", busy, wait=60):
+        with self.cluster.catalog.lock("declare", busy, wait=20):
             return self._declare(index)
+
+    def _declared(self, index: Index, topo: Topology) -> str | None:
+        """The state of ``index`` if the catalog has it (finishing a declaration that
+        died); None if it has no index of that name; an error if another definition."""
+        existing = topo.indexes.get(index.name)
+        if existing is None:
+            return None
+        if existing.index != index:
+            raise IndexDefinitionError(
+                f"index {index.name!r} already exists with a different definition: "
+                f"{existing.index!r}; drop and purge it first"
+            )
+        if existing.state == "dropped":
+            raise IndexDefinitionError(
+                f"index {index.name!r} was dropped; purge it before declaring it again"
+            )
+        if existing.state == "building":  # finish a declaration that died
+            with contextlib.suppress(PermissionDenied):  # an admin's to finish
+                self.cluster.retire_fences(topo)
+        return existing.state
 
     def _declare(self, index: Index) -> str:
         """``declare_index`` under the declaration lock."""
         for _ in range(_DECLARE_ATTEMPTS):
             topo = self.cluster.refresh()
-            existing = topo.indexes.get(index.name)
-            if existing is not None:
-                if existing.index != index:
-                    raise IndexDefinitionError(
-                        f"index {index.name!r} already exists with a different definition: "
-                        f"{existing.index!r}; drop and purge it first"
-                    )
-                if existing.state == "dropped":
-                    raise IndexDefinitionError(
-                        f"index {index.name!r} was dropped; purge it before declaring it again"
-                    )
-                if existing.state == "building":  # finish a declaration that died
-                    with contextlib.suppress(PermissionDenied):  # an admin's to finish
-                        self.cluster.retire_fences(topo)
-                return existing.state
+            state = self._declared(index, topo)
+            if state is not None:
+                return state
             if topo.moves:  # its tables would miss the moving shards' new servers
                 raise CatalogError(
                     f"logical shards {', '.join(map(str, sorted(topo.moves)))} are being moved:"

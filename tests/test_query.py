@@ -6,6 +6,7 @@ import base64
 import math
 import random
 import threading
+import time
 from typing import Any
 
 import msgpack
@@ -368,6 +369,27 @@ def test_racing_declarations_of_one_name_leave_the_recorded_tables(
     recorded = store.cluster.refresh().indexes["by_x"].index.types[0].name
     want = {"int": {"bigint"}, "str(10)": {"varchar"}}[recorded]
     assert _column_types(store, "index_by_x", "p_x") == want
+
+
+def test_opening_with_known_indexes_does_not_wait_for_a_declaration(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    """Applications open the datastore with their indexes (``indexes=[...]``): one the
+    catalog already has needs no declaration lock, so opens do not queue behind a
+    long declaration of another index."""
+    store = make_store(indexes=[BY_USER])
+    busy = store.cluster.catalog.lock("declare", "busy", wait=0)
+    with busy:  # another client's declaration, in progress
+        started = time.monotonic()
+        other = DataStore(
+            local_cluster.addresses,
+            [BY_USER],
+            option_file=str(local_cluster.option_file),
+            prefix=store.cluster.topology.prefix,
+            create=False,
+        )
+        assert time.monotonic() - started < 2
+        other.close()
 
 
 def test_a_table_left_by_a_declaration_that_died_is_made_anew(make_store: Any) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
+from . import forking
+
 __all__ = ["VersionClock"]
 
 
@@ -19,6 +21,11 @@ class VersionClock:
 
     def __init__(self) -> None:
         self._last = 0
+        self._lock = threading.Lock()
+        forking.register(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (a parent thread may have held it)."""
         self._lock = threading.Lock()
 
     def next(self) -> int:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from . import forking
 from .catalog import Catalog, Topology
 from .codec import Codec
 from .connection import Batch, ConnectOptions, Server, Tracer, gather
@@ -65,6 +66,7 @@ class Cluster:
         self._lock = threading.Lock()
         self._refreshing = threading.Lock()
         self._retry_at = 0.0  # after a failed reload: not before then
+        forking.register(self)
         self._all_servers: tuple[Topology, Mapping[int, Server]] | None = None
         self.catalog = Catalog(self.server(addresses[0]), prefix)
         if not self.catalog.exists():
@@ -107,6 +109,11 @@ class Cluster:
             if server is None:
                 server = self._servers[address] = Server(address, self.options, self.tracer)
             return server
+
+    def after_fork(self) -> None:
+        """In a forked child: fresh locks (a parent thread may have held one)."""
+        self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
 
     def current(self) -> Topology:
         """The topology, reloaded from the catalog when older than its refresh interval.

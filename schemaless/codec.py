@@ -46,6 +46,7 @@ import zstandard
 from msgpack import unpackb as _unpackb
 from zstandard import frame_content_size as _frame_content_size
 
+from . import forking
 from .errors import CorruptEntity, EntityTooLarge, InvalidEntity
 
 __all__ = ["MAX_DEPTH", "Codec", "train_dictionary"]
@@ -321,6 +322,11 @@ class Codec:
         self._dictionaries_lock = threading.Lock()
         self._current: tuple[int | None, bytes] = (None, _HEAD_ZSTD)
         self._tls = _ThreadState()
+        forking.register(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (a parent thread may have held it)."""
+        self._dictionaries_lock = threading.Lock()
 
     # -- dictionaries
 

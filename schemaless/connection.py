@@ -14,6 +14,7 @@ import random
 import select
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import MySQLdb
 from MySQLdb.constants import CLIENT
 
+from . import forking
 from .dsn import Address, Credentials
 from .errors import (
     ConflictError,
@@ -126,7 +128,7 @@ class ConnectOptions:
 class _Conn:
     """One driver connection, when it was last used, and a poller of its socket."""
 
-    __slots__ = ("db", "last_used", "poller")
+    __slots__ = ("__weakref__", "db", "last_used", "poller")
 
     def __init__(self, db: Any) -> None:
         self.db = db
@@ -163,6 +165,8 @@ class Server:
         self._in_use = 0
         self._waiting = 0  # threads waiting in _acquire for a connection
         self._closed = False
+        self._open: weakref.WeakSet[_Conn] = weakref.WeakSet()  # idle or in use
+        forking.register(self)
 
     def __repr__(self) -> str:
         return f"Server({self.name!r})"
@@ -190,9 +194,23 @@ class Server:
             kwargs["ssl_mode"] = ssl.pop("mode", _SSL_MODES[0])
             kwargs["ssl"] = ssl
         try:
-            return _Conn(MySQLdb.connect(**kwargs))
+            conn = _Conn(MySQLdb.connect(**kwargs))
         except MySQLdb.Error as exc:
             raise self._translate(exc, sent=False, commits=False) from exc
+        self._open.add(conn)
+        return conn
+
+    def after_fork(self) -> None:
+        """In a forked child: the connections are the parent's sessions.  Detach their
+        sockets here and start with an empty pool (and fresh locks)."""
+        for conn in list(self._open):
+            with contextlib.suppress(Exception):  # closed already: nothing to detach
+                forking.detach(conn.db.fileno())
+        self._open = weakref.WeakSet()
+        self._idle = deque()
+        self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)
+        self._in_use = self._waiting = 0
 
     @contextmanager
     def connection(self) -> Iterator[Any]:

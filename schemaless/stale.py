@@ -17,6 +17,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
+from . import forking
 from .writes import IndexRow
 
 __all__ = ["StaleRows"]
@@ -60,6 +61,15 @@ class StaleRows:
         self._thread: threading.Thread | None = None
         self._closed = False
         atexit.register(_flush_at_exit, weakref.ref(self))
+        forking.register(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: no worker thread, a fresh lock, and none of the parent's
+        queued rows (the parent deletes them)."""
+        self._cond = threading.Condition()
+        self._thread = None
+        self._pending = []
+        self._submitted = self._done = self._flushing = 0
 
     def submit(self, rows: list[IndexRow]) -> None:
         """Queue rows for deletion (or delete them now, if the queue is full or closed)."""

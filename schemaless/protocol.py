@@ -45,6 +45,7 @@ __all__ = ["Writer"]
 log = logging.getLogger(__name__)
 
 _BLIND_ATTEMPTS = 8
+_DELETE_BYTES = 1024  # at most the SQL of one tombstone's statements
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,6 @@ def _write_bytes(prepared: tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...
     twice as long) and its index rows."""
     rows = [row for group in prepared[3].values() for row in group]
     return 1024 + 2 * len(prepared[2]) + sum(512 + sql_bytes(row) for row in rows)
-
-
-def _delete_bytes(key: bytes) -> int:
-    """At most the SQL of one tombstone's statements."""
-    return 1024
 
 
 class Writer:
@@ -267,8 +263,8 @@ class Writer:
 
     def delete(self, keys: list[bytes], mode: str | int) -> int:
         """Write tombstones, then queue the old bodies' rows; return how many existed."""
-        budget = self.cluster.max_batch_bytes
-        return sum(self._delete(chunk, mode) for chunk in chunks(keys, _delete_bytes, budget))
+        step = self.cluster.max_batch_bytes // _DELETE_BYTES
+        return sum(self._delete(keys[i : i + step], mode) for i in range(0, len(keys), step))
 
     def _delete(self, keys: Sequence[bytes], mode: str | int) -> int:
         topo = self.cluster.current()

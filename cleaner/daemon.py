@@ -9,6 +9,7 @@ every few seconds and at the end.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -107,8 +108,16 @@ class Cleaner:
             self.name = backfill_name(index, part)
         self._index = index
         job = Backfill(self.rt, self.repairer, index, part)
+        job_name = backfill_name(index, part)
+        busy = f"another Cleaner is running {job_name}"
         try:
-            state = job.run()
+            with contextlib.ExitStack() as held:  # one process per backfill (part)
+                catalog = self.store.cluster.catalog
+                self.rt.retry(
+                    "locking the backfill",
+                    lambda: held.enter_context(catalog.lock(job_name, busy, wait=3)),
+                )
+                state = job.run()
         except Stopped:
             state = "building"
         self.part_done = job.part_done

@@ -8,6 +8,7 @@ codec dictionaries) lives here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -465,6 +466,8 @@ class Catalog:
         on the catalog server: the server also releases it when the holder's connection
         ends, so a process that dies frees it."""
         full = f"schemaless:{self.prefix}:{name}".encode()
+        if len(full) > 64:  # the server's limit for a lock name
+            full = b"schemaless:" + hashlib.blake2b(full, digest_size=16).hexdigest().encode()
         wait = min(wait, self.server.options.read_timeout - 2)  # an answer, not a timeout
         with self.server.connection() as db:
             lock = db.string_literal(full)
@@ -474,11 +477,9 @@ class Catalog:
                 raise CatalogError(f"{busy} (catalog connection {holder}); try again later")
             try:
                 yield
-            except BaseException:
-                with suppress(Exception):  # the connection is closed next, lock or not
+            finally:
+                with suppress(Exception):  # a connection lost meanwhile took it along
                     db.query(b"DO RELEASE_LOCK(%s)" % lock)
-                raise
-            db.query(b"DO RELEASE_LOCK(%s)" % lock)
 
     def cancel_move(self, shard: int) -> None:
         """Forget a move that was rolled back."""

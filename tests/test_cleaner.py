@@ -20,7 +20,13 @@ from schemaless.cleaner.access import read_entities, read_rows
 from schemaless.cleaner.progress import Progress
 from schemaless.cleaner.runtime import Shutdown
 from schemaless.cleaner.throttle import TokenBucket
-from schemaless.errors import ConflictError, SchemalessError, ShardUnavailable, TableMissing
+from schemaless.errors import (
+    CatalogError,
+    ConflictError,
+    SchemalessError,
+    ShardUnavailable,
+    TableMissing,
+)
 from schemaless.failpoints import FailpointError
 from schemaless.hashing import shard_of
 from schemaless.ids import new_id
@@ -135,6 +141,36 @@ def test_backfill_under_concurrent_writers(make_store: Any, local_cluster: Local
     # resumable: every shard's checkpoint is done
     checkpoints = store.cluster.catalog.checkpoints("backfill:by_link")
     assert len(checkpoints) == 8 and all(done for _, done, _ in checkpoints.values())
+
+
+def test_one_cleaner_at_a_time_backfills_an_index_part(make_store: Any) -> None:
+    """A second ``cleaner --index`` of the same index (and part) while the first runs
+    is refused; both used to do all the work, twice the load on the servers."""
+    store = make_store()
+    load(store, 400)
+    assert store.declare_index(BY_LINK) == "building"
+    in_batch, go_on = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        in_batch.set()
+        assert go_on.wait(30)
+
+    failpoints.set("cleaner.after_batch", hold)
+    results: list[str] = []
+    first = threading.Thread(
+        target=lambda: results.append(Cleaner(store, batch=50).backfill("by_link"))
+    )
+    first.start()
+    try:
+        assert in_batch.wait(30)
+        with pytest.raises(CatalogError, match="another Cleaner is running backfill:by_link"):
+            Cleaner(store, batch=50).backfill("by_link")
+    finally:
+        failpoints.clear("cleaner.after_batch")
+        go_on.set()
+        first.join()
+    assert results == ["ready"]
+    assert_clean(store, "by_link")
 
 
 def test_the_grace_period_runs_on_the_catalog_servers_clock(

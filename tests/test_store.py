@@ -463,3 +463,19 @@ def test_batches_above_max_allowed_packet_are_sent_in_parts(
     finally:
         for server in servers:
             server.run("SET GLOBAL max_allowed_packet = %s", (before[server.name],))
+
+
+def test_catalog_locks_exclude_each_other_whatever_the_length_of_their_name(
+    make_store: Any,
+) -> None:
+    """Named locks on the catalog server: one holder at a time per name, names longer
+    than the server's 64 characters included (hashed), and free again once released."""
+    catalog = make_store().cluster.catalog
+    for name in ("short", "backfill:" + "x" * 80):
+        with catalog.lock(name, "held", wait=0):
+            with pytest.raises(CatalogError, match="held"), catalog.lock(name, "held", wait=0):
+                pass
+            with catalog.lock(name + "-other", "held", wait=0):
+                pass
+        with catalog.lock(name, "held", wait=0):
+            pass

@@ -65,7 +65,8 @@ SESSION_SQL = (
 )
 
 _DEADLOCK = {1205, 1213}  # lock wait timeout, deadlock: the server rolled back
-_UNREACHABLE = {1040, 1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031}
+# 1203, 1226: the user's connection (or hourly) limits, reached: retryable like 1040
+_UNREACHABLE = {1040, 1053, 1203, 1226, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031}
 _NOT_SENT = {1040, 2002, 2003, 2005}  # failed before the batch could reach the server
 _DENIED = {1044, 1045, 1142, 1143, 1227, 1370}
 _MISSING = {1049, 1146}

@@ -8,6 +8,7 @@ outside its grant fails with ``PermissionDenied`` naming the privilege.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import uuid
@@ -21,7 +22,7 @@ from click.testing import CliRunner, Result
 from test_cleaner import plant
 from test_cli import cluster_env, drop_prefix
 
-from schemaless import DataStore, Index, PermissionDenied
+from schemaless import DataStore, Index, PermissionDenied, ShardUnavailable
 from schemaless.cleaner import Cleaner, diff_indexes
 from schemaless.cleaner.main import main as cleaner_main
 from schemaless.cli.main import cli
@@ -290,6 +291,33 @@ def test_the_application_user_reads_and_writes_but_runs_no_ddl(
     with pytest.raises(PermissionDenied) as login:
         open_as(local_cluster, store, User(app.name, "wrong-" + app.password))
     assert "(MySQL error 1045)" in str(login.value) and "grants" not in str(login.value)
+
+
+def test_a_user_at_its_connection_limit_gets_a_retryable_error(
+    local_cluster: LocalCluster, store: DataStore, users: dict[str, User]
+) -> None:
+    """An account's ``MAX_USER_CONNECTIONS`` reached (error 1226; 1203 for the server's
+    ``max_user_connections``) means "try again later", like "too many connections":
+    ``ShardUnavailable``, not a permanent ``ServerError``."""
+    app = open_as(local_cluster, store, users["app"])
+    conns = [_admin(local_cluster, s.port) for s in local_cluster.servers]
+    try:
+        for conn in conns:
+            conn.cursor().execute(
+                "ALTER USER %s@'%%' WITH MAX_USER_CONNECTIONS 1", (users["app"].name,)
+            )
+        server = app.cluster.server_of_shard(app.cluster.current(), 0)
+        with contextlib.ExitStack() as held, pytest.raises(ShardUnavailable, match="1226"):
+            for _ in range(app.cluster.catalog.server.options.pool_size):
+                held.enter_context(server.connection())  # the pooled ones, then a new one
+        assert app.get(new_id()) is None  # connections free again: it answers
+    finally:
+        for conn in conns:
+            conn.cursor().execute(
+                "ALTER USER %s@'%%' WITH MAX_USER_CONNECTIONS 0", (users["app"].name,)
+            )
+            conn.close()
+        app.close()
 
 
 def test_an_application_user_opens_past_an_interrupted_declaration(

@@ -409,6 +409,8 @@ class Server:
             return ShardUnavailable(f"server unavailable: {where}")
         if code in _DEADLOCK:
             return ShardUnavailable(f"lock contention persisted: {where}")
+        if code == 1969:  # the server's max_statement_time: aborted, nothing committed
+            return ShardTimeout(f"statement ran past the server's max_statement_time: {where}")
         if code == 1062:  # duplicate key (e.g. a NEW entity's id is taken): nothing written
             return ConflictError(f"duplicate key: {where}")
         if code in _DENIED:

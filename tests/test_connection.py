@@ -10,7 +10,7 @@ import pytest
 
 from schemaless.connection import Batch, ConnectOptions, Server, gather, gather_partial
 from schemaless.dsn import Credentials, parse_address
-from schemaless.errors import ServerError, ShardUnavailable, TableMissing
+from schemaless.errors import ServerError, ShardTimeout, ShardUnavailable, TableMissing
 from schemaless.local import LocalCluster
 
 
@@ -196,3 +196,12 @@ def test_a_connection_the_server_closed_while_idle_is_never_sent_on(
     assert rows[0][0][0] != first
     server.close()
     killer.close()
+
+
+def test_a_statement_past_the_servers_max_statement_time_is_a_timeout(servers: Any) -> None:
+    """The server's own time limit (error 1969) is a ``ShardTimeout``, retryable, not a
+    permanent ``ServerError``; the session that had the limit is not reused."""
+    server = servers[0][0]
+    with pytest.raises(ShardTimeout, match="max_statement_time"):
+        server.run("SET SESSION max_statement_time = 0.1; SELECT SLEEP(2)")
+    assert server.run("SELECT @@SESSION.max_statement_time")[0][0][0] == 0

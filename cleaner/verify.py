@@ -83,10 +83,15 @@ def expected_rows(
 
 def diff_indexes(store: DataStore, names: Iterable[str] | None = None) -> dict[str, Diff]:
     """Compare the named indexes (default: all maintained ones) with the entities
-    (after this process's writes have deleted their stale rows)."""
+    (after this process's writes have deleted their stale rows).  A shard that moves
+    meanwhile makes it start again on the new map (after waiting for the move)."""
     store.flush()
-    topo = store.cluster.refresh()
     wanted = set(names) if names is not None else None
+    return store.rerouted(lambda: _diff_indexes(store, wanted))
+
+
+def _diff_indexes(store: DataStore, wanted: set[str] | None) -> dict[str, Diff]:
+    topo = store.cluster.refresh()
     indexes = [
         info.index
         for name, info in topo.indexes.items()

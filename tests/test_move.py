@@ -14,6 +14,7 @@ from conftest import assert_clean, same_store
 from schemaless import CatalogError, Index, TableMissing, failpoints, new_id
 from schemaless import move as move_module
 from schemaless.cleaner import Cleaner
+from schemaless.cleaner import verify as verify_module
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover, rebalance_plan
@@ -350,6 +351,29 @@ def test_a_cleaner_pass_follows_a_shard_that_moves_under_it(
     assert moved and store.cluster.refresh().shard_servers[1] == topo.shard_servers[0]
     assert figures["rows_checked"] >= 3 * 120  # recent: entities and rows; sweep: rows
     assert_clean(store)
+
+
+def test_verify_starts_again_when_a_shard_moves_under_it(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cleaner verify`` (``diff_indexes``) reads every shard on the map it loaded; a
+    shard moved meanwhile made it fail with TableMissing.  It now starts again on the
+    new map, and finds the index exact."""
+    store = make_store(indexes=[BY_USER])
+    store.put_many({"id": new_id(), "user": i % 5, "n": i} for i in range(80))
+    here = store.cluster.current().shard_servers[0]
+    real = verify_module.entity_batches
+    moved: list[Any] = []
+
+    def entity_batches(store_: Any, topo: Any, shard: int, *args: Any) -> Any:
+        if shard == 1 and not moved:  # shard 0 read on the old map: now it moves
+            moved.append(ShardMover(store).move(0, 1 - here))
+        return real(store_, topo, shard, *args)
+
+    monkeypatch.setattr(verify_module, "entity_batches", entity_batches)
+    diffs = diff_indexes(store)
+    assert moved and store.cluster.current().shard_servers[0] == 1 - here
+    assert {name: d.summary() for name, d in diffs.items() if not d.clean} == {}
 
 
 def test_old_copies_of_another_datastore_are_left_alone(make_store: Any) -> None:

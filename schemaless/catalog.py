@@ -28,6 +28,8 @@ __all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "now_us"]
 
 #: The index lifecycle: writers maintain ``building`` and ``ready``; queries use ``ready``.
 STATES = ("building", "ready", "dropped")
+#: A daemon whose last heartbeat is older than this is forgotten (7 days).
+HEARTBEAT_RETENTION_US = 7 * 24 * 3600 * 10**6
 FORMAT = "1"
 
 
@@ -312,10 +314,13 @@ class Catalog:
         )
 
     def heartbeat(self, name: str, figures: dict[str, Any]) -> None:
-        """Record that a daemon is alive, with its figures."""
+        """Record that a daemon is alive, with its figures; forget the daemons silent
+        for ``HEARTBEAT_RETENTION`` (each ``cleaner --once`` from cron is a new name)."""
+        now = now_us()
         self.server.run(
-            f"REPLACE INTO {self._t('status')} (name, heartbeat, figures) VALUES (%s, %s, %s)",
-            (name, now_us(), json.dumps(figures, sort_keys=True)),
+            f"REPLACE INTO {self._t('status')} (name, heartbeat, figures) VALUES (%s, %s, %s);"
+            f" DELETE FROM {self._t('status')} WHERE heartbeat < %s",
+            (name, now, json.dumps(figures, sort_keys=True), now - HEARTBEAT_RETENTION_US),
         )
 
     def statuses(self) -> dict[str, tuple[int, dict[str, Any]]]:

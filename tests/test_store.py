@@ -22,6 +22,7 @@ from schemaless import (
     InvalidId,
     new_id,
 )
+from schemaless.catalog import now_us
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
@@ -479,3 +480,18 @@ def test_catalog_locks_exclude_each_other_whatever_the_length_of_their_name(
                 pass
         with catalog.lock(name, "held", wait=0):
             pass
+
+
+def test_heartbeats_of_daemons_silent_for_a_week_are_forgotten(make_store: Any) -> None:
+    """Every ``cleaner --once`` run from cron reports under a new name (its pid): the
+    status table used to keep them all, and every status command read them all."""
+    catalog = make_store().cluster.catalog
+    day = 24 * 3600 * 10**6
+    for name, age in (("cleaner:old:1", 8 * day), ("cleaner:recent:2", 6 * day)):
+        catalog.server.run(
+            f"INSERT INTO {quote(catalog.db, 'status')} (name, heartbeat, figures)"
+            " VALUES (%s, %s, '{}')",
+            (name, now_us() - age),
+        )
+    catalog.heartbeat("cleaner:now:3", {"state": "idle"})
+    assert sorted(catalog.statuses()) == ["cleaner:now:3", "cleaner:recent:2"]

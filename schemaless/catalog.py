@@ -286,8 +286,8 @@ class Catalog:
         """Remove a dropped index from the catalog (after its tables are gone)."""
         self.server.run(
             f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = 'dropped';"
-            f" DELETE FROM {self._t('checkpoints')} WHERE job LIKE %s",
-            (name, f"%:{name}"),
+            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s)",
+            (name, f"backfill:{name}", f"sweep:{name}"),
         )
 
     # -- checkpoints, heartbeats and dictionaries -----------------------------------------

@@ -173,6 +173,23 @@ def test_one_cleaner_at_a_time_backfills_an_index_part(make_store: Any) -> None:
     assert_clean(store, "by_link")
 
 
+def test_purging_an_index_keeps_the_checkpoints_of_the_others(make_store: Any) -> None:
+    """Purging ``by_x`` deleted the checkpoints of every job ending like ``:by_x`` as a
+    LIKE pattern (``_`` matches any character): ``byax``'s backfill lost its own."""
+    store = make_store()
+    load(store, 50)
+    byax, by_x = Index("byax", {"n": "int"}), Index("by_x", {"n": "int"})
+    for index in (byax, by_x):
+        assert store.declare_index(index) == "building"
+    assert Cleaner(store).backfill("byax") == "ready"
+    catalog = store.cluster.catalog
+    kept = catalog.checkpoints("backfill:byax")
+    assert len(kept) == 8
+    store.drop_index("by_x")
+    store.purge_index("by_x")
+    assert catalog.checkpoints("backfill:byax") == kept
+
+
 def test_the_grace_period_runs_on_the_catalog_servers_clock(
     make_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

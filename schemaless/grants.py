@@ -17,8 +17,10 @@ index or moving shards):
 
 GRANT takes no statement parameters, so the user and host are checked against strict
 patterns (no quotes, backticks, backslashes, semicolons or spaces) and database names
-come only from the validated prefix.  Grants never create a user: applying them runs
-with ``NO_AUTO_CREATE_USER`` (otherwise MariaDB would create a passwordless account).
+come only from the validated prefix.  In database-level grants (``db.*``) the ``_`` of
+a name is escaped: MariaDB reads it as a wildcard there.  Grants never create a user:
+applying them runs with ``NO_AUTO_CREATE_USER`` (otherwise MariaDB would create a
+passwordless account).
 """
 
 from __future__ import annotations
@@ -109,13 +111,13 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
         for at in plan:
             grant(at, "ALL PRIVILEGES", f"`{pattern}`.*")
         return plan
-    grant(catalog_at, "SELECT", f"{quote(catalog_db)}.*")
+    grant(catalog_at, "SELECT", _every_table(catalog_db))
     if role == "app":
         # Database-level DML on every shard database on every server: a grant on a
         # database a server does not hold gives nothing, until a shard moves there.
         for at in plan:
             for db in topo.dbs:
-                grant(at, "SELECT, INSERT, UPDATE, DELETE", f"{quote(db)}.*")
+                grant(at, "SELECT, INSERT, UPDATE, DELETE", _every_table(db))
         return plan
     for table in ("checkpoints", "status"):
         grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, table))
@@ -123,7 +125,7 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
     maintained = sorted(topo.maintained(), key=lambda index: index.name)
     for shard, sid in enumerate(topo.shard_servers):
         at, db = topo.servers[sid], shard_db(topo.prefix, shard)
-        grant(at, "SELECT", f"{quote(db)}.*")
+        grant(at, "SELECT", _every_table(db))
         grant(
             at,
             "INSERT (`id`, `version`, `updated`), UPDATE (`version`, `updated`)",
@@ -132,6 +134,13 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
         for index in maintained:
             grant(at, "INSERT, UPDATE, DELETE", quote(db, index.table))
     return plan
+
+
+def _every_table(db: str) -> str:
+    """``db.*`` for a database-level grant, where MariaDB reads ``_`` and ``%`` in the
+    name as wildcards: escaped, or ``a_b_0001.*`` would also grant ``axb_0001``, a
+    shard of another datastore."""
+    return "`" + quote(db)[1:-1].replace("_", "\\_").replace("%", "\\%") + "`.*"
 
 
 def grant_statements(store: DataStore, role: str, user: str) -> list[str]:

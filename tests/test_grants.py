@@ -197,13 +197,15 @@ def test_printed_grants_of_each_role(local_cluster: LocalCluster, store: DataSto
     app = schemaless(local_cluster, store, "grants", "app", "--user", "x")
     assert app.exit_code == 0, app.output
     lines = statements(app.output)
-    assert f"GRANT SELECT ON `{prefix}_catalog`.* TO 'x'@'%';" in lines
-    dml = re.compile(r"GRANT SELECT, INSERT, UPDATE, DELETE ON `(\w+)`\.\* TO 'x'@'%';\Z")
+    escaped = prefix.replace("_", "\\_")  # database-level: '_' would be a wildcard
+    assert f"GRANT SELECT ON `{escaped}\\_catalog`.* TO 'x'@'%';" in lines
+    dml = re.compile(r"GRANT SELECT, INSERT, UPDATE, DELETE ON `([\w\\]+)`\.\* TO 'x'@'%';\Z")
     shard_lines = [line for line in lines if "_catalog" not in line]
     assert all(dml.match(line) for line in shard_lines), shard_lines
     # every shard database on every server: a shard that moves keeps working
     assert len(shard_lines) == len(shard_dbs) * len(topo.servers)
-    assert {dml.match(line).group(1) for line in shard_lines} == shard_dbs  # type: ignore[union-attr]
+    granted = {dml.match(line).group(1) for line in shard_lines}  # type: ignore[union-attr]
+    assert granted == {db.replace("_", "\\_") for db in shard_dbs}
     for word in ("CREATE", "DROP", "ALTER", "INDEX", "ALL", "GRANT OPTION", "TRIGGER"):
         assert not any(word in line.removeprefix("GRANT") for line in lines), word
     assert app.output.count("\n-- on ") == len(topo.servers)
@@ -225,7 +227,6 @@ def test_printed_grants_of_each_role(local_cluster: LocalCluster, store: DataSto
     admin = statements(
         schemaless(local_cluster, store, "grants", "admin", "--user", "a", "--host", "10.%").output
     )
-    escaped = prefix.replace("_", "\\_")
     assert admin == [f"GRANT ALL PRIVILEGES ON `{escaped}\\_%`.* TO 'a'@'10.%';"] * len(
         topo.servers
     )
@@ -498,3 +499,52 @@ def test_the_admin_user_inits_declares_and_moves(
             Cleaner(ds).run_once()
         apply_grants(store, "cleaner", users["cleaner"].account)
         assert Cleaner(ds).run_once()["passes"] == 1
+
+
+def test_grants_of_one_datastore_give_nothing_on_another(local_cluster: LocalCluster) -> None:
+    """Datastores ``<t>_b`` and ``<t>xb`` on the same servers: as a database-level grant
+    pattern, ``<t>_b_0000`` also matches ``<t>xb_0000`` (``_`` is a wildcard there), so
+    the first one's users could read and write the second one's shards and catalog."""
+    tag = uuid.uuid4().hex[:6]
+    opts: dict[str, Any] = {"option_file": str(local_cluster.option_file), "shards": 2}
+    mine = DataStore(local_cluster.addresses, prefix=f"g{tag}_b", **opts)
+    other = DataStore(local_cluster.addresses, prefix=f"g{tag}xb", **opts)
+    other.put({"secret": "the other datastore's"})
+    made = {role: User(f"{role}_{tag}", secrets.token_urlsafe(18)) for role in ("app", "cleaner")}
+    admins = [_admin(local_cluster, s.port) for s in local_cluster.servers]
+    try:
+        for conn in admins:
+            for user in made.values():
+                conn.cursor().execute(
+                    "CREATE USER %s@'%%' IDENTIFIED BY %s", (user.name, user.password)
+                )
+        for role, user in made.items():
+            apply_grants(mine, role, user.account)
+        reached = []
+        for user in made.values():
+            for server in local_cluster.servers:
+                conn = MySQLdb.connect(
+                    host="127.0.0.1", port=server.port, user=user.name, password=user.password
+                )
+                for db, table in (
+                    (f"g{tag}xb_0000", "entities"),
+                    (f"g{tag}xb_0001", "entities"),
+                    (f"g{tag}xb_catalog", "meta"),
+                ):
+                    with contextlib.suppress(MySQLdb.Error):  # denied, or not on this server
+                        conn.cursor().execute(f"SELECT 1 FROM `{db}`.`{table}` LIMIT 1")
+                        reached.append((user.name, server.port, db))
+                conn.close()
+        assert reached == []
+        # and each user still reaches its own datastore
+        own = open_as(local_cluster, mine, made["app"], create=False)
+        own.put({"n": 1})
+        own.close()
+    finally:
+        for conn in admins:
+            for user in made.values():
+                conn.cursor().execute("DROP USER IF EXISTS %s@'%%'", (user.name,))
+            conn.close()
+        for ds in (mine, other):
+            drop_prefix(local_cluster, ds.cluster.topology.prefix)
+            ds.close()

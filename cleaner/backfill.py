@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from schemaless import failpoints
-from schemaless.catalog import IndexInfo, Topology
+from schemaless.catalog import IndexInfo, Topology, backfill_job
 from schemaless.connection import Batch, gather
 from schemaless.errors import (
     CatalogError,
@@ -67,7 +67,7 @@ class Backfill:
         self.repairer = repairer
         self.name = name
         self.part = part  # (k, n): this process runs the logical shards with shard % n == k
-        self.job = f"backfill:{name}"
+        self.job = backfill_job(name)
         self._shards: dict[int, _Shard] = {}
         self.seconds = 0.0  # time spent scanning (after the grace period)
         self._started: float | None = None

@@ -16,7 +16,7 @@ import socket
 import time
 from typing import Any
 
-from schemaless.catalog import now_us
+from schemaless.catalog import backfill_job, now_us
 from schemaless.errors import SchemalessError
 from schemaless.store import DataStore
 
@@ -36,7 +36,7 @@ log = logging.getLogger("schemaless.cleaner")
 
 def backfill_name(index: str, part: tuple[int, int] = (0, 1)) -> str:
     """The heartbeat name of a backfill: ``backfill:<index>``, ``:K/N`` for one part."""
-    return f"backfill:{index}" + (f":{part[0] + 1}/{part[1]}" if part[1] > 1 else "")
+    return backfill_job(index) + (f":{part[0] + 1}/{part[1]}" if part[1] > 1 else "")
 
 
 class Cleaner:
@@ -104,11 +104,11 @@ class Cleaner:
         processes (or machines) share one backfill; the last part to finish marks the
         index ready, the others return ``building`` with ``part_done`` True.
         """
+        job_name = backfill_name(index, part)
         if not self._named:
-            self.name = backfill_name(index, part)
+            self.name = job_name
         self._index = index
         job = Backfill(self.rt, self.repairer, index, part)
-        job_name = backfill_name(index, part)
         busy = f"another Cleaner is running {job_name}"
         try:
             with contextlib.ExitStack() as held:  # one process per backfill (part)

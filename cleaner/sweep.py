@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 
 from schemaless import failpoints
-from schemaless.catalog import Topology
+from schemaless.catalog import Topology, sweep_job
 from schemaless.index import Index
 
 from .access import Found, read_entities
@@ -55,7 +55,7 @@ class Sweep:
 
     def _index(self, topo: Topology, index: Index, budget: int | None) -> int | None:
         rt = self.rt
-        job = f"sweep:{index.name}"
+        job = sweep_job(index.name)
         saved = rt.retry("reading checkpoints", partial(rt.store.cluster.catalog.cursors, job))
         current = max((p for p, _, _, _ in saved.values()), default=0)
         state = {
@@ -106,7 +106,7 @@ class Sweep:
         done = len(batch) < rt.batch
         last = (*batch[-1][0], batch[-1][1]) if batch else after
         store.cluster.catalog.save_cursor(
-            f"sweep:{index.name}",
+            sweep_job(index.name),
             shard,
             round_,
             encode_cursor(last) if last is not None else None,

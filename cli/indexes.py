@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from schemaless.catalog import IndexInfo, now_us
+from schemaless.catalog import IndexInfo, backfill_job, now_us
 from schemaless.errors import IndexDefinitionError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
@@ -19,7 +19,6 @@ from schemaless.store import DataStore
 from .options import BadOption, Connection, Group, follow_up, pass_connection
 from .output import echo_table, human_duration, json_line
 from .stats import (
-    BACKFILL_JOB,
     Backfill,
     Heartbeat,
     backfill,
@@ -343,7 +342,7 @@ def _concerns(beat: Heartbeat, index: str) -> bool:
 def _backfills(beat: Heartbeat, index: str) -> bool:
     """Whether a heartbeat is a Cleaner backfilling this index, alone or as one part
     (``backfill:<index>:K/N``)."""
-    job = BACKFILL_JOB.format(index)
+    job = backfill_job(index)
     return beat.name == job or beat.name.startswith(job + ":")
 
 

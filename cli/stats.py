@@ -12,14 +12,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemaless.catalog import Topology, now_us
+from schemaless.catalog import Topology, backfill_job, now_us
 from schemaless.connection import Batch, gather_partial
 from schemaless.names import quote
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
 __all__ = [
-    "BACKFILL_JOB",
     "Backfill",
     "Heartbeat",
     "ServerFigures",
@@ -29,9 +28,6 @@ __all__ = [
     "heartbeats",
     "server_figures",
 ]
-
-#: The Cleaner's checkpoint job for backfilling an index.
-BACKFILL_JOB = "backfill:{}"
 
 
 def _per_server(
@@ -173,7 +169,7 @@ def backfill(ds: DataStore, name: str, tops: dict[int, int | None] | None = None
     """
     topo = ds.cluster.current()
     taken = time.monotonic()
-    marks = checkpoints(ds, BACKFILL_JOB.format(name))
+    marks = checkpoints(ds, backfill_job(name))
     if tops is None:
         tops = max_added_ids(ds, topo)
     shards = []

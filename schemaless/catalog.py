@@ -24,13 +24,23 @@ from .index import Index
 from .names import quote
 from .schema import CATALOG_TABLES, check_prefix, fence_table, shard_db
 
-__all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "now_us"]
+__all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "backfill_job", "now_us", "sweep_job"]
 
 #: The index lifecycle: writers maintain ``building`` and ``ready``; queries use ``ready``.
 STATES = ("building", "ready", "dropped")
 #: A daemon whose last heartbeat is older than this is forgotten (7 days).
 HEARTBEAT_RETENTION_US = 7 * 24 * 3600 * 10**6
 FORMAT = "1"
+
+
+def backfill_job(index: str) -> str:
+    """The checkpoint job of an index's backfill."""
+    return f"backfill:{index}"
+
+
+def sweep_job(index: str) -> str:
+    """The checkpoint job of an index's sweep (a cursor per shard)."""
+    return f"sweep:{index}"
 
 
 #: The catalog server's clock in microseconds: index state changes are stamped with
@@ -287,7 +297,7 @@ class Catalog:
         self.server.run(
             f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = 'dropped';"
             f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s)",
-            (name, f"backfill:{name}", f"sweep:{name}"),
+            (name, backfill_job(name), sweep_job(name)),
         )
 
     # -- checkpoints, heartbeats and dictionaries -----------------------------------------

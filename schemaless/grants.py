@@ -33,7 +33,7 @@ import MySQLdb
 from .connection import Batch, gather_partial
 from .dsn import Address
 from .errors import SchemalessError
-from .names import quote
+from .names import escape_wildcards, quote
 from .schema import shard_db
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
         plan[at].append(f"GRANT {privileges} ON {target} TO {who}")
 
     if role == "admin":
-        pattern = topo.prefix.replace("_", "\\_") + "\\_%"
+        pattern = escape_wildcards(topo.prefix) + "\\_%"
         for at in plan:
             grant(at, "ALL PRIVILEGES", f"`{pattern}`.*")
         return plan
@@ -137,10 +137,10 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
 
 
 def _every_table(db: str) -> str:
-    """``db.*`` for a database-level grant, where MariaDB reads ``_`` and ``%`` in the
-    name as wildcards: escaped, or ``a_b_0001.*`` would also grant ``axb_0001``, a
-    shard of another datastore."""
-    return "`" + quote(db)[1:-1].replace("_", "\\_").replace("%", "\\%") + "`.*"
+    """``db.*`` for a database-level grant, where MariaDB reads ``_`` in the name as a
+    wildcard: escaped, or ``a_b_0001.*`` would also grant ``axb_0001``, a shard of
+    another datastore."""
+    return f"`{escape_wildcards(db)}`.*"
 
 
 def grant_statements(store: DataStore, role: str, user: str) -> list[str]:

@@ -33,7 +33,7 @@ from .catalog import Topology
 from .connection import Server
 from .errors import CatalogError, SchemalessError
 from .index import Index
-from .names import check_identifier, quote
+from .names import check_identifier, escape_wildcards, quote
 from .schema import entities_table_sql, fence_table_sql
 from .store import DataStore
 from .writes import chunks, sql_bytes
@@ -239,7 +239,7 @@ class ShardMover:
         for server in self.cluster.all_servers(topo).values():
             rows = server.run(
                 "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
-                (f"{topo.prefix}\\_%\\_old%",),
+                (escape_wildcards(topo.prefix) + "\\_%\\_old%",),
             )[0]
             for (name,) in rows:
                 if ours.match(str(name)) and name not in fenced:
@@ -315,7 +315,7 @@ class ShardMover:
         bumped past the names an earlier move of the shard left there."""
         rows = src.run(
             "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
-            (db.replace("_", "\\_") + "\\_old%",),
+            (escape_wildcards(db) + "\\_old%",),
         )[0]
         taken = {str(r[0]) for r in rows}
         stamp = int(time.time())

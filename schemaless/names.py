@@ -11,7 +11,7 @@ import re
 
 from .errors import IndexDefinitionError
 
-__all__ = ["check_identifier", "quote"]
+__all__ = ["check_identifier", "escape_wildcards", "quote"]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 
@@ -30,3 +30,10 @@ def check_identifier(name: object, what: str = "name") -> str:
 def quote(*parts: str) -> str:
     """Quote a dotted identifier (``db``.``table``) after validating each part."""
     return ".".join(f"`{check_identifier(p)}`" for p in parts)
+
+
+def escape_wildcards(name: str) -> str:
+    """A validated name with its ``_`` escaped, for a ``LIKE`` pattern or a
+    database-level GRANT, where ``_`` is a wildcard (``%``, the other one, cannot be in
+    a validated name)."""
+    return check_identifier(name).replace("_", "\\_")

@@ -266,7 +266,7 @@ class Writer:
         step = self.cluster.max_batch_bytes // _DELETE_BYTES
         return sum(self._delete(keys[i : i + step], mode) for i in range(0, len(keys), step))
 
-    def _delete(self, keys: Sequence[bytes], mode: str | int) -> int:
+    def _delete(self, keys: list[bytes], mode: str | int) -> int:
         topo = self.cluster.current()
         indexes = topo.maintained()
         by_name = {index.name: index for index in indexes}
@@ -274,7 +274,7 @@ class Writer:
         shards = {key: self.cluster.shard_of_id(key) for key in keys}
         deleted = 0
         stale: list[IndexRow] = []
-        pending = list(keys)
+        pending = keys
         for _ in range(_BLIND_ATTEMPTS):
             now = self.clock.next()
             writes = [

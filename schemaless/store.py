@@ -173,16 +173,12 @@ class DataStore:
         in the servers' max_allowed_packet).
         """
         keys = [to_id(i) for i in ids]
-        unique = set(keys)
-        step = self.cluster.max_batch_bytes // _ID_BYTES
-        if len(unique) > step:  # more ids than one statement can carry: in parts
-            parts = list(unique)
-            found: dict[bytes, Entity] = {}
-            for start in range(0, len(parts), step):
-                fetch = functools.partial(self.fetch, set(parts[start : start + step]), consistency)
-                found.update(self.rerouted(fetch)[0])
-        else:
-            found, _ = self.rerouted(lambda: self.fetch(unique, consistency))
+        unique = list(set(keys))
+        step = self.cluster.max_batch_bytes // _ID_BYTES  # ids one statement can carry
+        found: dict[bytes, Entity] = {}
+        for start in range(0, len(unique), step):
+            fetch = functools.partial(self.fetch, set(unique[start : start + step]), consistency)
+            found.update(self.rerouted(fetch)[0])
         return [found.get(k) for k in keys]
 
     def fetch(

@@ -82,12 +82,16 @@ def _users_exist(cluster: LocalCluster, name: str) -> list[int]:
 def users(local_cluster: LocalCluster) -> Iterator[dict[str, User]]:
     """``app``, ``cleaner`` and ``admin`` users (random names and passwords) on both
     servers, without any privilege yet; dropped at the end."""
-    tag = uuid.uuid4().hex[:8]
-    made = {
-        role: User(f"{role}_{tag}", secrets.token_urlsafe(18))
-        for role in ("app", "cleaner", "admin")
-    }
-    conns = [_admin(local_cluster, s.port) for s in local_cluster.servers]
+    with new_users(local_cluster, uuid.uuid4().hex[:8], ("app", "cleaner", "admin")) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def new_users(cluster: LocalCluster, tag: str, roles: tuple[str, ...]) -> Iterator[dict[str, User]]:
+    """A user per role (``<role>_<tag>``, random password) on every server, without any
+    privilege yet; dropped at the end."""
+    made = {role: User(f"{role}_{tag}", secrets.token_urlsafe(18)) for role in roles}
+    conns = [_admin(cluster, s.port) for s in cluster.servers]
     try:
         for conn in conns:
             for user in made.values():
@@ -510,41 +514,31 @@ def test_grants_of_one_datastore_give_nothing_on_another(local_cluster: LocalClu
     mine = DataStore(local_cluster.addresses, prefix=f"g{tag}_b", **opts)
     other = DataStore(local_cluster.addresses, prefix=f"g{tag}xb", **opts)
     other.put({"secret": "the other datastore's"})
-    made = {role: User(f"{role}_{tag}", secrets.token_urlsafe(18)) for role in ("app", "cleaner")}
-    admins = [_admin(local_cluster, s.port) for s in local_cluster.servers]
     try:
-        for conn in admins:
+        with new_users(local_cluster, tag, ("app", "cleaner")) as made:
+            for role, user in made.items():
+                apply_grants(mine, role, user.account)
+            reached = []
             for user in made.values():
-                conn.cursor().execute(
-                    "CREATE USER %s@'%%' IDENTIFIED BY %s", (user.name, user.password)
-                )
-        for role, user in made.items():
-            apply_grants(mine, role, user.account)
-        reached = []
-        for user in made.values():
-            for server in local_cluster.servers:
-                conn = MySQLdb.connect(
-                    host="127.0.0.1", port=server.port, user=user.name, password=user.password
-                )
-                for db, table in (
-                    (f"g{tag}xb_0000", "entities"),
-                    (f"g{tag}xb_0001", "entities"),
-                    (f"g{tag}xb_catalog", "meta"),
-                ):
-                    with contextlib.suppress(MySQLdb.Error):  # denied, or not on this server
-                        conn.cursor().execute(f"SELECT 1 FROM `{db}`.`{table}` LIMIT 1")
-                        reached.append((user.name, server.port, db))
-                conn.close()
-        assert reached == []
-        # and each user still reaches its own datastore
-        own = open_as(local_cluster, mine, made["app"], create=False)
-        own.put({"n": 1})
-        own.close()
+                for server in local_cluster.servers:
+                    conn = MySQLdb.connect(
+                        host="127.0.0.1", port=server.port, user=user.name, password=user.password
+                    )
+                    for db, table in (
+                        (f"g{tag}xb_0000", "entities"),
+                        (f"g{tag}xb_0001", "entities"),
+                        (f"g{tag}xb_catalog", "meta"),
+                    ):
+                        with contextlib.suppress(MySQLdb.Error):  # denied, or not on this server
+                            conn.cursor().execute(f"SELECT 1 FROM `{db}`.`{table}` LIMIT 1")
+                            reached.append((user.name, server.port, db))
+                    conn.close()
+            assert reached == []
+            # and each user still reaches its own datastore
+            own = open_as(local_cluster, mine, made["app"], create=False)
+            own.put({"n": 1})
+            own.close()
     finally:
-        for conn in admins:
-            for user in made.values():
-                conn.cursor().execute("DROP USER IF EXISTS %s@'%%'", (user.name,))
-            conn.close()
         for ds in (mine, other):
             drop_prefix(local_cluster, ds.cluster.topology.prefix)
             ds.close()

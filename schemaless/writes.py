@@ -29,8 +29,10 @@ __all__ = [
     "chunks",
     "delete_rows_sql",
     "entity_batch_sql",
+    "in_transaction",
     "sql_bytes",
     "upsert_rows_sql",
+    "upsert_sql",
 ]
 
 T = TypeVar("T")
@@ -68,7 +70,7 @@ class EntityWrite:
 def upsert_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
     """Step 1: one multi-row upsert per (logical shard, index) table."""
     stmts, params = _upserts(rows, dbs)
-    return _in_transaction(stmts), params
+    return in_transaction(stmts), params
 
 
 def _upserts(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[list[str], list[Any]]:
@@ -80,19 +82,32 @@ def _upserts(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[list[str], l
     for (shard, _), group in sorted(groups.items()):
         index = group[0].index
         group.sort(key=lambda r: (r.values, r.entity_id))
-        cols = ", ".join(quote(c) for c in index.columns)
-        one = "(" + ", ".join(["%s"] * (len(index.columns) + 2)) + ")"
-        stmts.append(
-            f"INSERT INTO {quote(dbs[shard], index.table)} ({cols}, `entity_id`,"
-            f" `entity_version`) VALUES {', '.join([one] * len(group))}"
-            " ON DUPLICATE KEY UPDATE"
-            " `entity_version` = GREATEST(`entity_version`, VALUES(`entity_version`))"
-        )
+        stmts.append(upsert_sql(dbs[shard], index, len(group)))
         for row in group:
             params.extend(row.values)
             params.append(row.entity_id)
             params.append(row.version)
     return stmts, params
+
+
+def upsert_sql(db: str, index: Index, rows: int) -> str:
+    """A multi-row upsert of ``rows`` rows into one index table; each row's parameters
+    are its values, ``entity_id`` and ``entity_version``."""
+    head, one = _upsert_parts(db, index)
+    return f"{head}{', '.join([one] * rows)}{_UPSERT_TAIL}"
+
+
+_UPSERT_TAIL = (
+    " ON DUPLICATE KEY UPDATE"
+    " `entity_version` = GREATEST(`entity_version`, VALUES(`entity_version`))"
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _upsert_parts(db: str, index: Index) -> tuple[str, str]:
+    cols = ", ".join(quote(c) for c in index.columns)
+    head = f"INSERT INTO {quote(db, index.table)} ({cols}, `entity_id`, `entity_version`) VALUES "
+    return head, "(" + ", ".join(["%s"] * (len(index.columns) + 2)) + ")"
 
 
 def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
@@ -108,7 +123,7 @@ def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
         params.extend(row.values)
         params.append(row.entity_id)
         params.append(row.version)
-    return _in_transaction(stmts), params
+    return in_transaction(stmts), params
 
 
 def entity_batch_sql(
@@ -238,7 +253,7 @@ def _marks(n: int) -> str:
     return ", ".join(["%s"] * n) + ")"
 
 
-def _in_transaction(stmts: list[str]) -> str:
+def in_transaction(stmts: list[str]) -> str:
     """Several idempotent statements share one commit (one redo-log flush)."""
     if len(stmts) > 1:
         stmts = ["START TRANSACTION", *stmts, "COMMIT"]

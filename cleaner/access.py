@@ -26,7 +26,9 @@ from .sql import (
     delete_guarded_sql,
     entities_by_id_sql,
     fence_sql,
+    index_upserts_sql,
     rows_by_entity_sql,
+    versions_proof_sql,
 )
 
 __all__ = [
@@ -38,7 +40,9 @@ __all__ = [
     "placed",
     "read_entities",
     "read_rows",
+    "upsert_grouped",
     "upsert_rows",
+    "versions_proof",
 ]
 
 T = TypeVar("T")
@@ -180,6 +184,37 @@ def upsert_rows(store: DataStore, topo: Topology, rows: Sequence[IndexRow]) -> N
         for sid, group in by_server.items()
     }
     _fanout(store, topo, batches)
+
+
+def upsert_grouped(
+    store: DataStore, topo: Topology, index: Index, groups: Mapping[int, list[tuple[Any, ...]]]
+) -> None:
+    """Upsert one index's rows ``(values..., entity_id, version)``, grouped by logical
+    shard (each group sorted), like ``upsert_rows`` but without an object per row."""
+    step = max(1, _BATCH_BYTES // _row_bytes(index))
+    by_server: dict[int, list[list[tuple[int, list[tuple[Any, ...]]]]]] = {}
+    for shard in sorted(groups):
+        rows = groups[shard]
+        chunks = by_server.setdefault(topo.shard_servers[shard], [[]])
+        for lo in range(0, len(rows), step):
+            part = rows[lo : lo + step]
+            if sum(len(r) for _, r in chunks[-1]) + len(part) > step:
+                chunks.append([])
+            chunks[-1].append((shard, part))
+    batches = {
+        sid: [index_upserts_sql(topo.dbs, index, chunk) for chunk in chunks if chunk]
+        for sid, chunks in by_server.items()
+    }
+    _fanout(store, topo, batches)
+
+
+def versions_proof(
+    store: DataStore, topo: Topology, shard: int, runs: Sequence[tuple[int, int]]
+) -> tuple[int, int]:
+    """``(rows, sum of versions)`` of a shard's entity rows in these ``added_id`` runs."""
+    server = store.cluster.server_of_shard(topo, shard)
+    count, total = server.run(*versions_proof_sql(topo.prefix, shard, runs))[0][0]
+    return int(count), int(total)
 
 
 def _row_index(row: IndexRow) -> Index:

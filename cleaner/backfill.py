@@ -24,16 +24,14 @@ from schemaless.catalog import IndexInfo, Topology, backfill_job
 from schemaless.connection import Batch, gather
 from schemaless.errors import (
     CatalogError,
-    CorruptEntity,
     IndexDefinitionError,
-    InvalidEntity,
     SchemalessError,
 )
 from schemaless.ids import id_hex
 from schemaless.index import Index
-from schemaless.writes import IndexRow
 
-from .access import placed, read_entities, read_rows, upsert_rows
+from .access import read_entities, read_rows, upsert_grouped, versions_proof
+from .batch import Derived, Placement, derive, proof
 from .repair import Repairer
 from .runtime import Runtime, Stopped, log
 from .scan import EntityRow, entity_batches
@@ -72,6 +70,7 @@ class Backfill:
         self.seconds = 0.0  # time spent scanning (after the grace period)
         self._started: float | None = None
         self._lock = threading.Lock()
+        self._place: Placement | None = None
 
     # -- the whole job -------------------------------------------------------------------
 
@@ -244,71 +243,70 @@ class Backfill:
         done = len(rows) < rt.batch
         following = None if done else pool.submit(self._read, shard, rows[-1][0])
         failpoints.hit("cleaner.after_read")
-        new_rows, versions = self._rows(topo, index, shard, rows)
-        upsert_rows(store, topo, new_rows)
+        derived = derive(
+            index,
+            store.codec.decode,
+            rows,
+            self._placement(topo),
+            lambda key, version, body: store.decode(key, shard, version, body),
+        )
+        self._set_aside(index, shard, derived)
+        upsert_grouped(store, topo, index, derived.targets)
         if rows:
-            self._recheck(topo, index, shard, state.position, rows[-1][0], versions)
+            self._recheck(topo, index, shard, state.position, rows)
         last = rows[-1][0] if rows else state.position
         store.cluster.catalog.save_checkpoint(self.job, shard, last, done, state.rows + len(rows))
         with self._lock:
             state.position, state.done, state.rows = last, done, state.rows + len(rows)
-        rt.figures.add(rows_backfilled=len(new_rows), rows_checked=len(rows))
+        rt.figures.add(rows_backfilled=derived.rows, rows_checked=len(rows))
         failpoints.hit("cleaner.after_batch")
         rt.throttle(len(rows))
         return following
 
-    def _rows(
-        self, topo: Topology, index: Index, shard: int, batch: list[EntityRow]
-    ) -> tuple[list[IndexRow], dict[bytes, int]]:
-        """The rows of a batch's live entities, placed; and every entity's version."""
-        store = self.rt.store
-        decode = store.codec.decode  # store.decode's copy into an Entity is not needed
-        rows = index.rows
-        n = topo.n_shards
-        out: list[IndexRow] = []
-        versions: dict[bytes, int] = {}
-        for _, key, version, body in batch:
-            versions[key] = version
-            if body is None:
-                continue
-            try:
-                produced = rows(decode(body))
-            except CorruptEntity:
-                try:  # again, for the message that names the entity and its shard
-                    store.decode(key, shard, version, body)
-                except CorruptEntity as exc:
-                    log.error("set aside (cannot decode): %s", exc)
-                self.rt.figures.add(corrupt=1)
-                continue
-            except InvalidEntity as exc:
-                log.warning(
-                    "set aside for index %r (values do not fit): entity %s on logical shard %d: %s",
-                    index.name,
-                    id_hex(key),
-                    shard,
-                    exc,
-                )
-                self.rt.figures.add(unindexable=1)
-                continue
-            out += [placed(index, row, key, version, n) for row in produced]
-        return out, versions
+    def _placement(self, topo: Topology) -> Placement:
+        """The placement memo of this backfill's index and shard count (shared by the
+        lanes: their memo may be cleared or dropped under them, never made wrong)."""
+        place = self._place
+        if place is None or place.n != topo.n_shards:
+            place = self._place = Placement(topo.n_shards)
+        return place
+
+    def _set_aside(self, index: Index, shard: int, derived: Derived) -> None:
+        """Log (and count) the entities of a batch that cannot be indexed."""
+        for _, corrupt in derived.corrupt:
+            log.error("set aside (cannot decode): %s", corrupt)
+        for key, exc in derived.unfit:
+            log.warning(
+                "set aside for index %r (values do not fit): entity %s on logical shard %d: %s",
+                index.name,
+                id_hex(key),
+                shard,
+                exc,
+            )
+        if derived.corrupt or derived.unfit:
+            self.rt.figures.add(corrupt=len(derived.corrupt), unindexable=len(derived.unfit))
 
     def _recheck(
-        self,
-        topo: Topology,
-        index: Index,
-        shard: int,
-        after: int,
-        last: int,
-        versions: dict[bytes, int],
+        self, topo: Topology, index: Index, shard: int, after: int, rows: list[EntityRow]
     ) -> None:
-        """Reconcile the batch's entities that a writer changed since they were read."""
-        server = self.rt.store.cluster.server_of_shard(topo, shard)
-        sql, params = entity_versions_sql(topo.prefix, shard, after, last)
-        now = {bytes(k): int(v) for k, v in server.run(sql, params)[0]}
-        changed = [k for k, v in versions.items() if now.get(k) != v]
+        """Reconcile the batch's entities that a writer changed since they were read.
+
+        The proof that none did: the rows in the batch's ``added_id`` runs are as many
+        as were read and their versions add up to the same sum (a row's version only
+        grows, and no other row can take a read row's ``added_id``), so nothing changed.
+        Otherwise (or with runs too scattered) every version is read again."""
+        store = self.rt.store
+        seen = proof(rows)
+        if seen.runs is not None:
+            now = versions_proof(store, topo, shard, seen.runs)
+            if now == (seen.count, seen.total):
+                return
+            self.rt.figures.add(rechecked=1)
+        server = store.cluster.server_of_shard(topo, shard)
+        sql, params = entity_versions_sql(topo.prefix, shard, after, rows[-1][0])
+        current = {bytes(k): int(v) for k, v in server.run(sql, params)[0]}
+        changed = [key for _, key, version, _ in rows if current.get(key) != version]
         if changed:
-            store = self.rt.store
             entities = read_entities(store, topo, changed)
             found = read_rows(store, topo, [index], changed)
             self.repairer.reconcile(topo, [index], entities, found, add_missing=True)

@@ -17,6 +17,7 @@ _COUNTERS = frozenset(
         "orphans_deleted",
         "rows_backfilled",
         "rows_upserted",
+        "rechecked",
         "unindexable",
         "corrupt",
         "fenced",
@@ -39,6 +40,7 @@ class Figures:
     orphans_deleted: int = 0
     rows_backfilled: int = 0
     rows_upserted: int = 0
+    rechecked: int = 0  # backfill batches changed by writers meanwhile: versions read again
     unindexable: int = 0
     corrupt: int = 0
     fenced: int = 0

@@ -7,12 +7,13 @@ fence writes a tombstone above the versions of an absent entity's orphan rows.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.schema import shard_db
-from schemaless.writes import by_id_sql
+from schemaless.writes import by_id_sql, in_transaction, upsert_sql
 
 __all__ = [
     "Guarded",
@@ -22,10 +23,12 @@ __all__ = [
     "entities_by_id_sql",
     "entity_versions_sql",
     "fence_sql",
+    "index_upserts_sql",
     "max_added_sql",
     "purge_sql",
     "recent_batch_sql",
     "rows_by_entity_sql",
+    "versions_proof_sql",
 ]
 
 #: One index row to delete: (index, logical shard, values, entity_id, guard version).
@@ -139,6 +142,30 @@ def entity_versions_sql(prefix: str, shard: int, after: int, last: int) -> tuple
         " WHERE `added_id` > %s AND `added_id` <= %s",
         [after, last],
     )
+
+
+def versions_proof_sql(
+    prefix: str, shard: int, runs: Sequence[tuple[int, int]]
+) -> tuple[str, list[Any]]:
+    """``(COUNT(*), SUM(version))`` of the entity rows whose ``added_id`` lies in one
+    of the ``(first, last)`` runs: one row, read through the primary key."""
+    ranges = " OR ".join(["`added_id` BETWEEN %s AND %s"] * len(runs))
+    return (
+        f"SELECT COUNT(*), COALESCE(SUM(`version`), 0) FROM {_entities(prefix, shard)}"
+        f" WHERE {ranges}",
+        list(chain.from_iterable(runs)),
+    )
+
+
+def index_upserts_sql(
+    dbs: Sequence[str], index: Index, groups: Sequence[tuple[int, Sequence[tuple[Any, ...]]]]
+) -> tuple[str, list[Any]]:
+    """Upsert rows ``(values..., entity_id, version)`` of one index, grouped by logical
+    shard (``(shard, rows)``, each group sorted), with the write protocol's
+    ``GREATEST`` guard: one multi-row statement per table, one transaction."""
+    stmts = [upsert_sql(dbs[shard], index, len(rows)) for shard, rows in groups]
+    params = list(chain.from_iterable(chain.from_iterable(rows for _, rows in groups)))
+    return in_transaction(stmts), params
 
 
 def recent_batch_sql(

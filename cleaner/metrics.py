@@ -25,6 +25,7 @@ _COUNTERS = frozenset(
         "purge_skipped",
         "passes",
         "backoffs",
+        "server_downs",  # times a server was marked down (see schemaless.health)
     }
 )
 

@@ -508,10 +508,11 @@ class Server:
         error.__cause__ = exc
         code = _code(exc)
         text = str(exc).lower()
+        client = 2000 <= code < 3000  # the driver's own errors: the server said nothing
         self._note(
             exc,
             error,
-            silent=any(h in text for h in _TIMED_OUT_HINTS)
+            silent=(client and any(h in text for h in _TIMED_OUT_HINTS))
             or (code == 2013 and waited >= max(1, round(self.options.read_timeout)) - 0.1),
         )
         if code in _DEADLOCK or (isinstance(error, ShardUnavailable) and code in _NOT_SENT):

@@ -261,7 +261,7 @@ class Server:
                 until = time.monotonic() + self.options.pool_wait
                 by_deadline = at is not None and at < until
                 if at is not None and by_deadline:
-                    until = at
+                    until = at  # the call ends first
                 self._waiting += 1
                 try:
                     while self._in_use >= self.options.pool_size:
@@ -314,6 +314,10 @@ class Server:
                 if idle < self.options.stale_after:
                     return conn
                 left = deadline.left(at)
+                if left is not None and left <= 0:  # no time to check it: keep it idle
+                    with self._lock:
+                        self._idle.append(conn)
+                    raise self._expired("before a stale connection could be pinged")
                 bound = min(_PING, self.options.read_timeout, _PING if left is None else left)
                 if self._ping(conn, bound):
                     return conn
@@ -329,8 +333,6 @@ class Server:
     def _ping(conn: _Conn, bound: float) -> bool:
         """Whether the server answers a trivial statement on ``conn`` within ``bound``
         seconds (never a silent reconnect: a dead connection is replaced)."""
-        if bound <= 0:
-            return False
         try:
             conn.db.send_query(b"DO 1")
             if not conn.poller.poll(bound * 1000):
@@ -438,11 +440,12 @@ class Server:
             conn = self._acquire(at)
         except Exception as exc:  # marked down, pool exhausted or closed, connect failed
             return exc
+        if at is not None and at + _GRACE <= time.monotonic():
+            self._release(conn, healthy=True)
+            return self._expired("before sending")
         try:
             db = conn.db
             params = batch.params
-            if at is not None and at + _GRACE <= time.monotonic():
-                raise self._expired("before sending")
             db.send_query(batch.sql.encode() % _literals(db, params) if params else batch.sql)
             return _Sent(conn, started, at)
         except BaseException as exc:

@@ -59,7 +59,8 @@ class DataStore:
 
     ``DataStore(mysql_shards=["127.0.0.1:3306", "127.0.0.1:3307"], indexes=[...])``
     opens the datastore whose catalog is on the first server, initialising one with
-    ``shards`` logical shards (default 64) if there is none yet.
+    ``shards`` logical shards (default 64) if there is none yet.  ``timeout``: every
+    call returns or raises within this many seconds (default ``read_timeout``).
     """
 
     def __init__(

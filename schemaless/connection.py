@@ -252,7 +252,7 @@ class Server:
             raise
         self._release(conn, healthy=True)
 
-    def _acquire(self, at: float | None = None) -> _Conn:
+    def _acquire(self, at: float | None) -> _Conn:
         """Take a pooled connection (or a new one), waiting at most ``pool_wait`` and
         never past ``at``; at once ``ShardUnavailable`` if the server is marked down."""
         self.health.check()

@@ -250,3 +250,13 @@ def _wait_until(predicate: Callable[[], bool], timeout: float) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_a_stale_connection_that_answers_the_ping_is_reused(local_cluster: LocalCluster) -> None:
+    server = _one_connection_pool(local_cluster, wait=1.0)
+    first = server.run("SELECT CONNECTION_ID()")[0][0][0]
+    (conn,) = server._idle
+    conn.last_used -= server.options.stale_after + 1
+    assert server.run("SELECT CONNECTION_ID()")[0][0][0] == first  # pinged, then reused
+    assert server.health.state.state == "healthy"
+    server.close()

@@ -171,9 +171,19 @@ class Cleaner:
         """Serve Prometheus figures at ``http://host:port/metrics``; the port bound."""
         labels = {"name": self.name}
         self.metrics = MetricsServer(
-            lambda: prometheus_text(self.figures.as_dict(), labels), port, host
+            lambda: prometheus_text({**self.figures.as_dict(), **self._health()}, labels),
+            port,
+            host,
         )
         return self.metrics.port
+
+    def _health(self) -> dict[str, int]:
+        """The servers this client holds down now, and how often it marked one down."""
+        states = list(self.store.health().values())
+        return {
+            "servers_down": sum(s.state == "down" for s in states),
+            "server_downs": sum(s.downs for s in states),
+        }
 
     def heartbeat(self) -> None:
         """Record the figures in the catalog now (a failure is logged, not raised)."""

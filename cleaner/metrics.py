@@ -26,6 +26,7 @@ _COUNTERS = frozenset(
         "purge_skipped",
         "passes",
         "backoffs",
+        "server_downs",  # times a server was marked down (see schemaless.health)
     }
 )
 

@@ -110,6 +110,11 @@ class Cluster:
                 server = self._servers[address] = Server(address, self.options, self.tracer)
             return server
 
+    def servers(self) -> list[Server]:
+        """Every connection pool opened so far (replicas included)."""
+        with self._lock:
+            return list(self._servers.values())
+
     def after_fork(self) -> None:
         """In a forked child: fresh locks (a parent thread may have held one)."""
         self._lock = threading.Lock()
@@ -334,9 +339,7 @@ class Cluster:
 
     def close(self) -> None:
         """Close every pool."""
-        with self._lock:
-            servers = list(self._servers.values())
-        for server in servers:
+        for server in self.servers():
             server.close()
 
 

@@ -4,7 +4,9 @@
 owns the three concerns of talking to a server: a small pool (connections are never
 shared between threads), error translation (every driver error becomes a
 ``SchemalessError`` here and nowhere else, the original kept as ``__cause__``) and
-retries (only when nothing can have been committed twice).
+retries (only when nothing can have been committed twice).  It also keeps each
+server's ``Health`` (a server that let a call wait out a timeout fails the next calls at
+once until a probe finds it answering) and each call's deadline (``schemaless.deadline``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any, TypeVar
 import MySQLdb
 from MySQLdb.constants import CLIENT
 
-from . import forking
+from . import deadline, forking
+from .deadline import Watchdog
 from .dsn import Address, Credentials
 from .errors import (
     ConflictError,
@@ -39,6 +42,7 @@ from .errors import (
     StorageFull,
     TableMissing,
 )
+from .health import DOWN, Health
 
 __all__ = [
     "Batch",
@@ -82,6 +86,18 @@ _TIMED_OUT_HINTS = ("timed out", "system error: 110", "timeout")
 # that closed it since is down right now, as no restart takes 10 ms, and a new
 # connection would fail as well.
 _JUST_USED = 0.01
+# A stale connection's ping waits at most this long (and never more than read_timeout):
+# a server that does not answer it is suspect, and no other idle connection is pinged.
+_PING = 1.0
+# Work that starts after the call's deadline passed (the other replies of a fan-out
+# while one server kept the caller waiting, a partial query's next step) gets this long
+# on pooled connections: a call ends by its deadline plus this, and a server is marked
+# down only for a reply it owed before the deadline.
+_GRACE = 0.2
+# Driver errors of a server that dropped a connection or refused one.
+_LOST = {1053, 2002, 2003, 2006, 2013, 2055}
+
+_WATCHDOG = Watchdog()
 
 
 @dataclass(frozen=True)
@@ -167,6 +183,7 @@ class Server:
         self._waiting = 0  # threads waiting in _acquire for a connection
         self._closed = False
         self._open: weakref.WeakSet[_Conn] = weakref.WeakSet()  # idle or in use
+        self.health = Health(self.name)
         forking.register(self)
 
     def __repr__(self) -> str:
@@ -174,12 +191,20 @@ class Server:
 
     # -- the pool ---------------------------------------------------------------------
 
-    def _connect(self) -> _Conn:
+    def _connect(self, at: float | None) -> _Conn:
+        """A new connection, given at most ``connect_timeout`` and what is left until
+        ``at`` (the driver takes whole seconds: at least 1)."""
         opts = self.options
+        limit = opts.connect_timeout
+        left = deadline.left(at)
+        if left is not None:
+            if left <= 0:
+                raise self._expired("before connecting")
+            limit = min(limit, max(1, int(left)))
         kwargs: dict[str, Any] = dict(
             host=self.address.host,
             port=self.address.port,
-            connect_timeout=max(1, round(opts.connect_timeout)),
+            connect_timeout=max(1, round(limit)),
             read_timeout=max(1, round(opts.read_timeout)),
             write_timeout=max(1, round(opts.write_timeout)),
             charset="utf8mb4",
@@ -197,7 +222,9 @@ class Server:
         try:
             conn = _Conn(MySQLdb.connect(**kwargs))
         except MySQLdb.Error as exc:
-            raise self._translate(exc, sent=False, commits=False) from exc
+            error = self._translate(exc, sent=False, commits=False)
+            self._note(exc, error, silent=isinstance(error, ShardTimeout))
+            raise error from exc
         self._open.add(conn)
         return conn
 
@@ -212,11 +239,12 @@ class Server:
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)
         self._in_use = self._waiting = 0
+        self.health.reset()  # the probe thread, if any, was the parent's
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
         """A healthy connection for this thread; discarded if the block raises."""
-        conn = self._acquire()
+        conn = self._acquire(deadline.current())
         try:
             yield conn.db
         except BaseException:
@@ -224,19 +252,26 @@ class Server:
             raise
         self._release(conn, healthy=True)
 
-    def _acquire(self) -> _Conn:
-        """Take a pooled connection (or a new one), waiting at most ``pool_wait``."""
+    def _acquire(self, at: float | None) -> _Conn:
+        """Take a pooled connection (or a new one), waiting at most ``pool_wait`` and
+        never past ``at``; at once ``ShardUnavailable`` if the server is marked down."""
+        self.health.check()
         with self._lock:
             if self._in_use >= self.options.pool_size:
-                deadline = time.monotonic() + self.options.pool_wait
+                until = time.monotonic() + self.options.pool_wait
+                by_deadline = at is not None and at < until
+                if at is not None and by_deadline:
+                    until = at  # the call ends first
                 self._waiting += 1
                 try:
                     while self._in_use >= self.options.pool_size:
-                        left = deadline - time.monotonic()
+                        left = until - time.monotonic()
                         if left <= 0 or not self._returned.wait(left):
-                            raise ShardUnavailable(
-                                f"{self.name}: all {self.options.pool_size} connections "
-                                f"busy for {self.options.pool_wait:g}s"
+                            busy = f"{self.name}: all {self.options.pool_size} connections busy"
+                            raise (
+                                self._expired(f"waiting for a connection ({busy})")
+                                if by_deadline
+                                else ShardUnavailable(f"{busy} for {self.options.pool_wait:g}s")
                             )
                 finally:
                     self._waiting -= 1
@@ -245,7 +280,7 @@ class Server:
             self._in_use += 1
             conn = self._idle.pop() if self._idle else None
         try:
-            return self._checkout(conn)
+            return self._checkout(conn, at)
         except BaseException:
             with self._lock:
                 self._in_use -= 1
@@ -267,9 +302,10 @@ class Server:
             if self._waiting:
                 self._returned.notify()
 
-    def _checkout(self, conn: _Conn | None) -> _Conn:
+    def _checkout(self, conn: _Conn | None, at: float | None) -> _Conn:
         """A usable connection: ``conn`` (taken from the idle ones) if it still is,
-        else the next idle one, else a new one."""
+        else the next idle one, else a new one.  A stale one is pinged, briefly; if
+        the server does not answer, it is suspect and its idle connections dropped."""
         while conn is not None:
             idle = time.monotonic() - conn.last_used
             if idle < _JUST_USED:
@@ -277,23 +313,99 @@ class Server:
             if not conn.closed_by_peer():  # e.g. the server restarted: never send on it
                 if idle < self.options.stale_after:
                     return conn
-                try:
-                    conn.db.ping()  # no silent reconnect: a dead connection is replaced
+                left = deadline.left(at)
+                if left is not None and left <= 0:  # no time to check it: keep it idle
+                    with self._lock:
+                        self._idle.append(conn)
+                    raise self._expired("before a stale connection could be pinged")
+                bound = min(_PING, self.options.read_timeout, _PING if left is None else left)
+                if self._ping(conn, bound):
                     return conn
-                except MySQLdb.Error:
-                    pass
+                _close_quietly(conn.db)
+                self._suspect(f"a stale connection's ping got no reply within {bound:.2g}s")
+                break
             _close_quietly(conn.db)
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
-        return self._connect()
+        return self._connect(at)
+
+    @staticmethod
+    def _ping(conn: _Conn, bound: float) -> bool:
+        """Whether the server answers a trivial statement on ``conn`` within ``bound``
+        seconds (never a silent reconnect: a dead connection is replaced)."""
+        try:
+            conn.db.send_query(b"DO 1")
+            if not conn.poller.poll(bound * 1000):
+                return False  # the reply may still come: the connection is closed
+            conn.db.read_query_result()
+            _read_results(conn.db, None)
+            return True
+        except MySQLdb.Error:
+            return False
+
+    # -- health -----------------------------------------------------------------------
+
+    def _note(self, exc: MySQLdb.Error, error: SchemalessError, *, silent: bool) -> None:
+        """Mark the server after a driver error: down if it kept the caller waiting
+        (``silent``), suspect if it dropped or refused a connection."""
+        if silent:
+            self._mark_down(str(error))
+        elif _code(exc) in _LOST:
+            self._suspect(str(error))
+
+    def _suspect(self, reason: str) -> None:
+        """Drop the idle connections (likely dead too) of a server that may be down."""
+        self.health.suspect(reason)
+        self._drop_idle()
+
+    def _mark_down(self, reason: str) -> None:
+        """Calls fail at once from now on, until the probe started here gets an answer."""
+        if self.health.down(reason):
+            self._drop_idle()
+            threading.Thread(
+                target=self._probe, name=f"schemaless-probe-{self.name}", daemon=True
+            ).start()
+
+    def _probe(self) -> None:
+        """Open a connection after a growing backoff until one opens; it joins the pool.
+        Only a server that keeps silent stays down: one that refuses connections is
+        suspect (calls find that out again at no cost)."""
+        while not self._closed and self.health.state.state == DOWN:
+            time.sleep(self.health.next_probe())
+            try:
+                conn = self._connect(None)
+            except ShardTimeout:
+                continue
+            except SchemalessError as exc:
+                self.health.up()
+                self.health.suspect(str(exc))
+                return
+            self.health.up()
+            self._release_new(conn)
+            return
+
+    def _release_new(self, conn: _Conn) -> None:
+        """Put a connection opened outside a call (the probe's) into the pool."""
+        with self._lock:
+            if not self._closed:
+                self._idle.append(conn)
+                return
+        _close_quietly(conn.db)
+
+    def _drop_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = list(self._idle), deque()
+        for conn in idle:
+            _close_quietly(conn.db)
+
+    def _expired(self, when: str) -> ShardTimeout:
+        return ShardTimeout(f"{self.name}: the call's deadline passed {when}")
 
     def close(self) -> None:
         """Close idle connections; connections in use close when returned."""
         with self._lock:
             self._closed = True
-            idle, self._idle = list(self._idle), deque()
-        for conn in idle:
-            _close_quietly(conn.db)
+        self._drop_idle()
 
     # -- one round trip ---------------------------------------------------------------
 
@@ -323,50 +435,89 @@ class Server:
         error instead if that failed (the connection is then discarded).  Interrupts
         (KeyboardInterrupt, SystemExit) are raised at once, never deferred."""
         started = time.perf_counter() if self.tracer is not None else 0.0
+        at = deadline.current()
         try:
-            conn = self._acquire()
-        except Exception as exc:  # pool exhausted or closed, connect failed
+            conn = self._acquire(at)
+        except Exception as exc:  # marked down, pool exhausted or closed, connect failed
             return exc
+        if at is not None and at + _GRACE <= time.monotonic():
+            self._release(conn, healthy=True)
+            return self._expired("before sending")
         try:
             db = conn.db
             params = batch.params
             db.send_query(batch.sql.encode() % _literals(db, params) if params else batch.sql)
-            return _Sent(conn, started)
+            return _Sent(conn, started, at)
         except BaseException as exc:
             self._release(conn, healthy=False)
             if isinstance(exc, MySQLdb.Error):
                 self._traced(batch, started)
-                return self._failed(exc, commits=batch.commits)
+                return self._failed(exc, commits=batch.commits, waited=0.0)
             if isinstance(exc, Exception):
                 return exc
             raise
 
     def _receive(self, batch: Batch, sent: _Sent) -> Rows:
-        """Read the reply of a sent batch and give its connection back."""
+        """Read the reply of a sent batch and give its connection back; by the call's
+        deadline (plus ``_GRACE`` when it had passed already) the watchdog cuts it."""
         healthy = False
+        db = sent.conn.db
+        armed = None
+        waiting = time.monotonic()
+        owed = sent.at is not None and waiting < sent.at  # a reply owed before the deadline
+        if sent.at is not None:
+            armed = _WATCHDOG.arm(db.fileno(), sent.at if owed else sent.at + _GRACE)
         try:
             if batch.counts is not None:
                 batch.counts.clear()
-            db = sent.conn.db
             db.read_query_result()
             results = _read_results(db, batch.counts)
             healthy = True
         except MySQLdb.Error as exc:
-            raise self._failed(exc, commits=batch.commits) from exc
+            cut = armed is not None and _WATCHDOG.disarm(armed)
+            if cut:
+                raise self._cut(batch, owed) from exc
+            raise self._failed(
+                exc, commits=batch.commits, waited=time.monotonic() - waiting
+            ) from exc
         finally:
+            if armed is not None and _WATCHDOG.disarm(armed):
+                healthy = False  # cut just after the reply came: the socket is shut down
             self._release(sent.conn, healthy=healthy)
             self._traced(batch, sent.started)
+        self.health.up()
         return results
+
+    def _cut(self, batch: Batch, owed: bool) -> Exception:
+        """The error of a reply the watchdog cut at the call's deadline (never retried);
+        a server that kept the caller waiting until then (``owed``) is marked down."""
+        error: ShardUnavailable = (
+            OutcomeUnknown(f"commit outcome unknown, no reply by the call's deadline: {self.name}")
+            if batch.commits
+            else ShardTimeout(f"server did not answer by the call's deadline: {self.name}")
+        )
+        if owed:
+            self._mark_down(str(error))
+        return error
 
     def _traced(self, batch: Batch, started: float) -> None:
         if self.tracer is not None:
             self.tracer(self.name, batch.sql, time.perf_counter() - started)
 
-    def _failed(self, exc: MySQLdb.Error, *, commits: bool) -> Exception:
-        """A driver error after sending: the error to raise, or ``_Retryable``."""
+    def _failed(self, exc: MySQLdb.Error, *, commits: bool, waited: float) -> Exception:
+        """A driver error after sending: the error to raise, or ``_Retryable``.  A
+        connection lost after ``waited`` seconds of read_timeout was a timeout."""
         error = self._translate(exc, sent=True, commits=commits)
         error.__cause__ = exc
         code = _code(exc)
+        text = str(exc).lower()
+        client = 2000 <= code < 3000  # the driver's own errors: the server said nothing
+        self._note(
+            exc,
+            error,
+            silent=(client and any(h in text for h in _TIMED_OUT_HINTS))
+            or (code == 2013 and waited >= max(1, round(self.options.read_timeout)) - 0.1),
+        )
         if code in _DEADLOCK or (isinstance(error, ShardUnavailable) and code in _NOT_SENT):
             return _Retryable(error, after_send=False)
         if type(error) is ShardUnavailable and code in (2006, 2013) and not commits:
@@ -453,11 +604,12 @@ class Batch:
 
 
 class _Sent:
-    __slots__ = ("conn", "started")
+    __slots__ = ("at", "conn", "started")
 
-    def __init__(self, conn: _Conn, started: float) -> None:
+    def __init__(self, conn: _Conn, started: float, at: float | None) -> None:
         self.conn = conn
         self.started = started
+        self.at = at
 
 
 class Reply:
@@ -489,9 +641,14 @@ class Reply:
         """Send again after a retryable error, with backoff, as long as allowed."""
         batch, server = self._batch, self._batch.server
         delays = server.options.retry.delays()
+        at = deadline.current()
         while True:
             delay = next(delays, None)
-            if delay is None or (exc.after_send and not batch.idempotent):
+            if (
+                delay is None
+                or (exc.after_send and not batch.idempotent)
+                or (at is not None and time.monotonic() + delay >= at)
+            ):
                 raise exc.error from exc.error.__cause__
             time.sleep(delay)
             self._state = server._send(batch)

@@ -289,11 +289,11 @@ class QueryEngine:
             if exhausted:
                 return Page(out, None, tuple(sorted(missing)))
 
-    def iterate(self, q: Query) -> Iterator[Entity]:
-        """Every matching entity, page by page."""
+    def iterate(self, q: Query, timeout: float | None = None) -> Iterator[Entity]:
+        """Every matching entity, page by page (each within ``timeout``)."""
         cursor: str | None = None
         while True:
-            page = self.store.rerouted(functools.partial(self.page, q, cursor))
+            page = self.store.call(functools.partial(self.page, q, cursor), timeout)
             yield from page
             if page.cursor is None:
                 return

@@ -16,6 +16,8 @@ from .clock import VersionClock
 from .cluster import Cluster, unreachable_only
 from .codec import Codec, train_dictionary
 from .connection import Batch, ConnectOptions, Retry, Tracer, gather, gather_partial
+from .deadline import current as current_deadline
+from .deadline import within
 from .dsn import Address, Credentials, parse_address
 from .entity import Entity
 from .errors import (
@@ -29,6 +31,7 @@ from .errors import (
     PermissionDenied,
     TableMissing,
 )
+from .health import HealthState
 from .ids import id_hex, to_id
 from .index import Index
 from .names import quote
@@ -56,7 +59,8 @@ class DataStore:
 
     ``DataStore(mysql_shards=["127.0.0.1:3306", "127.0.0.1:3307"], indexes=[...])``
     opens the datastore whose catalog is on the first server, initialising one with
-    ``shards`` logical shards (default 64) if there is none yet.
+    ``shards`` logical shards (default 64) if there is none yet.  ``timeout``: every
+    call returns or raises within this many seconds (default ``read_timeout``).
     """
 
     def __init__(
@@ -81,7 +85,13 @@ class DataStore:
         tracer: Tracer | None = None,
         move_wait: float = 30.0,
         max_replica_lag: float = 5.0,
+        timeout: float | None = None,
     ) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        #: Every call returns or raises within this many seconds (plus a small margin):
+        #: by default read_timeout.  Most calls take their own ``timeout=`` too.
+        self.timeout: float = read_timeout if timeout is None else timeout
         if isinstance(mysql_shards, str):
             mysql_shards = [mysql_shards]
         parsed = [parse_address(spec) for spec in mysql_shards]
@@ -135,6 +145,12 @@ class DataStore:
         self._writer.stale.close()
         self.cluster.close()
 
+    def health(self) -> dict[str, HealthState]:
+        """What this client believes about each server it has used: healthy, suspect,
+        or down since a time (calls that need it fail at once), with the error that
+        marked it and how many times it was marked down (``schemaless.health``)."""
+        return {server.name: server.health.state for server in self.cluster.servers()}
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the index rows that earlier writes made stale are deleted.
 
@@ -146,14 +162,21 @@ class DataStore:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def get(self, entity_id: bytes | Any, *, consistency: str = "primary") -> Entity | None:
+    def get(
+        self,
+        entity_id: bytes | Any,
+        *,
+        consistency: str = "primary",
+        timeout: float | None = None,
+    ) -> Entity | None:
         """The entity with this id, or None.
 
         ``consistency="replica"`` may read from a replica lagging at most
         ``max_replica_lag`` seconds (so it may miss this client's latest writes).
+        ``timeout``: this call's deadline in seconds (default: the datastore's).
         """
         key = to_id(entity_id)
-        return self.rerouted(lambda: self._get_one(key, consistency))
+        return self.call(lambda: self._get_one(key, consistency), timeout)
 
     def _get_one(self, key: bytes, consistency: str) -> Entity | None:
         topo = self.cluster.current()
@@ -165,7 +188,11 @@ class DataStore:
         return self.decode(key, shard, rows[0][0], rows[0][1])
 
     def get_many(
-        self, ids: Iterable[bytes | Any], *, consistency: str = "primary"
+        self,
+        ids: Iterable[bytes | Any],
+        *,
+        consistency: str = "primary",
+        timeout: float | None = None,
     ) -> list[Entity | None]:
         """The entities with these ids, in order (None where absent).
 
@@ -176,9 +203,10 @@ class DataStore:
         unique = list(set(keys))
         step = self.cluster.max_batch_bytes // _ID_BYTES  # ids one statement can carry
         found: dict[bytes, Entity] = {}
-        for start in range(0, len(unique), step):
-            fetch = functools.partial(self.fetch, set(unique[start : start + step]), consistency)
-            found.update(self.rerouted(fetch)[0])
+        with self.deadline(timeout):
+            for start in range(0, len(unique), step):
+                part = set(unique[start : start + step])
+                found.update(self.rerouted(functools.partial(self.fetch, part, consistency))[0])
         return [found.get(k) for k in keys]
 
     def fetch(
@@ -233,44 +261,59 @@ class DataStore:
 
     # -- writes --------------------------------------------------------------------------
 
-    def put(self, entity: Mapping[str, Any], *, expect_version: int | None = None) -> int:
+    def put(
+        self,
+        entity: Mapping[str, Any],
+        *,
+        expect_version: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
         """Store an entity; return its new version.
 
         An entity without an ``id`` gets a new one (written into the dict).
         ``expect_version``: the version read earlier (0: the entity must not exist);
         if the stored version differs, raise ``ConflictError`` and write nothing
-        that a reader could see.
+        that a reader could see.  ``timeout``: as in ``get``.
         """
         if expect_version is not None and (
             not isinstance(expect_version, int) or expect_version < 0
         ):
             raise InvalidEntity(f"expect_version must be an int >= 0, got {expect_version!r}")
         mode: str | int = BLIND if expect_version is None else expect_version or CREATE
-        return self.rerouted(lambda: self._writer.write([entity], mode))[0]
+        return self.call(lambda: self._writer.write([entity], mode), timeout)[0]
 
-    def put_many(self, entities: Iterable[Mapping[str, Any]]) -> list[int]:
+    def put_many(
+        self, entities: Iterable[Mapping[str, Any]], *, timeout: float | None = None
+    ) -> list[int]:
         """Store many entities (last writer wins); return their new versions in order.
 
         Each step is one statement batch per server, servers in parallel; a batch that
         would not fit in the servers' max_allowed_packet is written in parts, in turn.
         """
         batch = list(entities)
-        return self.rerouted(lambda: self._writer.write(batch, BLIND))
+        return self.call(lambda: self._writer.write(batch, BLIND), timeout)
 
-    def delete(self, entity_id: bytes | Any, *, expect_version: int | None = None) -> bool:
-        """Delete an entity; True if it existed.  See ``put`` for ``expect_version``."""
+    def delete(
+        self,
+        entity_id: bytes | Any,
+        *,
+        expect_version: int | None = None,
+        timeout: float | None = None,
+    ) -> bool:
+        """Delete an entity; True if it existed.  See ``put`` for ``expect_version``
+        and ``timeout``."""
         if expect_version is not None and (
             not isinstance(expect_version, int) or expect_version < 1
         ):
             raise InvalidEntity(f"expect_version must be an int >= 1, got {expect_version!r}")
         mode: str | int = BLIND if expect_version is None else expect_version
         key = to_id(entity_id)
-        return self.rerouted(lambda: self._writer.delete([key], mode)) == 1
+        return self.call(lambda: self._writer.delete([key], mode), timeout) == 1
 
-    def delete_many(self, ids: Iterable[bytes | Any]) -> int:
+    def delete_many(self, ids: Iterable[bytes | Any], *, timeout: float | None = None) -> int:
         """Delete many entities; return how many existed."""
         keys = list(dict.fromkeys(to_id(i) for i in ids))
-        return self.rerouted(lambda: self._writer.delete(keys, BLIND)) if keys else 0
+        return self.call(lambda: self._writer.delete(keys, BLIND), timeout) if keys else 0
 
     def update(
         self,
@@ -278,13 +321,20 @@ class DataStore:
         fn: Callable[[Entity | None], Mapping[str, Any]],
         *,
         retries: int = 10,
+        timeout: float | None = None,
     ) -> Entity:
         """Read-modify-write: store ``fn(current)``; on a conflict call ``fn`` again.
 
         ``fn`` gets the current entity (a copy, or None if absent) and returns the new
-        one.  After ``retries`` conflicts, ``ConflictError`` is raised.
+        one.  After ``retries`` conflicts, ``ConflictError`` is raised.  ``timeout``:
+        the deadline of the whole call, every attempt included.
         """
-        key = to_id(entity_id)
+        with self.deadline(timeout):
+            return self._update(to_id(entity_id), fn, retries)
+
+    def _update(
+        self, key: bytes, fn: Callable[[Entity | None], Mapping[str, Any]], retries: int
+    ) -> Entity:
         for _ in range(max(1, retries)):
             current = self.get(key)
             version = current.version if current is not None else 0
@@ -299,12 +349,26 @@ class DataStore:
             return Entity(new, stored)
         raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
 
+    def deadline(self, timeout: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """Internal: the deadline of one call (``timeout`` seconds, default the
+        datastore's), which every server call in it keeps (``schemaless.deadline``)."""
+        return within(self.timeout if timeout is None else timeout)
+
+    def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """Internal: ``rerouted(fn)`` within one call's deadline."""
+        with self.deadline(timeout):
+            return self.rerouted(fn)
+
     def rerouted(self, fn: Callable[[], T]) -> T:
         """Internal: run ``fn``; when its tables are gone because the map changed (a
         logical shard moved, an index was declared and the old fence dropped, or an
         index was dropped and purged), refresh the map and run it again; while a move is
-        under way, wait for it: writers pause, they do not fail."""
-        deadline = time.monotonic() + self.move_wait
+        under way, wait for it (up to ``move_wait``, and never past the call's
+        deadline): writers pause, they do not fail."""
+        until = time.monotonic() + self.move_wait
+        at = current_deadline()
+        if at is not None:
+            until = min(until, at)
         delay = 0.01
         while True:
             seen = self.cluster.topology
@@ -314,7 +378,7 @@ class DataStore:
                 topo = self.cluster.refresh()
                 if topo.routing != seen.routing:
                     continue
-                if not topo.moves or time.monotonic() >= deadline:
+                if not topo.moves or time.monotonic() + delay >= until:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 0.25)
@@ -475,6 +539,7 @@ class DataStore:
         include_building: bool = False,
         partial: bool = False,
         consistency: str = "primary",
+        timeout: float | None = None,
         where: Mapping[str, Any] | None = None,
         **conditions: Any,
     ) -> Page:
@@ -490,12 +555,13 @@ class DataStore:
         "-prop"); the returned list's
         ``cursor`` fetches the next page (None when there is no more).  With
         ``partial=True`` unreachable servers are skipped and named in the page's
-        ``missing_shards`` instead of raising ``ShardUnavailable``.
+        ``missing_shards`` instead of raising ``ShardUnavailable`` (a server marked
+        down is skipped at once).  ``timeout``: as in ``get``.
         """
         q = self._query.plan(
             index, _merge(where, conditions), order, limit, include_building, partial, consistency
         )
-        return self.rerouted(lambda: self._query.page(q, cursor))
+        return self.call(lambda: self._query.page(q, cursor), timeout)
 
     def iter(
         self,
@@ -505,10 +571,12 @@ class DataStore:
         page_size: int = 100,
         include_building: bool = False,
         consistency: str = "primary",
+        timeout: float | None = None,
         where: Mapping[str, Any] | None = None,
         **conditions: Any,
     ) -> Iterator[Entity]:
-        """Every matching entity, fetched page by page (conditions as in ``query``)."""
+        """Every matching entity, fetched page by page (conditions as in ``query``;
+        ``timeout`` is each page's deadline)."""
         q = self._query.plan(
             index,
             _merge(where, conditions),
@@ -517,7 +585,7 @@ class DataStore:
             include_building,
             consistency=consistency,
         )
-        return self._query.iterate(q)
+        return self._query.iterate(q, timeout)
 
     def resolve_index(self, index: Index | str, include_building: bool) -> Index:
         """Internal: the catalog's definition of an index usable by a query."""

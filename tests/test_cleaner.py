@@ -698,14 +698,19 @@ def test_metrics_endpoint(make_store: Any) -> None:
     store = make_store(indexes=[BY_LINK])
     cleaner = Cleaner(store, name="cleaner:test:2")
     port = cleaner.serve_metrics(0)
+    sick = store.cluster.servers()[0].health
     try:
         cleaner.run_once()
+        sick.down("marked by the test")  # as after a timeout (no probe: the test clears it)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
     finally:
+        sick.up()
         cleaner.close()
     assert "# TYPE schemaless_cleaner_rows_checked_total counter" in text
     assert 'schemaless_cleaner_passes_total{name="cleaner:test:2"} 1' in text
+    assert 'schemaless_cleaner_servers_down{name="cleaner:test:2"} 1' in text
+    assert 'schemaless_cleaner_server_downs_total{name="cleaner:test:2"} 1' in text
 
 
 def test_progress_on_a_terminal_and_in_logs(caplog: pytest.LogCaptureFixture) -> None:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from schemaless.connection import Batch, ConnectOptions, Server, gather, gather_partial
+from schemaless.deadline import within
 from schemaless.dsn import Credentials, parse_address
-from schemaless.errors import ServerError, ShardTimeout, ShardUnavailable, TableMissing
+from schemaless.errors import (
+    OutcomeUnknown,
+    ServerError,
+    ShardTimeout,
+    ShardUnavailable,
+    TableMissing,
+)
 from schemaless.local import LocalCluster
 
 
@@ -205,3 +213,50 @@ def test_a_statement_past_the_servers_max_statement_time_is_a_timeout(servers: A
     with pytest.raises(ShardTimeout, match="max_statement_time"):
         server.run("SET SESSION max_statement_time = 0.1; SELECT SLEEP(2)")
     assert server.run("SELECT @@SESSION.max_statement_time")[0][0][0] == 0
+
+
+def test_the_call_deadline_cuts_a_reply_and_a_probe_clears_the_mark(servers: Any) -> None:
+    """A statement still running at the call's deadline: the watchdog cuts the reply
+    (ShardTimeout, or OutcomeUnknown for a batch that commits), the server is marked
+    down, and the probe finds it answering again."""
+    server = servers[0][0]
+    started = time.monotonic()
+    with within(0.5), pytest.raises(ShardTimeout, match="deadline"):
+        server.run("SELECT SLEEP(5)")
+    assert 0.45 <= time.monotonic() - started < 1.5
+    assert server.health.state.downs == 1 and "deadline" in server.health.state.reason
+    _wait_until(lambda: server.health.state.state == "healthy", 2.0)
+    with within(0.5), pytest.raises(OutcomeUnknown, match="deadline"):
+        server.run("SELECT SLEEP(5)", commits=True, idempotent=False)
+    assert server.health.state.downs == 2
+    _wait_until(lambda: server.health.state.state == "healthy", 2.0)
+    with within(5):
+        assert server.run("SELECT 1") == [((1,),)]
+
+
+def test_a_full_pool_waits_no_longer_than_the_call_deadline(local_cluster: LocalCluster) -> None:
+    server = _one_connection_pool(local_cluster, wait=10.0)
+    with server.connection():
+        started = time.monotonic()
+        with within(0.3), pytest.raises(ShardTimeout, match="deadline passed waiting"):
+            server.run("SELECT 1")
+        assert 0.25 <= time.monotonic() - started < 2
+    assert server.health.state.state == "healthy"  # a busy pool says nothing of the server
+    server.close()
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_stale_connection_that_answers_the_ping_is_reused(local_cluster: LocalCluster) -> None:
+    server = _one_connection_pool(local_cluster, wait=1.0)
+    first = server.run("SELECT CONNECTION_ID()")[0][0][0]
+    (conn,) = server._idle
+    conn.last_used -= server.options.stale_after + 1
+    assert server.run("SELECT CONNECTION_ID()")[0][0][0] == first  # pinged, then reused
+    assert server.health.state.state == "healthy"
+    server.close()

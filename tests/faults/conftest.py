@@ -12,7 +12,7 @@ from conftest import drop_datastore
 from schemaless import DataStore, Index
 from schemaless.local import LocalCluster
 
-from .helpers import open_store, scratch_cluster
+from .helpers import open_store, scratch_cluster, thawed
 
 #: The timeouts of the fault suite's datastores (seconds): operations on a frozen server
 #: must fail within about this long.
@@ -52,4 +52,5 @@ def fault_store(fault_cluster: LocalCluster) -> Iterator[Callable[..., DataStore
     yield make
     revive(fault_cluster)
     for store in stores:
+        thawed(store)  # a server marked down is used again once its probe gets an answer
         drop_datastore(store)

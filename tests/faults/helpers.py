@@ -104,6 +104,16 @@ def timed(fn: Callable[[], T]) -> tuple[float, T | BaseException]:
     return time.monotonic() - started, result
 
 
+def thawed(store: DataStore, timeout: float = 3.0) -> None:
+    """Wait until the client holds no server down (its probe found a
+    thawed server answering)."""
+    wait_for(
+        lambda: all(h.state != "down" for h in store.health().values()),
+        timeout,
+        what="no server to be marked down",
+    )
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
     """Poll until ``predicate()`` holds; AssertionError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

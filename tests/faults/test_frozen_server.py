@@ -1,6 +1,7 @@
 """A frozen server (SIGSTOP): every operation that touches it fails with
 ShardUnavailable within the configured timeout, the other server keeps serving, partial
-queries name the missing shards, and after SIGCONT everything works again."""
+queries name the missing shards, and after SIGCONT everything works again (once the
+client's probe finds the server answering)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from schemaless.names import quote
 from schemaless.schema import shard_db
 
 from .conftest import TIMEOUT
-from .helpers import ids_on, timed, values_on, wait_for
+from .helpers import ids_on, thawed, timed, values_on, wait_for
 
 #: What an operation on a frozen server may take beyond the timeout (thread handoffs,
 #: the other server's part of a fan-out, a loaded CI machine).
@@ -108,8 +109,10 @@ def test_every_operation_on_a_frozen_server_fails_in_time(
     finally:
         fault_cluster.resume_server(1)
 
-    # Awake: every operation works again, and nothing was torn.  The put sent to the
-    # frozen server may have been applied when it woke up (OutcomeUnknown semantics).
+    # Awake: every operation works again once a probe found it answering, and nothing
+    # was torn.  The put sent to the frozen server may have been applied when it woke
+    # up (OutcomeUnknown semantics).
+    thawed(store)
     got = store.get(one[1]["id"])
     assert got is not None and got["n"] in (one[1]["n"], n0_free)
     assert store.delete(one[1]["id"]) is True
@@ -154,6 +157,7 @@ def test_a_write_that_timed_out_may_still_apply_when_the_server_wakes_up(
     finally:
         fault_cluster.resume_server(1)
     assert isinstance(error, OutcomeUnknown)
+    thawed(store)
     wait_for(lambda: (store.get(key) or {}).get("n") == 2, what="the queued write to apply")
     with pytest.raises(ConflictError) as info:
         store.put({"id": key, "n": 2}, expect_version=v1)

@@ -21,7 +21,7 @@ from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.schema import shard_db
 
-from .helpers import ids_on, values_on, wait_for
+from .helpers import ids_on, thawed, values_on, wait_for
 
 BY_N = Index("by_n", {"n": "int"})
 
@@ -61,10 +61,12 @@ def test_commit_sent_then_server_killed(
         assert "outcome unknown" in str(info.value) and info.value.retryable
         if wake == "resume":
             fault_cluster.resume_server(1)
+            thawed(store)  # the timeout marked the server down until a probe answers
             wait_for(lambda: store.get(key) == new, what="the sent commit to apply")
     finally:
         fault_cluster.kill_server(1)
         fault_cluster.start_server(1)
+    thawed(store)
     got = store.get(key)
     assert got == (new if wake == "resume" else old)
     assert settle(store, new, v1) == ("had applied" if wake == "resume" else "applies now")

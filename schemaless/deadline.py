@@ -23,6 +23,10 @@ from . import forking
 
 __all__ = ["Armed", "Watchdog", "current", "left", "within"]
 
+#: Disarmed entries wait in the heap until their deadline (every call arms one, most
+#: calls end long before it); past this many, and half the heap, it is rebuilt.
+_COMPACT = 1024
+
 _deadline: ContextVar[float | None] = ContextVar("schemaless_deadline", default=None)
 
 
@@ -76,6 +80,7 @@ class Watchdog:
     def _reset(self) -> None:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Armed]] = []
+        self._done = 0  # entries of the heap disarmed before their deadline
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
 
@@ -101,6 +106,12 @@ class Watchdog:
         """Stop watching; True if the socket was shut down (the connection is unusable).
         After this returns the watchdog never touches that socket again."""
         with self._cond:
+            if not armed.done and not armed.fired:  # still in the heap: compact it
+                self._done += 1
+                if self._done > _COMPACT and 2 * self._done > len(self._heap):
+                    self._heap = [entry for entry in self._heap if not entry[2].done]
+                    heapq.heapify(self._heap)
+                    self._done = 0
             armed.done = True
             return armed.fired
 
@@ -109,6 +120,7 @@ class Watchdog:
             while True:
                 while self._heap and self._heap[0][2].done:
                     heapq.heappop(self._heap)
+                    self._done -= 1
                 if not self._heap:
                     self._cond.wait()
                     continue

@@ -110,3 +110,21 @@ def test_the_watchdog_serves_deadlines_in_order_from_many_threads() -> None:
         for x, y in pairs:
             x.close()
             y.close()
+
+
+def test_the_watchdog_forgets_replies_that_came_in_time() -> None:
+    """Every call arms the watchdog and most end long before their deadline: the heap
+    is compacted rather than holding every call of the last ``timeout`` seconds."""
+    watchdog = Watchdog()
+    a, b = socket.socketpair()
+    try:
+        far = time.monotonic() + 60
+        for _ in range(5000):
+            assert watchdog.disarm(watchdog.arm(a.fileno(), far)) is False
+        assert len(watchdog._heap) <= 2 * 1024
+        late = watchdog.arm(a.fileno(), time.monotonic() + 0.1)
+        assert a.recv(1) == b""  # the one still armed is served
+        assert watchdog.disarm(late) is True
+    finally:
+        a.close()
+        b.close()

@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 import click
 
 from schemaless.catalog import backfill_job
-from schemaless.connection import Batch, gather
 from schemaless.errors import CatalogError, IndexDefinitionError, SchemalessError
 from schemaless.store import DataStore
 
 from .daemon import backfill_name
+from .estimate import max_added_ids
 from .progress import Progress
 from .runtime import Shutdown
-from .sql import max_added_sql
 
 __all__ = ["RESTARTS", "Supervisor", "describe_exit", "forwarded_options"]
 
@@ -146,13 +145,7 @@ class Supervisor:
             raise CatalogError(
                 f"index {self.index!r} is {info.state}: only a building index can be backfilled"
             )
-        servers = self.store.cluster.all_servers(topo)
-        calls = {
-            sid: Batch(server, max_added_sql(topo.prefix, topo.shards_of(sid)))
-            for sid, server in servers.items()
-            if topo.shards_of(sid)
-        }
-        self._tops = {int(s): int(top) for r in gather(calls).values() for s, top in r[0]}
+        self._tops = max_added_ids(self.store, topo)
         try:
             while self._step():
                 time.sleep(self.poll)

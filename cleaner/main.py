@@ -104,6 +104,7 @@ def _open(url: str | None, prefix: str | None) -> DataStore:
     "--jobs",
     type=click.IntRange(1, 64),
     default=1,
+    metavar="N",
     show_default=True,
     help="With --index: run the backfill as N worker processes (parts 1/N .. N/N) with "
     "one progress line and one summary; a worker that dies is started again.",

@@ -54,8 +54,8 @@ def _lines(r: dict[str, Any]) -> list[str]:
     if not r["stored_rows"]:
         out.append(f"  no entities stored: {name} would be ready at once")
         return out
-    how = "every row read: exact" if exact else "a sample: estimates"
-    out.append(f"  sample       {r['sampled_rows']:,} entity rows of {r['shards']} shards ({how})")
+    how = "every row: figures exact" if exact else "a sample: figures estimated"
+    out.append(f"  sampled      {r['sampled_rows']:,} entity rows on {r['shards']} shards ({how})")
     tombstones = r["stored_rows"] - r["entities"]
     out.append(
         f"  entities     {_n(r['entities'], exact)} live, {_n(tombstones, exact)} tombstones"
@@ -66,15 +66,16 @@ def _lines(r: dict[str, Any]) -> list[str]:
         f"{_n(r['entities_without_rows'], exact)} entities lack a property: no row)"
     )
     out.append(
-        f"  index size   ~{human_bytes(r['size_bytes'])} (estimate: the sampled values' "
-        "bytes in both B-trees, InnoDB's overheads, pages 70% full)"
+        f"  index size   ~{human_bytes(r['size_bytes'])} (an estimate from the sampled values:"
+        " both B-trees, pages 70% full)"
     )
-    share = r["unindexable_share"] or 0.0
-    out.append(
-        f"  unindexable  {100 * share:.1f}% of entities ({_n(r['unindexable'], exact)}): "
-        "values that do not fit the column types; the backfill sets them aside"
-        + (", e.g." if r["examples"] else "")
-    )
+    if r["unindexable"]:
+        out.append(
+            f"  unindexable  {100 * r['unindexable_share']:.1f}% of entities "
+            f"({_n(r['unindexable'], exact)}): values that do not fit the column types, e.g."
+        )
+    else:
+        out.append("  unindexable  none: every value fits its column's type")
     for e in r["examples"]:
         message = e["message"]
         message = message if len(message) <= _SHOW else message[: _SHOW - 3] + "..."
@@ -83,9 +84,8 @@ def _lines(r: dict[str, Any]) -> list[str]:
         out.append(f"  corrupt      {_n(r['corrupt'], exact)} entities cannot be decoded")
     eta, grace = human_duration(r["eta_s"]), human_duration(r["grace_s"])
     rows, rate = _n(r["stored_rows"], exact), r["rows_per_s"] or 0
-    out.append(
-        f"  backfill ETA {eta} for one process: {grace} grace, then {rows} rows at "
-        f"{rate:,.0f} rows/s (the sample's read, decode and row build here; writing the "
-        "rows is not in it: expect slower)"
-    )
+    out.append(f"  backfill ETA {eta}: {grace} grace, then {rows} rows at {rate:,.0f} rows/s")
+    out.append("               (the sample's pace in one process: read, decode, rows; no writes)")
+    if r["unindexable"] or r["corrupt"]:
+        out.append("the backfill sets these entities aside: logged and counted, not indexed")
     return out

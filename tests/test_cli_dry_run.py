@@ -66,7 +66,7 @@ def test_dry_run_reports_values_that_do_not_fit_and_creates_nothing(
     assert result.exit_code == 0, result.output
     out = result.output
     assert "dry run: index by_n: nothing declared" in out
-    assert "350 entity rows of 8 shards (every row read: exact)" in out
+    assert "sampled      350 entity rows on 8 shards (every row: figures exact)" in out
     assert "entities     340 live, 10 tombstones" in out
     assert "index rows   290 (0.85 per entity; 30 entities lack a property: no row)" in out
     assert "unindexable  5.9% of entities (20): values that do not fit" in out

@@ -2,14 +2,12 @@
 
 Worker K is the same command with ``--part K/N`` (processes, not threads: decoding is
 CPU-bound and the GIL binds), started in its own session so that a terminal's Ctrl-C
-reaches the supervisor only.  The supervisor shows one progress line, read from the
-checkpoints in the catalog (what ``schemaless index status`` reads; the same
-estimate as one process's line), starts a worker
+reaches the supervisor only.  The supervisor shows one progress line from the
+checkpoints in the catalog (what ``schemaless index status`` reads), starts a worker
 that died again (at most ``restarts`` times per part, with a log line each time) and
 reports one that failed for good.  A stop request (SIGTERM/SIGINT) is passed on to
 the workers as one SIGTERM each: they finish their batch, checkpoint and exit, and
-the supervisor waits for them.
-"""
+the supervisor waits for them."""
 
 from __future__ import annotations
 
@@ -242,12 +240,13 @@ class Supervisor:
             w.rate = float(figures.get("rows_per_s") or 0.0)
 
     def _stop_all(self) -> None:
-        """On the way out (a stop, or an error here): SIGTERM to the workers, then wait."""
+        """On the way out (after an error here): SIGTERM to the workers, then wait."""
         running = [w for w in self.workers if w.proc is not None and w.proc.poll() is None]
         for w in running:
             assert w.proc is not None
             if not self._stopping:
                 w.proc.send_signal(signal.SIGTERM)
+        self._stopping = self._stopping or bool(running)
         for w in running:
             assert w.proc is not None
             self._ended(w, w.proc.wait())

@@ -14,7 +14,7 @@ from test_cleaner import BY_LINK
 from test_cleaner_cli import building, cluster_env, spawn, wait_until
 
 from schemaless import DataStore
-from schemaless.cleaner.jobs import Supervisor, describe_exit
+from schemaless.cleaner.jobs import Supervisor, describe_exit, forwarded_options
 from schemaless.cleaner.main import main
 from schemaless.local import LocalCluster
 
@@ -37,6 +37,14 @@ def worker_pid(store: DataStore, name: str) -> int | None:
 def test_describe_exit() -> None:
     assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
     assert describe_exit(1) == "exit status 1"
+
+
+def test_workers_get_the_options_given() -> None:
+    args = ["--index", "x", "--jobs", "2", "--batch", "50", "--rate", "10", "-q", "--once"]
+    ctx = main.make_context("cleaner", args)
+    words = forwarded_options(ctx, {"index", "jobs", "quiet"})
+    # not --interval, --nice, ...: their defaults are the workers' defaults too
+    assert words == ["--once", "--batch", "50", "--rate", "10.0"]
 
 
 def test_jobs_options_are_checked(make_store: Any, local_cluster: LocalCluster) -> None:

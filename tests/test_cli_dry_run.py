@@ -115,3 +115,12 @@ def test_a_sample_estimates_the_whole(make_store: Any) -> None:
     # the bad ones came last: a segment of each shard's last tenth finds them
     assert 0.05 < est.unindexable / est.entities < 0.15  # 10% in truth
     assert round(est.rows + est.unindexable) == 2000
+
+
+def test_a_multi_valued_index_counts_elements(make_store: Any) -> None:
+    store = make_store()
+    store.put_many([{"tags": ["a", "b", "c", "a"]} for _ in range(30)])  # 3 distinct
+    store.put_many([{"tags": []} for _ in range(10)])
+    est = estimate(store, Index("by_tag", {"tags": "str(8)"}, multi="tags"))
+    assert est.exact and (est.entities, est.rows, est.rowless) == (40, 90, 10)
+    assert est.as_dict()["rows_per_entity"] == 2.25

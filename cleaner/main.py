@@ -17,6 +17,7 @@ from schemaless.local import LocalClusterError
 from schemaless.store import DataStore
 
 from .daemon import Cleaner, backfill_name
+from .jobs import Supervisor, forwarded_options
 from .metrics import Figures
 from .progress import Progress
 from .repair import Repairer
@@ -99,6 +100,15 @@ def _open(url: str | None, prefix: str | None) -> DataStore:
     "K-1), so N processes or machines share one backfill; the last to finish marks the "
     "index ready.",
 )
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 64),
+    default=1,
+    metavar="N",
+    show_default=True,
+    help="With --index: run the backfill as N worker processes (parts 1/N .. N/N) with "
+    "one progress line and one summary; a worker that dies is started again.",
+)
 @click.option("--once", is_flag=True, help="Run one full pass and exit (cron, tests).")
 @click.option(
     "--batch",
@@ -155,6 +165,7 @@ def main(
     prefix: str | None,
     index: str | None,
     part: tuple[int, int] | None,
+    jobs: int,
     once: bool,
     batch: int,
     rate: float | None,
@@ -172,6 +183,7 @@ def main(
     \b
     Examples:
       cleaner --index=by_link              # backfill index by_link, then mark it ready
+      cleaner --index=by_link --jobs 4     # the same backfill, 4 worker processes
       cleaner --once                       # one pass over every index, then exit
       cleaner --rate 5000 --metrics-port 9187   # run continuously, throttled
       cleaner verify --index by_link       # compare the index with the entities
@@ -185,6 +197,16 @@ def main(
         return
     if part is not None and index is None:
         raise click.BadParameter("needs --index", param_hint="'--part'")
+    if jobs > 1:
+        index = _check_jobs(index, part, metrics_port)
+        os.nice(nice)  # the workers inherit it
+        with _console(quiet, verbose):
+            store = _open(url, prefix)
+            try:
+                _supervise(ctx, store, index, jobs)
+            finally:
+                store.close()
+        return
     part = part or (0, 1)
     os.nice(nice)
     with _console(quiet, verbose):
@@ -215,6 +237,57 @@ def main(
             if not cleaner.part_done:
                 raise click.ClickException(f"index {index!r} is {state}, not ready")
             click.echo(f"part {part[0] + 1}/{part[1]} done; the index is ready when every part is")
+
+
+def _check_jobs(index: str | None, part: object, metrics_port: int | None) -> str:
+    """``--jobs N`` needs ``--index`` (returned) and excludes ``--part`` and
+    ``--metrics-port``."""
+    if index is None:
+        raise click.BadParameter("needs --index", param_hint="'--jobs'")
+    for given, option in ((part, "--part"), (metrics_port, "--metrics-port")):
+        if given is not None:
+            raise click.BadParameter(f"not with {option}", param_hint="'--jobs'")
+    return index
+
+
+#: Options the supervisor does not pass on as they are (see ``_supervise``).
+_OWN = {"url", "prefix", "index", "part", "jobs", "nice", "quiet", "verbose"}
+
+
+def _supervise(ctx: click.Context, store: DataStore, index: str, jobs: int) -> None:
+    """``--jobs N``: N workers ``--part K/N``; one summary, one exit status."""
+    p = ctx.params
+    env = dict(os.environ)  # the URL by the environment: no password on a command line
+    env.update(
+        {k: v for k, v in (("SCHEMALESS_URL", p["url"]), ("SCHEMALESS_PREFIX", p["prefix"])) if v}
+    )
+    base = ["--index", index, "--nice", "0", "--verbose" if p["verbose"] else "--quiet"]
+    base += forwarded_options(ctx, _OWN)
+    supervisor = Supervisor(
+        store,
+        index,
+        jobs,
+        lambda k: [*base, "--part", f"{k + 1}/{jobs}"],
+        env=env,
+        progress=Progress(sys.stderr, quiet=p["quiet"]),
+    )
+    try:
+        supervisor.shutdown.install()
+        state = supervisor.run()
+    except SchemalessError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        supervisor.shutdown.restore()
+    click.echo(supervisor.summary())
+    if supervisor.shutdown.requested:
+        click.echo("stopped on request; checkpoints saved: run the same command to resume")
+    elif supervisor.failed:
+        raise click.ClickException(
+            f"{'; '.join(supervisor.failed)}; index {index!r} is {state}: run the same "
+            "command to resume"
+        )
+    elif state != "ready":
+        raise click.ClickException(f"index {index!r} is {state}, not ready")
 
 
 def _parse_part(value: str | None) -> tuple[int, int] | None:

@@ -16,6 +16,7 @@ from schemaless.errors import IndexDefinitionError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
+from .dry_run import show_dry_run
 from .options import BadOption, Connection, Group, follow_up, pass_connection
 from .output import echo_table, human_duration, json_line
 from .stats import (
@@ -95,6 +96,13 @@ def index() -> None:
 )
 @click.option("--shard-on", metavar="NAME", help="Property that places the rows (default: first).")
 @click.option("--multi", metavar="NAME", help="A list-valued property: one row per element.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Declare nothing: sample the stored entities and estimate the index rows, "
+    "size, unindexable entities (with examples) and the backfill's ETA.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 @pass_connection
 def create(
     conn: Connection,
@@ -102,6 +110,8 @@ def create(
     properties: list[str],
     shard_on: str | None,
     multi: str | None,
+    dry_run: bool,
+    as_json: bool,
 ) -> None:
     """Declare an index: create its table on every shard and record it.
 
@@ -109,10 +119,15 @@ def create(
     it from their next catalog refresh, queries refuse it until the Cleaner has
     backfilled it (run `cleaner --index=NAME`, watch `schemaless index status
     NAME`).  On an empty datastore it is ready at once.  Declaring the same index
-    again changes nothing.  Quote types with parentheses for the shell.
+    again changes nothing.  Quote types with parentheses for the shell.  With
+    --dry-run nothing is declared: a sample of the stored entities tells how
+    many rows the index would hold, its size, which entities have values that
+    do not fit the types, and how long the backfill would take.
 
     \b
     Example:
+        schemaless index create by_user --property user_id:uuid \\
+            --property published:int --shard-on user_id --dry-run
         schemaless index create by_user --property user_id:uuid \\
             --property published:int --shard-on user_id
         schemaless index create by_tag --property tags:'str(64)' --multi tags
@@ -129,9 +144,24 @@ def create(
         raise BadOption(str(exc), "NAME") from None
     definition = Index(name, properties, shard_on, multi=multi)
     with conn.store() as ds:
+        if dry_run:
+            show_dry_run(ds, definition, as_json)
+            return
         existed = ds.indexes().get(name)
         state = ds.declare_index(definition)
         refresh = ds.cluster.topology.refresh_interval
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "definition": definition.to_dict(),
+                    "existed": existed is not None,
+                    "state": state,
+                },
+                sort_keys=True,
+            )
+        )
+        return
     click.echo(
         f"index {name}: {describe(definition)}, shard on {definition.shard_on}"
         + (f", multi {multi}" if multi else "")

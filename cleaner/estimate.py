@@ -1,0 +1,195 @@
+"""What backfilling an index would find, from a sample of the stored entities.
+
+``schemaless index create ... --dry-run`` prints it; nothing is written.  Each logical
+shard is read in a few segments of consecutive ``added_id`` from spread, random-ish
+starting points, with the backfill's own scan (``entity_batches``) and row building
+(``Index.rows`` on the decoded body); a shard small enough is read whole, and its
+figures are exact.  A segment's ``added_id`` span tells how dense the shard is (purged
+tombstones leave gaps), so each sampled row stands for ``MAX(added_id) / span`` rows.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemaless.catalog import Topology
+from schemaless.connection import Batch, gather
+from schemaless.errors import CorruptEntity, InvalidEntity
+from schemaless.ids import id_hex
+from schemaless.index import Index
+from schemaless.store import DataStore
+
+from .scan import EntityRow, entity_batches
+from .sql import max_added_sql
+
+__all__ = ["Estimate", "estimate", "max_added_ids"]
+
+#: Entity rows read at most, over all shards (at least ``_PER_SHARD`` per shard).
+SAMPLE = 20_000
+_PER_SHARD = 100
+_SEGMENTS = 10  # reads per sampled shard (more: less bias when values cluster in time)
+_EXAMPLES = 5  # unindexable entities shown
+#: Per index row besides its values: entity_id twice (row and ``by_entity`` key), the
+#: version, InnoDB's record headers (5 + 5), transaction id (6) and roll pointer (7).
+_ROW_OVERHEAD = 2 * 16 + 8 + 5 + 5 + 6 + 7
+#: B-tree pages filled in random key order end about this full.
+_PAGE_FILL = 0.7
+
+
+@dataclass
+class Estimate:
+    """A backfill's figures, from a sample (weights make them whole-datastore totals)."""
+
+    index: Index
+    shards: int
+    grace: float  # seconds a backfill waits before it starts (every writer maintains it)
+    sampled: int = 0  # entity rows read, tombstones included
+    exact: bool = True  # every entity row was read
+    stored: float = 0.0  # entity rows, tombstones included
+    entities: float = 0.0  # live entities
+    rows: float = 0.0  # index rows
+    rowless: float = 0.0  # live entities without a value to index (no row, not an error)
+    unindexable: float = 0.0  # live entities with a value that does not fit its column
+    corrupt: float = 0.0
+    row_bytes: float = 0.0  # the index rows' bytes, InnoDB overheads included
+    seconds: float = 0.0  # reading, decoding and building the rows of the sample
+    examples: list[tuple[str, int, str]] = field(default_factory=list)  # (id, shard, why)
+
+    @property
+    def size(self) -> float:
+        """Estimated bytes of the index tables (both B-trees, pages ``_PAGE_FILL`` full)."""
+        return self.row_bytes / _PAGE_FILL
+
+    @property
+    def rate(self) -> float | None:
+        """Entity rows per second of the sample's read, decode and row build."""
+        return self.sampled / self.seconds if self.seconds > 0 else None
+
+    @property
+    def eta(self) -> float | None:
+        """The grace period, then every stored row at ``rate`` (None: unknown)."""
+        if not self.sampled:
+            return 0.0
+        rate = self.rate
+        return None if rate is None else self.grace + self.stored / rate
+
+    def share(self, count: float) -> float | None:
+        """``count`` as a share of the live entities (None when there are none)."""
+        return count / self.entities if self.entities else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly figures (estimates rounded)."""
+        return {
+            "index": self.index.to_dict(),
+            "shards": self.shards,
+            "sampled_rows": self.sampled,
+            "exact": self.exact,
+            "stored_rows": round(self.stored),
+            "entities": round(self.entities),
+            "index_rows": round(self.rows),
+            "rows_per_entity": round(self.rows / self.entities, 3) if self.entities else None,
+            "entities_without_rows": round(self.rowless),
+            "unindexable": round(self.unindexable),
+            "unindexable_share": self.share(self.unindexable),
+            "corrupt": round(self.corrupt),
+            "size_bytes": round(self.size),
+            "rows_per_s": None if self.rate is None else round(self.rate, 1),
+            "grace_s": self.grace,
+            "eta_s": None if self.eta is None else round(self.eta, 1),
+            "examples": [
+                {"entity_id": key, "shard": shard, "message": message}
+                for key, shard, message in self.examples
+            ],
+        }
+
+
+def max_added_ids(store: DataStore, topo: Topology) -> dict[int, int]:
+    """``shard -> MAX(added_id)`` (0 for an empty shard), one statement per server."""
+    servers = store.cluster.all_servers(topo)
+    calls = {
+        sid: Batch(server, max_added_sql(topo.prefix, topo.shards_of(sid)))
+        for sid, server in servers.items()
+        if topo.shards_of(sid)
+    }
+    return {int(s): int(top) for rows in gather(calls).values() for s, top in rows[0]}
+
+
+def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:
+    """Sample every logical shard (see the module docstring); the figures."""
+    topo = store.cluster.refresh()
+    # the backfill's grace period (``backfill.grace_deadline``), from the declaration
+    out = Estimate(index, topo.n_shards, grace=2 * topo.refresh_interval + 1.0)
+    budget = max(_PER_SHARD, sample // max(1, topo.n_shards))
+    for shard, top in sorted(max_added_ids(store, topo).items()):
+        if not top:
+            continue
+        started = time.perf_counter()
+        segments = _read(store, topo, shard, top, budget)
+        span = sum(s for _, s in segments)
+        exact = top <= budget
+        out.exact &= exact
+        for rows, _ in segments:
+            _tally(out, store, shard, rows, 1.0 if exact else top / span)
+        out.seconds += time.perf_counter() - started
+    return out
+
+
+def _read(
+    store: DataStore, topo: Topology, shard: int, top: int, budget: int
+) -> list[tuple[list[EntityRow], int]]:
+    """Segments of a shard's rows, each with the ``added_id`` span it covers; the whole
+    shard in one if ``top <= budget``."""
+    if top <= budget:
+        return [(next(entity_batches(store, topo, shard, 0, budget), []), top)]
+    rnd = random.Random(shard)  # random-ish, and the same sample each time
+    size = budget // _SEGMENTS
+    width = top // _SEGMENTS
+    out = []
+    for i in range(_SEGMENTS):
+        start = i * width + rnd.randrange(max(1, width - size))
+        rows = next(entity_batches(store, topo, shard, start, size), [])
+        end = rows[-1][0] if len(rows) == size else max(top, rows[-1][0] if rows else top)
+        out.append((rows, max(1, end - start)))
+    return out
+
+
+def _tally(out: Estimate, store: DataStore, shard: int, rows: list[EntityRow], w: float) -> None:
+    """Add a segment's rows, each standing for ``w`` rows of its shard."""
+    decode = store.codec.decode
+    index = out.index
+    for _, key, _, body in rows:
+        out.sampled += 1
+        out.stored += w
+        if body is None:
+            continue
+        out.entities += w
+        try:
+            produced = index.rows(decode(body))
+        except CorruptEntity:
+            out.corrupt += w
+            continue
+        except InvalidEntity as exc:
+            out.unindexable += w
+            if len(out.examples) < _EXAMPLES:
+                out.examples.append((id_hex(key), shard, str(exc)))
+            continue
+        if not produced:
+            out.rowless += w
+        out.rows += w * len(produced)
+        out.row_bytes += w * sum(_row_bytes(index, row) for row in produced)
+
+
+def _row_bytes(index: Index, row: tuple[Any, ...]) -> int:
+    """One index row's bytes: its values in the row and in the ``by_entity`` key, and
+    the overhead (``_ROW_OVERHEAD``)."""
+    values = 0
+    for value, ctype in zip(row, index.types, strict=True):
+        if isinstance(value, (str, bytes)) and ctype.name != "uuid":
+            data = value.encode() if isinstance(value, str) else value
+            values += len(data) + (1 if ctype.key_bytes <= 255 else 2)  # length prefix
+        else:
+            values += ctype.key_bytes
+    return 2 * values + _ROW_OVERHEAD

@@ -1,0 +1,91 @@
+"""``schemaless index create ... --dry-run``: what a backfill would find, nothing declared.
+
+The figures come from a sample of the stored entities (``schemaless.cleaner.estimate``:
+the backfill's own scan and row building); they are estimates unless every entity row
+was read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from schemaless.cleaner.estimate import estimate  # type: ignore[import-not-found, unused-ignore]
+from schemaless.index import Index
+from schemaless.store import DataStore
+
+from .options import CliError
+from .output import human_bytes, human_duration
+
+__all__ = ["show_dry_run"]
+
+_SHOW = 100  # characters of an example's message
+
+
+def show_dry_run(ds: DataStore, definition: Index, as_json: bool) -> None:
+    """Print what declaring ``definition`` would do; declare nothing."""
+    name = definition.name
+    existing = ds.cluster.refresh().indexes.get(name)
+    if existing is not None and existing.index != definition:
+        raise CliError(
+            f"index {name!r} already exists with a different definition: "
+            f"{existing.index!r}; create would fail (drop and purge it first)"
+        )
+    report: dict[str, Any] = estimate(ds, definition).as_dict()
+    report["exists"] = None if existing is None else existing.state
+    if as_json:
+        click.echo(json.dumps(report, sort_keys=True))
+        return
+    for line in _lines(report):
+        click.echo(line)
+
+
+def _n(value: float, exact: bool) -> str:
+    return f"{value:,.0f}" if exact else f"~{value:,.0f}"
+
+
+def _lines(r: dict[str, Any]) -> list[str]:
+    name, exact = r["index"]["name"], r["exact"]
+    out = [f"dry run: index {name}: nothing declared"]
+    if r["exists"] is not None:
+        out.append(f"  index {name} already exists and is {r['exists']}: create changes nothing")
+    if not r["stored_rows"]:
+        out.append(f"  no entities stored: {name} would be ready at once")
+        return out
+    how = "every row: figures exact" if exact else "a sample: figures estimated"
+    out.append(f"  sampled      {r['sampled_rows']:,} entity rows on {r['shards']} shards ({how})")
+    tombstones = r["stored_rows"] - r["entities"]
+    out.append(
+        f"  entities     {_n(r['entities'], exact)} live, {_n(tombstones, exact)} tombstones"
+    )
+    per = r["rows_per_entity"]
+    out.append(
+        f"  index rows   {_n(r['index_rows'], exact)} ({per or 0:.2f} per entity; "
+        f"{_n(r['entities_without_rows'], exact)} entities lack a property: no row)"
+    )
+    out.append(
+        f"  index size   ~{human_bytes(r['size_bytes'])} (an estimate from the sampled values:"
+        " both B-trees, pages 70% full)"
+    )
+    if r["unindexable"]:
+        out.append(
+            f"  unindexable  {100 * r['unindexable_share']:.1f}% of entities "
+            f"({_n(r['unindexable'], exact)}): values that do not fit the column types, e.g."
+        )
+    else:
+        out.append("  unindexable  none: every value fits its column's type")
+    for e in r["examples"]:
+        message = e["message"]
+        message = message if len(message) <= _SHOW else message[: _SHOW - 3] + "..."
+        out.append(f"    entity {e['entity_id']} on shard {e['shard']}: {message}")
+    if r["corrupt"]:
+        out.append(f"  corrupt      {_n(r['corrupt'], exact)} entities cannot be decoded")
+    eta, grace = human_duration(r["eta_s"]), human_duration(r["grace_s"])
+    rows, rate = _n(r["stored_rows"], exact), r["rows_per_s"] or 0
+    out.append(f"  backfill ETA {eta}: {grace} grace, then {rows} rows at {rate:,.0f} rows/s")
+    out.append("               (the sample's pace in one process: read, decode, rows; no writes)")
+    if r["unindexable"] or r["corrupt"]:
+        out.append("the backfill sets these entities aside: logged and counted, not indexed")
+    return out

@@ -39,6 +39,7 @@ from .errors import (
     StorageFull,
     TableMissing,
 )
+from .latency import LatencySample
 
 __all__ = [
     "Batch",
@@ -160,6 +161,7 @@ class Server:
         self.name = str(address)
         self.options = options
         self.tracer = tracer
+        self.latency = LatencySample()  # write round trips, for the Cleaner's throttle
         self._idle: deque[_Conn] = deque()
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)
@@ -322,7 +324,7 @@ class Server:
         """Take a connection and send the batch without waiting for the reply; the
         error instead if that failed (the connection is then discarded).  Interrupts
         (KeyboardInterrupt, SystemExit) are raised at once, never deferred."""
-        started = time.perf_counter() if self.tracer is not None else 0.0
+        started = time.perf_counter()
         try:
             conn = self._acquire()
         except Exception as exc:  # pool exhausted or closed, connect failed
@@ -359,8 +361,11 @@ class Server:
         return results
 
     def _traced(self, batch: Batch, started: float) -> None:
+        seconds = time.perf_counter() - started
+        if batch.commits:
+            self.latency.record(seconds)
         if self.tracer is not None:
-            self.tracer(self.name, batch.sql, time.perf_counter() - started)
+            self.tracer(self.name, batch.sql, seconds)
 
     def _failed(self, exc: MySQLdb.Error, *, commits: bool) -> Exception:
         """A driver error after sending: the error to raise, or ``_Retryable``."""

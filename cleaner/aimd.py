@@ -30,10 +30,9 @@ class Tuning:
     #: show its effect: a canary window, a client report)
     cooldown: float = 2.0
     #: the limit grows only while the Cleaner uses this share of it (no growth of a
-    #: limit the copy does not reach: it would not hold back the next burst)
+    #: limit the copy does not reach: it would not hold back the next burst); one
+    #: that is above the fastest rate seen and not used that much is lifted
     binding: float = 0.7
-    #: the limit is lifted once it is this many times the fastest rate seen
-    lift: float = 2.0
     #: the limit never goes below this fraction of the fastest rate seen, nor below
     #: ``min_rate`` rows/s (stopping altogether is ``--critical-load``'s business)
     floor: float = 0.02
@@ -148,13 +147,11 @@ class Aimd:
 
     def _increase(self, dt: float, observed: float) -> None:
         t = self.tuning
-        if self.limit is None:
-            self.reason = "capped by --rate" if self.cap is not None else ""
-            return
-        if observed >= t.binding * self.limit:
+        if self.limit is not None and observed >= t.binding * self.limit:
             self.limit += t.increase * max(self.peak, self.limit) * dt
-        if self.limit >= t.lift * self.peak:
-            self.limit = None
-            self.reason = "capped by --rate" if self.cap is not None else ""
-        else:
+        elif self.limit is not None and self.limit >= self.peak:
+            self.limit = None  # not holding anything back any more
+        if self.limit is not None:
             self.reason = f"recovering (last: {self.last_breach})"
+        else:
+            self.reason = "capped by --rate" if self.cap is not None else ""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from schemaless.cleaner.aimd import Aimd, Breach, Limits, ServerSignals, Tuning, judge
+from schemaless.cleaner.progress import Progress
 from schemaless.cleaner.throttle import TokenBucket
 from schemaless.cleaner.throttler import parse_load
 from schemaless.latency import LatencySample, p99, percentile, summarise
@@ -142,3 +145,17 @@ def test_latency_sample_and_summary() -> None:
     assert sample.take() == []
     report = summarise({"a:1": taken, "b:2": [0.001] * 3})
     assert report == {"a:1": {"p99_ms": 594.0, "n": 512}}  # too few samples on b
+
+
+def test_the_progress_line_ends_with_the_throttle_note() -> None:
+    out = io.StringIO()
+    progress = Progress(out, tty=True, clock=lambda: 2.0)
+    progress.update("by_link", 100, force=True)
+    assert out.getvalue().endswith("by_link: 100 rows, 0 rows/s")
+    progress.note = lambda: "limit 5,000 rows/s, throttled: server 1 p99 4.1 ms > 3.0 ms"
+    progress.update("by_link", 200, force=True)
+    assert (
+        out.getvalue()
+        .rstrip()
+        .endswith("rows/s | limit 5,000 rows/s, throttled: server 1 p99 4.1 ms > 3.0 ms")
+    )

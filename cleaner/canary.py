@@ -55,10 +55,12 @@ class Canary:
         self.status: dict[str, int] = {}  # lower-case variable name -> value
         self.lag: float | None = None
         self.baseline_ms = 0.0  # set by the throttle before the first batch
-        self.writes = True
+        self.writes = True  # False: the table cannot be made, reads only
+        self._ready = False  # the table is there (or cannot be made)
 
     def setup(self) -> None:
-        """Create the canary table if needed; reads only if that is not allowed."""
+        """Create the canary table if needed; reads only if that is not allowed (the
+        server unavailable: try again at the next probe)."""
         try:
             self.server.run(
                 f"CREATE DATABASE IF NOT EXISTS {quote(self._db)};"
@@ -70,9 +72,15 @@ class Canary:
         except (PermissionDenied, TableMissing) as exc:
             self.writes = False
             log.warning("throttle: canary on %s reads only: %s", self.server.name, exc)
+        except SchemalessError as exc:
+            log.warning("throttle: canary on %s not set up yet: %s", self.server.name, exc)
+            return
+        self._ready = True
 
     def probe(self) -> float:
         """One probe; its seconds (a failed probe counts as slow as it was)."""
+        if not self._ready:
+            self.setup()
         sql, params = self._sql()
         started = self._started = time.monotonic()
         out = None

@@ -65,8 +65,10 @@ class ThrottleSettings:
     interval: float = 0.25
     #: the canary p99 is over the probes of the last this many seconds
     window: float = 2.0
-    #: probes per server for the baseline, back to back, and the quantile kept
+    #: probes per server for the baseline, back to back (for at most
+    #: ``baseline_seconds``), and the quantile kept
     baseline_probes: int = 20
+    baseline_seconds: float = 3.0
     baseline_quantile: float = 0.9
     #: seconds over which the achieved rate is measured
     observe: float = 2.0
@@ -111,7 +113,11 @@ class Throttler:
             return None
         with self._lock:
             self._rows += rows
-        return 0.0 if rate is None else self._bucket.reserve(rows)
+        if rate is None:
+            return 0.0
+        if rate != self._bucket.rate:
+            self._bucket.set_rate(rate)
+        return self._bucket.reserve(rows)
 
     def describe(self) -> str:
         """``limit 5,000 rows/s, throttled: server 1 p99 4.1 ms > 3.0 ms``, or ``""``."""
@@ -160,9 +166,11 @@ class Throttler:
             thread.join()
 
     def _baseline(self, canary: Canary) -> None:
-        """Set up a canary and measure its idle latency (no batch has run yet)."""
-        canary.setup()
-        samples = [canary.probe() for _ in range(self.settings.baseline_probes)]
+        """Measure a canary's idle latency (no batch has run yet)."""
+        deadline = time.monotonic() + self.settings.baseline_seconds
+        samples = [canary.probe()]
+        while len(samples) < self.settings.baseline_probes and time.monotonic() < deadline:
+            samples.append(canary.probe())
         canary.baseline_ms = percentile(samples, self.settings.baseline_quantile) * 1000
         canary.reset()
 
@@ -207,10 +215,7 @@ class Throttler:
             for sid, canary in self.canaries.items()
         ]
         self.aimd.update(now, self._observed(now), judge(signals, self.limits))
-        rate = self.aimd.rate
-        if rate:
-            self._bucket.set_rate(rate)
-        self.figures.set(throttle_limit=rate, throttle=self.aimd.reason)
+        self.figures.set(throttle_limit=self.aimd.rate, throttle=self.aimd.reason)
 
     def _observed(self, now: float) -> float:
         """Rows/s reserved over the last ``observe`` seconds."""

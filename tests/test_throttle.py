@@ -12,10 +12,11 @@ from typing import Any
 import MySQLdb
 from click.testing import CliRunner
 from test_cleaner import BY_LINK
-from test_cleaner_cli import cluster_env
+from test_cleaner_cli import building, cluster_env, invoke
 
 from schemaless import DataStore
 from schemaless.cleaner.daemon import Cleaner, backfill_name
+from schemaless.cleaner.main import main
 from schemaless.cleaner.runtime import Stopped
 from schemaless.cleaner.throttler import Throttler, ThrottleSettings
 from schemaless.cli.main import cli
@@ -159,3 +160,30 @@ def test_clients_report_their_write_latency(
     with copying(cleaner) as throttler:
         wait_for(lambda: throttler.aimd.rate is not None)
         assert throttler.aimd.reason == "throttled: server 1 clients' p99 900.0 ms > 400.0 ms"
+
+
+def test_the_command_backfills_with_the_throttle_on_by_default(
+    make_store: Callable[..., DataStore], local_cluster: LocalCluster
+) -> None:
+    store, env = building(make_store, local_cluster, 300)
+    result = invoke(env, "--index=by_link", "--max-load", "Threads_running=40")
+    assert result.exit_code == 0, result.output
+    assert store.cluster.refresh().indexes["by_link"].state == "ready"
+    _, figures = store.cluster.catalog.statuses()["backfill:by_link"]
+    assert "throttle_limit" in figures and "throttle" in figures
+    prefix = store.cluster.topology.prefix
+    canary = store.cluster.server(store.cluster.topology.servers[0])
+    rows = canary.run(f"SELECT `name` FROM `{canary_db(prefix)}`.`canary`")[0]
+    assert rows == (("backfill:by_link",),)
+
+
+def test_bad_throttle_options_are_refused_before_anything_runs() -> None:
+    for args, message in (
+        (["--max-load", "x"], "Invalid value for '--max-load': expected STATUS_VARIABLE=N"),
+        (["--critical-load", "Threads_running=0"], "Invalid value for '--critical-load'"),
+        (["--max-load", "a`b=1"], "got 'a`b=1'"),
+        (["--max-latency-ms", "0"], "Invalid value for '--max-latency-ms'"),
+        (["--max-lag", "-1"], "Invalid value for '--max-lag'"),
+    ):
+        result = CliRunner().invoke(main, args, env={"SCHEMALESS_URL": "mysql://nowhere:1"})
+        assert result.exit_code == 2 and message in result.output, result.output

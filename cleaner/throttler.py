@@ -57,7 +57,7 @@ class ThrottleSettings:
     critical_load: Mapping[str, int] = field(default_factory=lambda: {"Threads_running": 50})
     #: replica lag limit in seconds; default: the store's ``max_replica_lag``
     max_lag: float | None = None
-    #: the derived latency limit: this times the baseline p99 ...
+    #: the derived latency limit: this times the baseline ...
     latency_factor: float = 2.0
     #: ... but at least this many ms (an idle canary is too fast to compare with)
     latency_floor_ms: float = 2.0
@@ -97,7 +97,6 @@ class Throttler:
         self._lock = threading.Lock()
         self._rows = 0
         self._done: deque[tuple[float, int]] = deque()  # (time, rows so far)
-        self._client_base: dict[int, float] = {}
         self._clients: dict[int, float] = {}
         self._clients_read = 0.0
         self._stop = threading.Event()
@@ -176,7 +175,7 @@ class Throttler:
 
     def _limits(self) -> Limits:
         s = self.settings
-        self._client_base = self._read_clients()
+        client_base = self._read_clients()  # what clients felt before the first batch
 
         def derived(base: float) -> float:
             return max(s.latency_floor_ms, s.latency_factor * base)
@@ -186,7 +185,7 @@ class Throttler:
             clients = dict(canary)
         else:
             canary = {sid: derived(c.baseline_ms) for sid, c in self.canaries.items()}
-            clients = {sid: derived(base) for sid, base in self._client_base.items()}
+            clients = {sid: derived(base) for sid, base in client_base.items()}
         max_lag = s.max_lag if s.max_lag is not None else self.store.cluster.max_replica_lag
         return Limits(canary, clients, s.max_load, s.critical_load, max_lag)
 

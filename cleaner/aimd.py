@@ -41,7 +41,7 @@ class Tuning:
 
 @dataclass(frozen=True)
 class Breach:
-    """A signal at or over its limit, e.g. ``server 1 p99 4.1 ms > 3.0 ms``."""
+    """A signal at or over its limit, e.g. ``server 1 p90 4.1 ms > 3.0 ms``."""
 
     text: str
     critical: bool = False
@@ -56,6 +56,7 @@ class Limits:
     max_load: Mapping[str, int] = field(default_factory=dict)
     critical_load: Mapping[str, int] = field(default_factory=dict)
     max_lag: float | None = None
+    quantile: float = 0.99  # of the canary signal, named in the reason (p90, p99)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def judge(signals: Iterable[ServerSignals], limits: Limits) -> list[Breach]:
                 out.append(Breach(f"{where} {name} {value} >= {limit}", critical=True))
         canary = limits.canary_ms.get(s.sid)
         if s.canary_ms is not None and canary is not None and s.canary_ms > canary:
-            out.append(Breach(f"{where} p99 {s.canary_ms:.1f} ms > {canary:.1f} ms"))
+            p = f"p{limits.quantile * 100:g}"
+            out.append(Breach(f"{where} {p} {s.canary_ms:.1f} ms > {canary:.1f} ms"))
         clients = limits.clients_ms.get(s.sid)
         if s.clients_ms is not None and clients is not None and s.clients_ms > clients:
             out.append(Breach(f"{where} clients' p99 {s.clients_ms:.1f} ms > {clients:.1f} ms"))

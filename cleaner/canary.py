@@ -6,7 +6,7 @@ first probe; the Cleaner's grants allow it), so it pays what a live write pays: 
 lock, a commit.  The same round trip reads the status variables that ``--max-load``
 and ``--critical-load`` watch, and, for a server with replicas, their lag.  A probe
 still running counts as a sample of its age so far: a server that stopped answering
-shows at once.
+(or a row lock held) shows at once.
 """
 
 from __future__ import annotations
@@ -128,14 +128,14 @@ class Canary:
                 lags.append(lag)
         return max(lags) if lags else None
 
-    def latency_ms(self, now: float, window: float) -> float | None:
-        """The p99 of the probes that ended in the last ``window`` seconds, or the age
-        of the probe in flight if larger (None before the first probe)."""
+    def latency_ms(self, now: float, window: float, quantile: float) -> float | None:
+        """The ``quantile`` of the probes that ended in the last ``window`` seconds, or
+        the age of the probe in flight if larger (None before the first probe)."""
         recent = [s for end, s in list(self._samples) if now - end <= window]
         started = self._started
         if started is not None:
             recent.append(now - started)
-        return percentile(recent, 0.99) * 1000 if recent else None
+        return percentile(recent, quantile) * 1000 if recent else None
 
     def reset(self) -> None:
         """Forget the probes so far (after the baseline)."""

@@ -50,7 +50,7 @@ class Figures:
     passes: int = 0
     backoffs: int = 0
     throttle_limit: float | None = None  # rows/s the throttle allows (None: no limit)
-    throttle: str = ""  # why it limits: "throttled: server 1 p99 4.1 ms > 3.0 ms"
+    throttle: str = ""  # why it limits: "throttled: server 1 p90 4.1 ms > 3.0 ms"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:

@@ -63,13 +63,14 @@ class ThrottleSettings:
     latency_floor_ms: float = 2.0
     #: seconds between two probes of a server, and between two controller steps
     interval: float = 0.25
-    #: the canary p99 is over the probes of the last this many seconds
-    window: float = 2.0
-    #: probes per server for the baseline, back to back (for at most
-    #: ``baseline_seconds``), and the quantile kept
+    #: the canary signal is this quantile of the probes of the last ``window``
+    #: seconds (a p99 of 16 probes is their maximum: one hiccup of a busy machine),
+    #: and the baseline the same quantile of its probes
+    quantile: float = 0.9
+    window: float = 4.0
+    #: probes per server for the baseline, back to back, for at most this long
     baseline_probes: int = 20
     baseline_seconds: float = 3.0
-    baseline_quantile: float = 0.9
     #: seconds over which the achieved rate is measured
     observe: float = 2.0
     tuning: Tuning = field(default_factory=Tuning)
@@ -96,6 +97,7 @@ class Throttler:
         self._bucket = TokenBucket(1.0, burst=batch)
         self._lock = threading.Lock()
         self._rows = 0
+        self._first: float | None = None  # when the first rows were reserved
         self._done: deque[tuple[float, int]] = deque()  # (time, rows so far)
         self._clients: dict[int, float] = {}
         self._clients_read = 0.0
@@ -112,6 +114,8 @@ class Throttler:
             return None
         with self._lock:
             self._rows += rows
+            if self._first is None:
+                self._first = time.monotonic()
         if rate is None:
             return 0.0
         if rate != self._bucket.rate:
@@ -119,7 +123,7 @@ class Throttler:
         return self._bucket.reserve(rows)
 
     def describe(self) -> str:
-        """``limit 5,000 rows/s, throttled: server 1 p99 4.1 ms > 3.0 ms``, or ``""``."""
+        """``limit 5,000 rows/s, throttled: server 1 p90 4.1 ms > 3.0 ms``, or ``""``."""
         rate, reason = self.aimd.rate, self.aimd.reason
         if rate is None or not reason:
             return reason
@@ -170,7 +174,7 @@ class Throttler:
         samples = [canary.probe()]
         while len(samples) < self.settings.baseline_probes and time.monotonic() < deadline:
             samples.append(canary.probe())
-        canary.baseline_ms = percentile(samples, self.settings.baseline_quantile) * 1000
+        canary.baseline_ms = percentile(samples, self.settings.quantile) * 1000
         canary.reset()
 
     def _limits(self) -> Limits:
@@ -187,7 +191,7 @@ class Throttler:
             canary = {sid: derived(c.baseline_ms) for sid, c in self.canaries.items()}
             clients = {sid: derived(base) for sid, base in client_base.items()}
         max_lag = s.max_lag if s.max_lag is not None else self.store.cluster.max_replica_lag
-        return Limits(canary, clients, s.max_load, s.critical_load, max_lag)
+        return Limits(canary, clients, s.max_load, s.critical_load, max_lag, s.quantile)
 
     # -- the controller ------------------------------------------------------------------
 
@@ -206,7 +210,7 @@ class Throttler:
         signals = [
             ServerSignals(
                 sid,
-                canary.latency_ms(now, self.settings.window),
+                canary.latency_ms(now, self.settings.window, self.settings.quantile),
                 self._clients.get(sid),
                 dict(canary.status),
                 canary.lag,
@@ -217,14 +221,19 @@ class Throttler:
         self.figures.set(throttle_limit=self.aimd.rate, throttle=self.aimd.reason)
 
     def _observed(self, now: float) -> float:
-        """Rows/s reserved over the last ``observe`` seconds."""
+        """Rows/s reserved over the last ``observe`` seconds (since the first rows,
+        over at least two intervals: the first batches do not make a burst)."""
         with self._lock:
-            rows = self._rows
+            rows, first = self._rows, self._first
+        if first is None:
+            return 0.0
+        if not self._done:
+            self._done.append((first, 0))
         self._done.append((now, rows))
         while len(self._done) > 1 and now - self._done[1][0] >= self.settings.observe:
             self._done.popleft()
         start, before = self._done[0]
-        return (rows - before) / (now - start) if now > start else 0.0
+        return (rows - before) / max(now - start, 2 * self.settings.interval)
 
     def _read_clients(self) -> dict[int, float]:
         """The clients' recent p99 per server id (the largest one reported)."""

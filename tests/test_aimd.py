@@ -18,6 +18,7 @@ LIMITS = Limits(
     max_load={"Threads_running": 25},
     critical_load={"Threads_running": 50},
     max_lag=5.0,
+    quantile=0.9,
 )
 SLOW = [Breach("server 1 p99 4.1 ms > 3.0 ms")]
 
@@ -28,7 +29,7 @@ def test_judge_names_each_signal_over_its_limit() -> None:
     busy = ServerSignals(1, canary_ms=4.1, clients_ms=12.5, status={"threads_running": 52}, lag=7.0)
     assert [b.text for b in judge([quiet, busy], LIMITS)] == [
         "server 1 Threads_running 52 >= 50",  # critical first
-        "server 1 p99 4.1 ms > 3.0 ms",
+        "server 1 p90 4.1 ms > 3.0 ms",
         "server 1 clients' p99 12.5 ms > 10.0 ms",
         "server 1 Threads_running 52 >= 25",
         "server 1 replica lag 7.0 s > 5 s",

@@ -88,15 +88,15 @@ def test_a_slow_server_drops_the_rate_and_it_climbs_again(
             locker.query(f"SELECT * FROM {table} FOR UPDATE")
             locker.store_result()
             wait_for(lambda: throttler.aimd.rate is not None)
-            assert throttler.aimd.reason.startswith("throttled: server 1 p99 ")
+            assert throttler.aimd.reason.startswith("throttled: server 1 p90 ")
             assert throttler.aimd.rate < throttler.aimd.peak
             cleaner.heartbeat()
             env = cluster_env(local_cluster, store)
             out = CliRunner().invoke(cli, ["index", "status", "by_link"], env=env).output
             line = next(x for x in out.splitlines() if x.startswith("backfill:by_link"))
-            assert "rows/s, throttled: server 1 p99 " in line and "> 400.0 ms" in line
+            assert "rows/s, throttled: server 1 p90 " in line and "> 400.0 ms" in line
             assert cleaner.figures.as_dict()["throttle"].startswith("throttled: server 1")
-            assert "throttled: server 1 p99" in throttler.describe()
+            assert "throttled: server 1 p90" in throttler.describe()
         finally:
             locker.close()  # rolls back: the lock is gone
         wait_for(lambda: throttler.aimd.reason.startswith("recovering"))

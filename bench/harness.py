@@ -89,7 +89,7 @@ class Config:
 def drop_prefix(servers: Servers, prefix: str) -> None:
     """Drop every database this benchmark makes under ``prefix`` (and only those)."""
     pattern = re.compile(
-        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013])_[0-9]{{4}}|i[013]_catalog|json|naive"
+        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013])_[0-9]{{4}}|i[013]_(?:catalog|canary)|json|naive"
         r"|tl_[a-z0-9_]+)\Z"
     )
     for i in range(len(servers.addresses)):

@@ -28,6 +28,7 @@ from .recent import RecentPass
 from .repair import Repairer
 from .runtime import Runtime, Shutdown, Stopped
 from .sweep import Sweep
+from .throttler import Throttler, ThrottleSettings
 
 __all__ = ["Cleaner", "backfill_name"]
 
@@ -61,18 +62,28 @@ class Cleaner:
         name: str | None = None,
         progress: Progress | None = None,
         shutdown: Shutdown | None = None,
+        throttle: ThrottleSettings | None = None,
     ) -> None:
         self.figures = Figures()
+        store.cluster.latency.enabled = False  # our batches are not the clients' writes
+        self.throttler = (
+            Throttler(store, throttle, figures=self.figures, cap=rate, batch=batch)
+            if throttle is not None
+            else None
+        )
         self.rt = Runtime(
             store,
             figures=self.figures,
             shutdown=shutdown or Shutdown(),
             progress=progress or Progress(quiet=True),
             batch=batch,
-            rate=rate,
+            rate=None if self.throttler is not None else rate,
+            throttler=self.throttler,
             backoff_cap=backoff_cap,
             on_tick=self._tick,
         )
+        if self.throttler is not None:
+            self.rt.progress.note = self.throttler.describe
         self.store = store
         self.interval = interval
         self.tombstone_retention = tombstone_retention
@@ -117,6 +128,7 @@ class Cleaner:
                     "locking the backfill",
                     lambda: held.enter_context(catalog.lock(job_name, busy, wait=3)),
                 )
+                self._start_throttle()
                 state = job.run()
         except Stopped:
             state = "building"
@@ -135,6 +147,7 @@ class Cleaner:
         rt = self.rt
         now_s = time.time() if now is None else now
         topo = rt.retry("reading the catalog", self.store.cluster.refresh)
+        self._start_throttle()
         indexes = topo.maintained()
         rt.figures.set(state="recent")
         self.recent.run(topo, indexes, int(now_s * 1e6))
@@ -220,11 +233,19 @@ class Cleaner:
 
     def close(self) -> None:
         """Final heartbeat, progress line, metrics endpoint; the store is the caller's."""
+        if self.throttler is not None:
+            self.throttler.close()
         self.rt.progress.close()
         self.heartbeat()
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+
+    def _start_throttle(self) -> None:
+        """Baseline and threads of the throttle, once, before the first batch."""
+        throttler = self.throttler
+        if throttler is not None:
+            self.rt.retry("starting the throttle", lambda: throttler.start(self.name))
 
     def _tick(self) -> None:
         self.rt.progress.show()

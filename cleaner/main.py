@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from .progress import Progress
 from .repair import Repairer
 from .report import diff_lines
 from .runtime import Stopped
+from .throttler import ThrottleSettings, parse_load
 from .verify import diff_indexes
 
 __all__ = ["main"]
@@ -61,6 +63,75 @@ def fence_option(fn: F) -> F:
         help="Index rows whose version is above their live entity's are removed only "
         "when seen again this much later (0: at once, when no writer is running).",
     )(fn)
+
+
+def throttle_options(fn: F) -> F:
+    """``--max-latency-ms``, ``--max-load``, ``--critical-load``, ``--max-lag`` and
+    ``--no-throttle``, handed to the command as one ``throttle`` (None: off)."""
+
+    @functools.wraps(fn)
+    def command(
+        *args: Any,
+        max_latency_ms: float | None,
+        max_load: dict[str, int],
+        critical_load: dict[str, int],
+        max_lag: float | None,
+        no_throttle: bool,
+        **kwargs: Any,
+    ) -> Any:
+        kwargs["throttle"] = (
+            None
+            if no_throttle
+            else ThrottleSettings(max_latency_ms, max_load, critical_load, max_lag)
+        )
+        return fn(*args, **kwargs)
+
+    def load(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, int]:
+        try:
+            return parse_load(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+
+    options = [
+        click.option(
+            "--no-throttle",
+            is_flag=True,
+            help="No adaptive throttle (--rate still caps the rate).",
+        ),
+        click.option(
+            "--max-lag",
+            type=click.FloatRange(min=0, min_open=True),
+            metavar="SECONDS",
+            help="Slow down while a replica lags more (default: the store's max_replica_lag, 5 s).",
+        ),
+        click.option(
+            "--critical-load",
+            default="Threads_running=50",
+            show_default=True,
+            callback=load,
+            metavar="VAR=N[,...]",
+            help="Pause (not abort) while a server's status variable is at or over N; "
+            "resume when under.",
+        ),
+        click.option(
+            "--max-load",
+            default="Threads_running=25",
+            show_default=True,
+            callback=load,
+            metavar="VAR=N[,...]",
+            help="Slow down while a server's status variable is at or over N.",
+        ),
+        click.option(
+            "--max-latency-ms",
+            type=click.FloatRange(min=0, min_open=True),
+            metavar="MS",
+            help="Slow down while a server's canary p90, or its clients' reported write "
+            "p99, is over this (default: 2x the baseline taken at start, at least 5 ms).",
+        ),
+    ]
+    for option in options:
+        command = option(command)
+    return command  # type: ignore[return-value]
 
 
 @contextmanager
@@ -121,8 +192,9 @@ def _open(url: str | None, prefix: str | None) -> DataStore:
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
     metavar="ROWS_PER_S",
-    help="Average rows per second at most (default: unlimited).",
+    help="Average rows per second at most, a hard cap over the throttle (default: unlimited).",
 )
+@throttle_options
 @click.option(
     "--interval",
     type=click.FloatRange(min=0),
@@ -169,6 +241,7 @@ def main(
     once: bool,
     batch: int,
     rate: float | None,
+    throttle: ThrottleSettings | None,
     interval: float,
     tombstone_retention: float,
     fence_after: float,
@@ -220,6 +293,7 @@ def main(
             fence_after=fence_after,
             progress=Progress(sys.stderr, quiet=quiet),
             name=backfill_name(index, part) if index is not None else None,
+            throttle=throttle,
         )
         try:
             cleaner.shutdown.install()

@@ -52,6 +52,8 @@ class Figures:
     rows_per_s: float = 0.0  # the backfill's rate so far
     passes: int = 0
     backoffs: int = 0
+    throttle_limit: float | None = None  # rows/s the throttle allows (None: no limit)
+    throttle: str = ""  # why it limits: "throttled: server 1 p90 4.1 ms > 3.0 ms"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -80,6 +82,8 @@ def prometheus_text(figures: dict[str, Any], labels: dict[str, str]) -> str:
         if name == "state":
             metric = "schemaless_cleaner_up"
             lines += [f"# TYPE {metric} gauge", f'{metric}{{{label},state="{_escape(value)}"}} 1']
+            continue
+        if not isinstance(value, (int, float)):  # throttle's reason, no limit: not figures
             continue
         kind = "counter" if name in _COUNTERS else "gauge"
         metric = f"schemaless_cleaner_{name}" + ("_total" if kind == "counter" else "")

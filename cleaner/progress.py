@@ -75,6 +75,8 @@ class Progress:
         self.quiet = quiet
         self._clock = clock
         self._tasks: dict[str, Task] = {}
+        #: a note shown after the tasks (the throttle's limit and reason), "" for none
+        self.note: Callable[[], str] = lambda: ""
         self._last = float("-inf")
         self._width = 0
         self._lock = threading.Lock()
@@ -111,7 +113,9 @@ class Progress:
             if self.quiet or not self._tasks or (not force and now - self._last < self.interval):
                 return
             self._last = now
-            text = " | ".join(t.line(now) for t in self._tasks.values())
+            lines = [t.line(now) for t in self._tasks.values()]
+            note = self.note()
+            text = " | ".join([*lines, note] if note else lines)
             if self.tty:
                 pad = " " * max(0, self._width - len(text))
                 self.stream.write("\r" + text + pad)

@@ -24,6 +24,7 @@ from schemaless.store import DataStore
 from .metrics import Figures
 from .progress import Progress
 from .throttle import TokenBucket, backoff_delays
+from .throttler import Throttler
 
 __all__ = ["Runtime", "Shutdown", "Stopped"]
 
@@ -82,6 +83,8 @@ class Runtime:
     progress: Progress = field(default_factory=lambda: Progress(quiet=True))
     batch: int = 2000
     rate: float | None = None  # rows per second, None: unlimited
+    #: the adaptive throttle (it applies ``--rate`` itself: then ``rate`` is None)
+    throttler: Throttler | None = None
     backoff_cap: float = 30.0
     #: Called between batches and while waiting (heartbeat, progress); must not raise.
     on_tick: Callable[[], None] = lambda: None
@@ -120,11 +123,19 @@ class Runtime:
             self.tick()
 
     def throttle(self, rows: int) -> None:
-        """Pay for ``rows`` with the rate limit (if any)."""
-        if self._bucket is not None and rows > 0:
+        """Pay for ``rows`` with the throttle or the rate limit (if any); while the
+        throttle pauses, wait (``Stopped`` if a stop is requested meanwhile)."""
+        if rows <= 0:
+            return
+        wait = 0.0
+        if self.throttler is not None:
+            while (reserved := self.throttler.reserve(rows)) is None:
+                self.sleep(_SLICE)
+            wait = reserved
+        elif self._bucket is not None:
             wait = self._bucket.reserve(rows)
-            if wait > 0:
-                self.sleep(wait)
+        if wait > 0:
+            self.sleep(wait)
 
     def retry(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``, again and again while a server is unavailable (see ``_backoff``) or

@@ -32,6 +32,16 @@ class TokenBucket:
         self._last = clock()
         self._lock = threading.Lock()
 
+    def set_rate(self, rate: float) -> None:
+        """Change the rate from now on (units earned so far stay earned)."""
+        if rate <= 0:
+            raise ValueError(f"rate must be > 0, got {rate}")
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            self.rate = float(rate)
+
     def reserve(self, n: float) -> float:
         """Take ``n`` units; seconds to wait before they may be used (0: go now)."""
         with self._lock:

@@ -388,6 +388,8 @@ def _daemon(beat: Heartbeat, index: str) -> dict[str, Any]:
         else figure(beat.figures, index, "orphan_backlog", "backlog"),
         "rows_backfilled": figure(beat.figures, index, "rows_backfilled"),
         "last_pass_age_s": round((now_us() - last_pass) / 1e6, 3) if last_pass else None,
+        "throttle": beat.figures.get("throttle") or None,
+        "throttle_limit": figure(beat.figures, None, "throttle_limit"),
         "figures": beat.figures,
     }
 
@@ -466,6 +468,10 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
             parts.append(f"orphan backlog {'unknown' if backlog is None else f'{backlog:,}'}")
             if b["last_pass_age_s"] is not None:
                 parts.append(f"last pass {human_duration(b['last_pass_age_s'])} ago")
+        if b["throttle_limit"] is not None:
+            parts.append(f"limit {b['throttle_limit']:,.0f} rows/s")
+        if b["throttle"]:
+            parts.append(str(b["throttle"]))
         click.echo(f"{b['name']}{doing}: " + ", ".join(parts))
     if state == "building":
         click.echo("next: " + follow_up("cleaner", f"--index={name}"))

@@ -30,6 +30,8 @@ __all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "backfill_job", "now_us
 STATES = ("building", "ready", "dropped")
 #: A daemon whose last heartbeat is older than this is forgotten (7 days).
 HEARTBEAT_RETENTION_US = 7 * 24 * 3600 * 10**6
+#: A client whose last latency report is older than this is forgotten (one minute).
+CLIENT_RETENTION_US = 60 * 10**6
 FORMAT = "1"
 
 
@@ -337,6 +339,24 @@ class Catalog:
         """``name -> (heartbeat_us, figures)`` of every daemon that reported."""
         out = self.server.run(f"SELECT name, heartbeat, figures FROM {self._t('status')}")
         return {str(n): (int(h), json.loads(f)) for n, h, f in out[0]}
+
+    def report_client(self, name: str, latencies: dict[str, Any]) -> None:
+        """Record a client's recent write latency per server; forget the clients
+        silent for ``CLIENT_RETENTION_US``."""
+        now = now_us()
+        self.server.run(
+            f"REPLACE INTO {self._t('clients')} (name, heartbeat, latencies) VALUES (%s, %s, %s);"
+            f" DELETE FROM {self._t('clients')} WHERE heartbeat < %s",
+            (name, now, json.dumps(latencies, sort_keys=True), now - CLIENT_RETENTION_US),
+        )
+
+    def client_reports(self, since_us: int) -> dict[str, dict[str, Any]]:
+        """``client -> {server: {"p99_ms": ..., "n": ...}}`` reported since ``since_us``."""
+        out = self.server.run(
+            f"SELECT name, latencies FROM {self._t('clients')} WHERE heartbeat >= %s",
+            (since_us,),
+        )
+        return {str(n): json.loads(f) for n, f in out[0]}
 
     def dictionary(self, dict_id: int) -> bytes:
         """The data of one codec dictionary."""

@@ -27,6 +27,7 @@ from .errors import (
 )
 from .hashing import shard_of
 from .index import Index
+from .latency import LatencyReporter
 from .names import quote
 from .schema import entities_table_sql, fence_epoch, fence_table, fence_table_sql
 
@@ -69,6 +70,7 @@ class Cluster:
         forking.register(self)
         self._all_servers: tuple[Topology, Mapping[int, Server]] | None = None
         self.catalog = Catalog(self.server(addresses[0]), prefix)
+        self.latency = LatencyReporter(self.catalog)  # the Cleaner switches it off
         if not self.catalog.exists():
             if not create:
                 raise CatalogError(
@@ -136,6 +138,9 @@ class Cluster:
         ):  # one thread reloads; the others keep using the map they have
             try:
                 self.refresh()
+                with self._lock:
+                    servers = list(self._servers.values())
+                self.latency.maybe_publish(servers)
             except ShardUnavailable as exc:
                 self._retry_at = time.monotonic() + topo.refresh_interval
                 log.warning(

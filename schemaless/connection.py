@@ -43,6 +43,7 @@ from .errors import (
     TableMissing,
 )
 from .health import DOWN, Health
+from .latency import LatencySample
 
 __all__ = [
     "Batch",
@@ -176,6 +177,7 @@ class Server:
         self.name = str(address)
         self.options = options
         self.tracer = tracer
+        self.latency = LatencySample()  # write round trips, for the Cleaner's throttle
         self._idle: deque[_Conn] = deque()
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)
@@ -434,7 +436,7 @@ class Server:
         """Take a connection and send the batch without waiting for the reply; the
         error instead if that failed (the connection is then discarded).  Interrupts
         (KeyboardInterrupt, SystemExit) are raised at once, never deferred."""
-        started = time.perf_counter() if self.tracer is not None else 0.0
+        started = time.perf_counter()
         at = deadline.current()
         try:
             conn = self._acquire(at)
@@ -501,8 +503,11 @@ class Server:
         return error
 
     def _traced(self, batch: Batch, started: float) -> None:
+        seconds = time.perf_counter() - started
+        if batch.commits:
+            self.latency.record(seconds)
         if self.tracer is not None:
-            self.tracer(self.name, batch.sql, time.perf_counter() - started)
+            self.tracer(self.name, batch.sql, seconds)
 
     def _failed(self, exc: MySQLdb.Error, *, commits: bool, waited: float) -> Exception:
         """A driver error after sending: the error to raise, or ``_Retryable``.  A

@@ -4,14 +4,17 @@ MariaDB table- and column-level grants need concrete database and table names, s
 statements are built from the shard map and the index list (re-run after adding an
 index or moving shards):
 
-* ``app``, the application: SELECT on the catalog; SELECT, INSERT, UPDATE, DELETE on
-  every shard database (on every server, so a shard that moves keeps working); no DDL.
+* ``app``, the application: SELECT on the catalog, INSERT, UPDATE, DELETE on its
+  ``clients`` (the write latency it reports); SELECT, INSERT, UPDATE, DELETE on every
+  shard database (on every server, so a shard that moves keeps working); no DDL.
 * ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints`` and
   ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to mark an index
   ready).  On each shard database, on the server holding it: SELECT; INSERT, UPDATE,
   DELETE on each maintained index table; on ``entities`` only ``INSERT (id, version,
   updated)`` and ``UPDATE (version, updated)``: fencing tombstones and raised
-  versions, never a body, never a delete (so no tombstone purge).
+  versions, never a body, never a delete (so no tombstone purge).  On every server,
+  CREATE, SELECT, INSERT, UPDATE on the throttle's canary database
+  (``<prefix>_canary``, which holds no data).
 * ``admin``: ALL PRIVILEGES on every database of the datastore (``<prefix>\\_%``, which
   also covers the side copies of shard moves), on every server.
 
@@ -34,7 +37,7 @@ from .connection import Batch, gather_partial
 from .dsn import Address
 from .errors import SchemalessError
 from .names import escape_wildcards, quote
-from .schema import shard_db
+from .schema import canary_db, shard_db
 
 if TYPE_CHECKING:
     from .store import DataStore
@@ -113,6 +116,7 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
         return plan
     grant(catalog_at, "SELECT", _every_table(catalog_db))
     if role == "app":
+        grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, "clients"))
         # Database-level DML on every shard database on every server: a grant on a
         # database a server does not hold gives nothing, until a shard moves there.
         for at in plan:
@@ -122,6 +126,8 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
     for table in ("checkpoints", "status"):
         grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, table))
     grant(catalog_at, "UPDATE (`state`, `changed`)", quote(catalog_db, "indexes"))
+    for at in plan:
+        grant(at, "CREATE, SELECT, INSERT, UPDATE", _every_table(canary_db(topo.prefix)))
     maintained = sorted(topo.maintained(), key=lambda index: index.name)
     for shard, sid in enumerate(topo.shard_servers):
         at, db = topo.servers[sid], shard_db(topo.prefix, shard)

@@ -10,6 +10,7 @@ from .names import quote
 
 __all__ = [
     "CATALOG_TABLES",
+    "canary_db",
     "check_prefix",
     "entities_table_sql",
     "fence_epoch",
@@ -35,6 +36,11 @@ def check_prefix(prefix: object) -> str:
 def shard_db(prefix: str, shard: int) -> str:
     """The database of one logical shard: ``<prefix>_0000``."""
     return f"{prefix}_{shard:04d}"
+
+
+def canary_db(prefix: str) -> str:
+    """The database of the Cleaner throttle's canary table, on every server."""
+    return f"{prefix}_canary"
 
 
 def entities_table_sql(db: str) -> str:
@@ -125,5 +131,11 @@ CATALOG_TABLES = {
         "`name` VARCHAR(128) NOT NULL PRIMARY KEY,"
         " `heartbeat` BIGINT UNSIGNED NOT NULL,"
         " `figures` TEXT NOT NULL"
+    ),
+    # each client's recent write latency per server (schemaless.latency)
+    "clients": (
+        "`name` VARCHAR(128) NOT NULL PRIMARY KEY,"
+        " `heartbeat` BIGINT UNSIGNED NOT NULL,"
+        " `latencies` TEXT NOT NULL"
     ),
 }

@@ -15,7 +15,7 @@ from schemaless import DataStore, Index, failpoints
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.schema import canary_db, shard_db
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,9 +95,8 @@ def drop_datastore(store: DataStore) -> None:
     """Drop every database of a datastore and close it."""
     topo = store.cluster.refresh()
     for sid, server in store.cluster.all_servers(topo).items():
-        dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
+        dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)] + [canary_db(topo.prefix)]
         if sid == 0:
             dbs.append(f"{topo.prefix}_catalog")
-        if dbs:
-            server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
+        server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
     store.close()

@@ -38,7 +38,7 @@ from schemaless.ids import new_id
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.schema import canary_db, shard_db
 
 BY_LINK = Index("by_link", {"link": "str(100)"})
 BY_N = Index("by_n", {"n": "int"})
@@ -283,6 +283,8 @@ def test_the_application_user_reads_and_writes_but_runs_no_ddl(
         catalog = ds.cluster.catalog
         with pytest.raises(PermissionDenied, match="UPDATE command denied"):
             catalog.set_index_state("by_link", "dropped")
+        catalog.report_client("app-test", {"x": {"p99_ms": 1.0, "n": 10}})  # its latency
+        assert "app-test" in catalog.client_reports(0)
     assert store.cluster.refresh().indexes["by_link"].state == "ready"
     runner = CliRunner(env=user_env(local_cluster, store, app))
     for args, expected in (
@@ -370,6 +372,11 @@ def test_the_cleaner_user_backfills_and_repairs_but_never_writes_a_body(
     backfill = CliRunner().invoke(cleaner_main, ["--index=by_n", "-q"], env=env)
     assert backfill.exit_code == 0, backfill.output
     assert store.cluster.refresh().indexes["by_n"].state == "ready"
+    # its throttle made its canary table on every server, and probed with writes
+    canary = quote(canary_db(store.cluster.topology.prefix), "canary")
+    for server in store.cluster.all_servers(store.cluster.topology).values():
+        rows = server.run(f"SELECT `name`, `probes` FROM {canary}")[0]
+        assert [(name, probes > 0) for name, probes in rows] == [("backfill:by_n", True)]
 
     # orphans: of an absent entity (fenced), ahead of a live one (its version raised),
     # a stale row (deleted); and a tombstone old enough to purge

@@ -1,0 +1,159 @@
+"""The throttle's controller: which signals are over their limits, and AIMD on rows/s.
+
+Pure code (no I/O, no clock): ``judge`` turns the signals of each server into
+``Breach``es; ``Aimd.update`` turns the breaches and the rate the Cleaner achieved into
+the rows/s it may use next.  Additive increase while every signal is under its limit,
+multiplicative decrease when one is over, a pause on critical load; ``--rate`` caps it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["Aimd", "Breach", "Limits", "ServerSignals", "Tuning", "judge"]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The controller's constants (the defaults aim at writers' p99 <= 2x idle while
+    the backfill keeps >= 50 % of its unthrottled speed)."""
+
+    #: multiplicative decrease: a signal over its limit sets the limit to this
+    #: fraction of the rate the Cleaner achieved
+    decrease: float = 0.5
+    #: additive increase per second, while every signal is under its limit: this
+    #: fraction of the fastest rate seen (0.05: from half speed to full in 10 s)
+    increase: float = 0.05
+    #: seconds after a decrease before the next one (the signals need that long to
+    #: show its effect: a canary window, a client report)
+    cooldown: float = 2.0
+    #: the limit grows only while the Cleaner uses this share of it (no growth of a
+    #: limit the copy does not reach: it would not hold back the next burst); one
+    #: that is above the fastest rate seen and not used that much is lifted
+    binding: float = 0.7
+    #: the limit never goes below this fraction of the fastest rate seen, nor below
+    #: ``min_rate`` rows/s (stopping altogether is ``--critical-load``'s business)
+    floor: float = 0.02
+    min_rate: float = 10.0
+
+
+@dataclass(frozen=True)
+class Breach:
+    """A signal at or over its limit, e.g. ``server 1 p90 4.1 ms > 3.0 ms``."""
+
+    text: str
+    critical: bool = False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The thresholds, per server id where they depend on a baseline."""
+
+    canary_ms: Mapping[int, float] = field(default_factory=dict)
+    clients_ms: Mapping[int, float] = field(default_factory=dict)
+    max_load: Mapping[str, int] = field(default_factory=dict)
+    critical_load: Mapping[str, int] = field(default_factory=dict)
+    max_lag: float | None = None
+    quantile: float = 0.99  # of the canary signal, named in the reason (p90, p99)
+
+
+@dataclass(frozen=True)
+class ServerSignals:
+    """What was measured on one server (None: not known)."""
+
+    sid: int
+    canary_ms: float | None = None
+    clients_ms: float | None = None
+    status: Mapping[str, int] = field(default_factory=dict)  # lower-case names
+    lag: float | None = None
+
+
+def judge(signals: Iterable[ServerSignals], limits: Limits) -> list[Breach]:
+    """The breaches of every server, critical ones first."""
+    out: list[Breach] = []
+    for s in signals:
+        where = f"server {s.sid}"
+        for name, limit in limits.critical_load.items():
+            value = s.status.get(name.lower())
+            if value is not None and value >= limit:
+                out.append(Breach(f"{where} {name} {value} >= {limit}", critical=True))
+        canary = limits.canary_ms.get(s.sid)
+        if s.canary_ms is not None and canary is not None and s.canary_ms > canary:
+            p = f"p{limits.quantile * 100:g}"
+            out.append(Breach(f"{where} {p} {s.canary_ms:.1f} ms > {canary:.1f} ms"))
+        clients = limits.clients_ms.get(s.sid)
+        if s.clients_ms is not None and clients is not None and s.clients_ms > clients:
+            out.append(Breach(f"{where} clients' p99 {s.clients_ms:.1f} ms > {clients:.1f} ms"))
+        for name, limit in limits.max_load.items():
+            value = s.status.get(name.lower())
+            if value is not None and value >= limit:
+                out.append(Breach(f"{where} {name} {value} >= {limit}"))
+        if s.lag is not None and limits.max_lag is not None and s.lag > limits.max_lag:
+            out.append(Breach(f"{where} replica lag {s.lag:.1f} s > {limits.max_lag:g} s"))
+    return sorted(out, key=lambda b: not b.critical)
+
+
+class Aimd:
+    """The rows/s limit (``rate``: None for none) and why (``reason``)."""
+
+    def __init__(self, cap: float | None = None, tuning: Tuning | None = None) -> None:
+        self.cap = cap
+        self.tuning = tuning or Tuning()
+        self.limit: float | None = None
+        self.paused = False
+        self.reason = ""
+        self.last_breach = ""
+        self.peak = 0.0  # the fastest rate seen (rows/s)
+        self._last: float | None = None
+        self._decreased = -math.inf
+
+    @property
+    def rate(self) -> float | None:
+        """The rows/s allowed now: the limit, capped by ``cap``; 0 while paused."""
+        if self.paused:
+            return 0.0
+        limits = [x for x in (self.limit, self.cap) if x is not None]
+        return min(limits) if limits else None
+
+    def update(self, now: float, observed: float, breaches: list[Breach]) -> None:
+        """One step: ``observed`` rows/s were achieved lately; ``breaches`` are over."""
+        dt = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        if not self.paused:
+            self.peak = max(self.peak, observed)
+        if breaches and breaches[0].critical:
+            self.last_breach = breaches[0].text
+            if not self.paused:
+                self._decrease(now, observed)  # resume below the rate that led here
+            self.paused = True
+            self.reason = "paused: " + breaches[0].text
+            return
+        self.paused = False
+        if breaches:
+            self.last_breach = breaches[0].text
+            if now - self._decreased >= self.tuning.cooldown:
+                self._decrease(now, observed)
+            self.reason = "throttled: " + breaches[0].text
+            return
+        self._increase(dt, observed)
+
+    def _decrease(self, now: float, observed: float) -> None:
+        t = self.tuning
+        known = [x for x in (self.limit, self.cap, observed or None, self.peak or None) if x]
+        if not known:
+            return  # nothing flows yet: nothing to slow down
+        self.limit = max(t.min_rate, t.floor * self.peak, t.decrease * min(known))
+        self._decreased = now
+
+    def _increase(self, dt: float, observed: float) -> None:
+        t = self.tuning
+        if self.limit is not None and observed >= t.binding * self.limit:
+            self.limit += t.increase * max(self.peak, self.limit) * dt
+        elif self.limit is not None and self.limit >= self.peak:
+            self.limit = None  # not holding anything back any more
+        if self.limit is not None:
+            self.reason = f"recovering (last: {self.last_breach})"
+        else:
+            self.reason = "capped by --rate" if self.cap is not None else ""

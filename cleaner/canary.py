@@ -1,0 +1,147 @@
+"""Canary probes: a point read and a one-row write timed on one server, every few
+hundred milliseconds, on a thread of their own.
+
+The write goes to the Cleaner's own row of ``<prefix>_canary.canary`` (created by the
+first probe; the Cleaner's grants allow it), so it pays what a live write pays: a row
+lock, a commit.  The same round trip reads the status variables that ``--max-load``
+and ``--critical-load`` watch, and, for a server with replicas, their lag.  A probe
+still running counts as a sample of its age so far: a server that stopped answering
+(or a row lock held) shows at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from schemaless.catalog import now_us
+from schemaless.connection import Server
+from schemaless.errors import PermissionDenied, SchemalessError, TableMissing
+from schemaless.latency import percentile
+from schemaless.names import quote
+
+__all__ = ["Canary"]
+
+log = logging.getLogger("schemaless.cleaner")
+
+#: seconds a canary write waits for a row lock before it fails (and counts as slow)
+LOCK_WAIT = 1
+#: probes kept per server (the window is shorter: see ``Canary.latency_ms``)
+KEPT = 64
+
+
+class Canary:
+    """Probes one server (``probe``; ``run`` loops until ``stop`` is set)."""
+
+    def __init__(
+        self,
+        server: Server,
+        db: str,
+        name: str,
+        status_vars: Sequence[str] = (),
+        replicas: Sequence[Server] = (),
+    ) -> None:
+        self.server = server
+        self.name = name
+        self.table = quote(db, "canary")
+        self._db = db
+        self._status_vars = list(status_vars)
+        self._replicas = list(replicas)
+        self._samples: deque[tuple[float, float]] = deque(maxlen=KEPT)  # (end, seconds)
+        self._started: float | None = None  # the probe in flight
+        self.status: dict[str, int] = {}  # lower-case variable name -> value
+        self.lag: float | None = None
+        self.baseline_ms = 0.0  # set by the throttle before the first batch
+        self.writes = True  # False: the table cannot be made, reads only
+        self._ready = False  # the table is there (or cannot be made)
+
+    def setup(self) -> None:
+        """Create the canary table if needed; reads only if that is not allowed (the
+        server unavailable: try again at the next probe)."""
+        try:
+            self.server.run(
+                f"CREATE DATABASE IF NOT EXISTS {quote(self._db)};"
+                f" CREATE TABLE IF NOT EXISTS {self.table} ("
+                " `name` VARCHAR(128) NOT NULL PRIMARY KEY,"
+                " `probes` BIGINT UNSIGNED NOT NULL,"
+                " `updated` BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+            )
+        except (PermissionDenied, TableMissing) as exc:
+            self.writes = False
+            log.warning("throttle: canary on %s reads only: %s", self.server.name, exc)
+        except SchemalessError as exc:
+            log.warning("throttle: canary on %s not set up yet: %s", self.server.name, exc)
+            return
+        self._ready = True
+
+    def probe(self) -> float:
+        """One probe; its seconds (a failed probe counts as slow as it was)."""
+        if not self._ready:
+            self.setup()
+        sql, params = self._sql()
+        started = self._started = time.monotonic()
+        out = None
+        try:
+            out = self.server.run(sql, params)
+        except SchemalessError as exc:
+            log.debug("throttle: canary on %s failed: %s", self.server.name, exc)
+        ended = time.monotonic()
+        self._samples.append((ended, ended - started))
+        self._started = None
+        if out is not None and self._status_vars:
+            self.status = {str(k).lower(): int(v) for k, v in out[-1]}
+        if self._replicas:
+            self.lag = self._lag()
+        return ended - started
+
+    def _sql(self) -> tuple[str, list[object]]:
+        stmts: list[str] = []
+        params: list[object] = []
+        if self.writes:
+            stmts.append(f"SELECT `probes` FROM {self.table} WHERE `name` = %s")
+            stmts.append(
+                f"SET STATEMENT innodb_lock_wait_timeout = {LOCK_WAIT} FOR"
+                f" INSERT INTO {self.table} (`name`, `probes`, `updated`) VALUES (%s, 1, %s)"
+                " ON DUPLICATE KEY UPDATE `probes` = `probes` + 1, `updated` = VALUES(`updated`)"
+            )
+            params += [self.name, self.name, now_us()]
+        else:
+            stmts.append("SELECT 1")
+        if self._status_vars:
+            marks = ", ".join(["%s"] * len(self._status_vars))
+            stmts.append(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({marks})")
+            params += self._status_vars
+        return "; ".join(stmts), params
+
+    def _lag(self) -> float | None:
+        """The largest lag of this server's replicas (None if none is known)."""
+        lags = []
+        for replica in self._replicas:
+            try:
+                lag = replica.replica_lag()
+            except SchemalessError:
+                lag = None
+            if lag is not None:
+                lags.append(lag)
+        return max(lags) if lags else None
+
+    def latency_ms(self, now: float, window: float, quantile: float) -> float | None:
+        """The ``quantile`` of the probes that ended in the last ``window`` seconds, or
+        the age of the probe in flight if larger (None before the first probe)."""
+        recent = [s for end, s in list(self._samples) if now - end <= window]
+        started = self._started
+        if started is not None:
+            recent.append(now - started)
+        return percentile(recent, quantile) * 1000 if recent else None
+
+    def reset(self) -> None:
+        """Forget the probes so far (after the baseline)."""
+        self._samples.clear()
+
+    def run(self, stop: threading.Event, interval: float) -> None:
+        """Probe every ``interval`` seconds until ``stop`` is set."""
+        while not stop.wait(interval):
+            self.probe()

@@ -1,0 +1,162 @@
+"""The throttle's pure parts: judging signals, the AIMD controller, parsing, pacing."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from schemaless.cleaner.aimd import Aimd, Breach, Limits, ServerSignals, Tuning, judge
+from schemaless.cleaner.progress import Progress
+from schemaless.cleaner.throttle import TokenBucket
+from schemaless.cleaner.throttler import parse_load
+from schemaless.latency import LatencySample, p99, percentile, summarise
+
+LIMITS = Limits(
+    canary_ms={0: 3.0, 1: 3.0},
+    clients_ms={1: 10.0},
+    max_load={"Threads_running": 25},
+    critical_load={"Threads_running": 50},
+    max_lag=5.0,
+    quantile=0.9,
+)
+SLOW = [Breach("server 1 p99 4.1 ms > 3.0 ms")]
+
+
+def test_judge_names_each_signal_over_its_limit() -> None:
+    quiet = ServerSignals(0, canary_ms=1.0, status={"threads_running": 3}, lag=0.5)
+    assert judge([quiet], LIMITS) == []
+    busy = ServerSignals(1, canary_ms=4.1, clients_ms=12.5, status={"threads_running": 52}, lag=7.0)
+    assert [b.text for b in judge([quiet, busy], LIMITS)] == [
+        "server 1 Threads_running 52 >= 50",  # critical first
+        "server 1 p90 4.1 ms > 3.0 ms",
+        "server 1 clients' p99 12.5 ms > 10.0 ms",
+        "server 1 Threads_running 52 >= 25",
+        "server 1 replica lag 7.0 s > 5 s",
+    ]
+    assert [b.critical for b in judge([busy], LIMITS)][:2] == [True, False]
+
+
+def test_judge_ignores_what_is_unknown() -> None:
+    assert judge([ServerSignals(2, canary_ms=99.0, clients_ms=99.0)], LIMITS) == []
+    assert judge([ServerSignals(0)], LIMITS) == []
+
+
+def test_aimd_is_free_until_a_breach_then_halves_the_achieved_rate() -> None:
+    aimd = Aimd()
+    aimd.update(0.0, 10_000.0, [])
+    assert aimd.rate is None and aimd.reason == ""
+    aimd.update(0.25, 8_000.0, SLOW)
+    assert aimd.rate == 4_000.0
+    assert aimd.reason == "throttled: server 1 p99 4.1 ms > 3.0 ms"
+    aimd.update(0.5, 4_000.0, SLOW)  # within the cooldown: no second decrease
+    assert aimd.rate == 4_000.0
+    aimd.update(2.5, 4_000.0, SLOW)
+    assert aimd.rate == 2_000.0
+
+
+def test_aimd_climbs_while_clear_and_lifts_the_limit() -> None:
+    aimd = Aimd(tuning=Tuning(increase=0.1))
+    aimd.update(0.0, 10_000.0, [])
+    aimd.update(1.0, 10_000.0, SLOW)
+    assert aimd.rate == 5_000.0
+    aimd.update(2.0, 5_000.0, [])  # +10 % of the peak per second
+    assert aimd.rate == 6_000.0
+    assert aimd.reason == "recovering (last: server 1 p99 4.1 ms > 3.0 ms)"
+    aimd.update(3.0, 1_000.0, [])  # the copy does not use its limit: no growth
+    assert aimd.rate == 6_000.0
+    now = 3.0
+    while aimd.rate is not None:  # the copy's own speed is 10,000 rows/s
+        now += 1.0
+        aimd.update(now, min(aimd.rate, 10_000.0), [])
+    assert now == 3.0 + 9  # 15,000 rows/s: well above what the copy uses, lifted
+    assert aimd.reason == "" and aimd.peak == 10_000.0
+
+
+def test_aimd_never_goes_below_its_floor() -> None:
+    aimd = Aimd(tuning=Tuning(cooldown=0.0))
+    aimd.update(0.0, 10_000.0, [])
+    for step in range(1, 20):
+        aimd.update(float(step), aimd.rate or 10_000.0, SLOW)
+    assert aimd.rate == 200.0  # 2 % of the peak
+
+
+def test_aimd_pauses_on_critical_load_and_resumes_slower() -> None:
+    aimd = Aimd()
+    aimd.update(0.0, 10_000.0, [])
+    critical = [Breach("server 0 Threads_running 52 >= 50", critical=True), *SLOW]
+    aimd.update(1.0, 10_000.0, critical)
+    assert aimd.paused and aimd.rate == 0.0
+    assert aimd.reason == "paused: server 0 Threads_running 52 >= 50"
+    aimd.update(5.0, 0.0, critical)
+    assert aimd.rate == 0.0
+    aimd.update(6.0, 0.0, [])
+    assert not aimd.paused and aimd.rate == 5_000.0
+    assert aimd.peak == 10_000.0  # a pause is not a slower copy
+
+
+def test_aimd_rate_is_capped() -> None:
+    aimd = Aimd(cap=3_000.0)
+    aimd.update(0.0, 3_000.0, [])
+    assert aimd.rate == 3_000.0 and aimd.reason == "capped by --rate"
+    aimd.update(1.0, 3_000.0, SLOW)
+    assert aimd.rate == 1_500.0
+
+
+def test_aimd_has_nothing_to_slow_before_rows_flow() -> None:
+    aimd = Aimd()
+    aimd.update(0.0, 0.0, SLOW)
+    assert aimd.rate is None and aimd.reason.startswith("throttled: ")
+
+
+def test_parse_load() -> None:
+    assert parse_load("Threads_running=25") == {"Threads_running": 25}
+    assert parse_load("Threads_running=5, Threads_connected=300") == {
+        "Threads_running": 5,
+        "Threads_connected": 300,
+    }
+    assert parse_load("") == {}
+    for bad in ["Threads_running", "Threads_running=0", "x=-1", "a`b=3", "T=1e3", "T=5;DROP"]:
+        with pytest.raises(ValueError, match="STATUS_VARIABLE=N"):
+            parse_load(bad)
+
+
+def test_token_bucket_rate_changes_from_now_on() -> None:
+    now = [0.0]
+    bucket = TokenBucket(100.0, burst=100.0, clock=lambda: now[0])
+    assert bucket.reserve(100) == 0.0
+    bucket.set_rate(10.0)
+    assert bucket.reserve(10) == pytest.approx(1.0)
+    now[0] = 2.0
+    bucket.set_rate(1000.0)  # the 2 s at 10/s paid the debt and earned 10
+    assert bucket.reserve(10) == 0.0
+    with pytest.raises(ValueError):
+        bucket.set_rate(0)
+
+
+def test_latency_sample_and_summary() -> None:
+    assert p99([]) == 0.0
+    assert p99(float(i) for i in range(1, 101)) == 99.0
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    sample = LatencySample()
+    for i in range(600):
+        sample.record(i / 1000)
+    taken = sample.take()
+    assert len(taken) == 512 and taken[-1] == 0.599  # bounded: the latest
+    assert sample.take() == []
+    report = summarise({"a:1": taken, "b:2": [0.001] * 3})
+    assert report == {"a:1": {"p99_ms": 594.0, "n": 512}}  # too few samples on b
+
+
+def test_the_progress_line_ends_with_the_throttle_note() -> None:
+    out = io.StringIO()
+    progress = Progress(out, tty=True, clock=lambda: 2.0)
+    progress.update("by_link", 100, force=True)
+    assert out.getvalue().endswith("by_link: 100 rows, 0 rows/s")
+    progress.note = lambda: "limit 5,000 rows/s, throttled: server 1 p99 4.1 ms > 3.0 ms"
+    progress.update("by_link", 200, force=True)
+    assert (
+        out.getvalue()
+        .rstrip()
+        .endswith("rows/s | limit 5,000 rows/s, throttled: server 1 p99 4.1 ms > 3.0 ms")
+    )

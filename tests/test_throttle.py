@@ -1,0 +1,189 @@
+"""The Cleaner's adaptive throttle against real servers: a slow server drops the rate
+and the status says why; the rate climbs again after; critical load pauses."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import MySQLdb
+from click.testing import CliRunner
+from test_cleaner import BY_LINK
+from test_cleaner_cli import building, cluster_env, invoke
+
+from schemaless import DataStore
+from schemaless.cleaner.daemon import Cleaner, backfill_name
+from schemaless.cleaner.main import main
+from schemaless.cleaner.runtime import Stopped
+from schemaless.cleaner.throttler import Throttler, ThrottleSettings
+from schemaless.cli.main import cli
+from schemaless.local import LocalCluster
+from schemaless.schema import canary_db
+
+#: thresholds that only a held lock or piled-up sessions can reach on a busy machine
+QUIET = ThrottleSettings(max_latency_ms=400.0, max_load={}, critical_load={})
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+@contextmanager
+def copying(cleaner: Cleaner) -> Iterator[Throttler]:
+    """The throttle started and a stand-in copy loop asking it before every 'batch'."""
+    throttler = cleaner.throttler
+    assert throttler is not None
+    throttler.start(cleaner.name)
+
+    def copy() -> None:
+        try:
+            while True:
+                cleaner.rt.throttle(50)
+                time.sleep(0.002)
+        except Stopped:
+            pass
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: throttler.aimd.peak > 0)
+        yield throttler
+    finally:
+        cleaner.shutdown.request()
+        thread.join()
+        cleaner.close()
+
+
+def connect(cluster: LocalCluster, sid: int) -> Any:
+    return MySQLdb.connect(
+        host="127.0.0.1",
+        port=cluster.servers[sid].port,
+        read_default_file=str(cluster.option_file),
+        read_default_group="client",
+        autocommit=True,
+    )
+
+
+def test_a_slow_server_drops_the_rate_and_it_climbs_again(
+    make_store: Callable[..., DataStore], local_cluster: LocalCluster
+) -> None:
+    store = make_store()
+    store.declare_index(BY_LINK)
+    cleaner = Cleaner(store, throttle=QUIET, name=backfill_name("by_link"))
+    with copying(cleaner) as throttler:
+        assert throttler.aimd.rate is None  # nothing over its limit yet
+        locker = connect(local_cluster, 1)
+        try:  # another session holds the canary row of server 1: its writes wait
+            locker.query("START TRANSACTION")
+            table = f"`{canary_db(store.cluster.topology.prefix)}`.`canary`"
+            locker.query(f"SELECT * FROM {table} FOR UPDATE")
+            locker.store_result()
+            wait_for(lambda: throttler.aimd.rate is not None)
+            assert throttler.aimd.reason.startswith("throttled: server 1 p90 ")
+            assert throttler.aimd.rate < throttler.aimd.peak
+            cleaner.heartbeat()
+            env = cluster_env(local_cluster, store)
+            out = CliRunner().invoke(cli, ["index", "status", "by_link"], env=env).output
+            line = next(x for x in out.splitlines() if x.startswith("backfill:by_link"))
+            assert "rows/s, throttled: server 1 p90 " in line and "> 400.0 ms" in line
+            assert cleaner.figures.as_dict()["throttle"].startswith("throttled: server 1")
+            assert "throttled: server 1 p90" in throttler.describe()
+        finally:
+            locker.close()  # rolls back: the lock is gone
+        wait_for(lambda: throttler.aimd.reason.startswith("recovering"))
+        low = throttler.aimd.rate
+        assert low is not None
+        wait_for(lambda: (throttler.aimd.rate or float("inf")) > 1.2 * low)
+
+
+def test_critical_load_pauses_and_resumes(
+    make_store: Callable[..., DataStore], local_cluster: LocalCluster
+) -> None:
+    store = make_store()
+    idle = connect(local_cluster, 0)
+    try:
+        idle.query("SHOW GLOBAL STATUS LIKE 'Threads_running'")
+        running = int(idle.store_result().fetch_row()[0][1])
+    finally:
+        idle.close()
+    limit = running + 4  # the sleepers below (and at most 2 more of our own) reach it
+    settings = ThrottleSettings(
+        max_latency_ms=400.0, max_load={}, critical_load={"Threads_running": limit}
+    )
+    cleaner = Cleaner(store, throttle=settings)
+    with copying(cleaner) as throttler:
+        sleepers = [connect(local_cluster, 0) for _ in range(limit + 2)]
+        threads = [threading.Thread(target=s.query, args=("SELECT SLEEP(3)",)) for s in sleepers]
+        try:
+            for thread in threads:
+                thread.start()
+            wait_for(lambda: throttler.aimd.paused, timeout=3)
+            assert throttler.aimd.reason.startswith("paused: server 0 Threads_running ")
+            assert throttler.aimd.reason.endswith(f" >= {limit}")
+            assert throttler.reserve(1) is None  # the copy waits
+            assert cleaner.figures.as_dict()["throttle_limit"] == 0.0
+        finally:
+            for thread in threads:
+                thread.join()
+            for sleeper in sleepers:
+                sleeper.close()
+        wait_for(lambda: not throttler.aimd.paused, timeout=10)
+        done = throttler._rows
+        wait_for(lambda: throttler._rows > done)  # the copy goes on
+
+
+def test_clients_report_their_write_latency(
+    make_store: Callable[..., DataStore], local_cluster: LocalCluster
+) -> None:
+    store = make_store()
+    store.cluster.latency._last = 0.0  # due at once
+    for i in range(40):
+        store.put({"link": f"http://example.com/{i}"})
+    store.cluster.latency.maybe_publish(store.cluster.all_servers(store.cluster.topology).values())
+    reports = store.cluster.catalog.client_reports(0)
+    mine = reports[store.cluster.latency.name]
+    assert set(mine) == {str(a) for a in local_cluster.addresses}
+    assert all(r["n"] >= 10 and r["p99_ms"] > 0 for r in mine.values())
+    # a client's report over the limit throttles the Cleaner, which names the server
+    server1 = str(store.cluster.topology.servers[1])
+    store.cluster.catalog.report_client("slow-app", {server1: {"p99_ms": 900.0, "n": 50}})
+    cleaner = Cleaner(store, throttle=QUIET)
+    with copying(cleaner) as throttler:
+        wait_for(lambda: throttler.aimd.rate is not None)
+        assert throttler.aimd.reason == "throttled: server 1 clients' p99 900.0 ms > 400.0 ms"
+
+
+def test_the_command_backfills_with_the_throttle_on_by_default(
+    make_store: Callable[..., DataStore], local_cluster: LocalCluster
+) -> None:
+    store, env = building(make_store, local_cluster, 300)
+    result = invoke(env, "--index=by_link", "--max-load", "Threads_running=40")
+    assert result.exit_code == 0, result.output
+    assert store.cluster.refresh().indexes["by_link"].state == "ready"
+    _, figures = store.cluster.catalog.statuses()["backfill:by_link"]
+    assert "throttle_limit" in figures and "throttle" in figures
+    prefix = store.cluster.topology.prefix
+    canary = store.cluster.server(store.cluster.topology.servers[0])
+    rows = canary.run(f"SELECT `name` FROM `{canary_db(prefix)}`.`canary`")[0]
+    assert rows == (("backfill:by_link",),)
+
+
+def test_bad_throttle_options_are_refused_before_anything_runs() -> None:
+    for args, message in (
+        (["--max-load", "x"], "Invalid value for '--max-load': expected STATUS_VARIABLE=N"),
+        (["--critical-load", "Threads_running=0"], "Invalid value for '--critical-load'"),
+        (["--max-load", "a`b=1"], "got 'a`b=1'"),
+        (["--max-latency-ms", "0"], "Invalid value for '--max-latency-ms'"),
+        (["--max-lag", "-1"], "Invalid value for '--max-lag'"),
+    ):
+        result = CliRunner().invoke(main, args, env={"SCHEMALESS_URL": "mysql://nowhere:1"})
+        assert result.exit_code == 2 and message in result.output, result.output

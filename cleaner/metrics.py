@@ -26,6 +26,7 @@ _COUNTERS = frozenset(
         "purge_skipped",
         "passes",
         "backoffs",
+        "duplicates",
     }
 )
 
@@ -51,6 +52,7 @@ class Figures:
     rows_per_s: float = 0.0  # the backfill's rate so far
     passes: int = 0
     backoffs: int = 0
+    duplicates: int = 0  # values of a unique index that two live entities produce
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:

@@ -115,7 +115,8 @@ class DataStore:
         self.clock = VersionClock()
         self.move_wait = move_wait
         self._writer = Writer(self.cluster, self.codec, self.clock, self.decode)
-        self._writer.claims.wait = claim_wait
+        self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
+        self.claims.wait = claim_wait
         self._query = QueryEngine(self)
         for index in indexes:
             self.declare_index(index)

@@ -275,3 +275,46 @@ def test_a_claimer_that_dies_after_step_1_is_fenced(make_store: Callable[..., Da
     with pytest.raises(UniqueViolation):
         store.put({"id": dead["id"], "name": "x"})
     settled(store)
+
+
+def test_backfill_over_duplicates_reports_them_and_stays_building(
+    make_store: Callable[..., DataStore],
+) -> None:
+    """Declaring a unique index over data with duplicates: the backfill lists each
+    duplicate value with the ids that share it and leaves the index building (writers
+    enforce it meanwhile); once they are resolved, the next backfill finishes it."""
+    from schemaless.cleaner import Cleaner
+
+    store = make_store()
+    names = [f"u{i}" for i in range(60)] + ["dup1", "dup1", "dup2", "dup2", "dup3", "dup3", "dup3"]
+    entities = [{"name": name} for name in names]
+    store.put_many(entities)
+    assert store.declare_index(BY_NAME) == "building"
+    assert Cleaner(store, batch=7).backfill("by_name") == "building"
+    found = store.cluster.catalog.duplicates("by_name")
+    assert sum(count for count, _ in found.values()) == 4  # one per extra entity
+    shared: dict[str, set[str]] = {}
+    for _, shown in found.values():
+        for item in shown:
+            shared.setdefault(item["values"]["name"], set()).update(item["ids"])
+    expected = {
+        name: {e["id"].hex() for e in entities if e["name"] == name}
+        for name in ("dup1", "dup2", "dup3")
+    }
+    assert shared == expected
+    assert store.cluster.refresh().indexes["by_name"].state == "building"
+    with pytest.raises(UniqueViolation):  # enforced while building
+        store.put({"name": "u1"})
+    # resolve: delete one of dup1, rename one of dup2, delete two of dup3
+    by_name: dict[str, list[Any]] = {}
+    for e in entities:
+        by_name.setdefault(e["name"], []).append(e)
+    store.delete(by_name["dup1"][0]["id"])
+    store.put({"id": by_name["dup2"][1]["id"], "name": "dup2b"})
+    store.delete_many([by_name["dup3"][0]["id"], by_name["dup3"][2]["id"]])
+    assert Cleaner(store, batch=7).backfill("by_name") == "ready"
+    assert store.cluster.catalog.duplicates("by_name") == {}
+    store.cluster.refresh()
+    for name in ("dup1", "dup2", "dup2b", "dup3", "u5"):
+        assert store.get_by("by_name", name=name) is not None
+    settled(store)

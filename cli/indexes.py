@@ -95,6 +95,12 @@ def index() -> None:
 )
 @click.option("--shard-on", metavar="NAME", help="Property that places the rows (default: first).")
 @click.option("--multi", metavar="NAME", help="A list-valued property: one row per element.")
+@click.option(
+    "--unique",
+    is_flag=True,
+    help="At most one live entity per tuple of values (a put that would share one fails "
+    "with UniqueViolation).",
+)
 @pass_connection
 def create(
     conn: Connection,
@@ -102,6 +108,7 @@ def create(
     properties: list[str],
     shard_on: str | None,
     multi: str | None,
+    unique: bool,
 ) -> None:
     """Declare an index: create its table on every shard and record it.
 
@@ -109,13 +116,16 @@ def create(
     it from their next catalog refresh, queries refuse it until the Cleaner has
     backfilled it (run `cleaner --index=NAME`, watch `schemaless index status
     NAME`).  On an empty datastore it is ready at once.  Declaring the same index
-    again changes nothing.  Quote types with parentheses for the shell.
+    again changes nothing.  Quote types with parentheses for the shell.  A
+    --unique index over entities that already share values stays building: `index
+    status` lists the duplicates; resolve them and run the backfill again.
 
     \b
     Example:
         schemaless index create by_user --property user_id:uuid \\
             --property published:int --shard-on user_id
         schemaless index create by_tag --property tags:'str(64)' --multi tags
+        schemaless index create by_email --property email:'str(254)' --unique
     """
     names = [p.partition(":")[0] for p in properties]
     for option, value in (("--shard-on", shard_on), ("--multi", multi)):
@@ -127,7 +137,7 @@ def create(
         Index(name, ["x"])  # the name alone
     except IndexDefinitionError as exc:
         raise BadOption(str(exc), "NAME") from None
-    definition = Index(name, properties, shard_on, multi=multi)
+    definition = Index(name, properties, shard_on, multi=multi, unique=unique)
     with conn.store() as ds:
         existed = ds.indexes().get(name)
         state = ds.declare_index(definition)
@@ -135,6 +145,7 @@ def create(
     click.echo(
         f"index {name}: {describe(definition)}, shard on {definition.shard_on}"
         + (f", multi {multi}" if multi else "")
+        + (", unique" if unique else "")
     )
     if existed is not None:
         click.echo(f"index {name} already exists and is {state}; nothing changed")
@@ -244,6 +255,8 @@ def status(
             beats = heartbeats(ds)
             first = first or snap
             report = _report(info, snap, first, beats)
+            if info.index.unique:
+                report["duplicates"] = _duplicates(ds, name)
             if as_json:
                 click.echo(json.dumps(report, sort_keys=True))
             else:
@@ -334,6 +347,40 @@ def _report(
     return out
 
 
+def _duplicates(ds: DataStore, name: str) -> dict[str, Any]:
+    """The duplicates the last backfill of a unique index recorded: how many, and the
+    values with the ids that share each (as many as the catalog kept)."""
+    found = ds.cluster.catalog.duplicates(name)
+    shared: dict[str, tuple[dict[str, Any], set[str]]] = {}
+    for _, shown in found.values():
+        for item in shown:
+            key = json.dumps(item["values"], sort_keys=True)
+            shared.setdefault(key, (item["values"], set()))[1].update(item["ids"])
+    return {
+        "count": sum(count for count, _ in found.values()),
+        "values": [
+            {"values": values, "ids": sorted(ids)} for _, (values, ids) in sorted(shared.items())
+        ],
+    }
+
+
+def _echo_duplicates(dups: dict[str, Any]) -> None:
+    if not dups["count"]:
+        return
+    click.echo(
+        f"duplicates: {dups['count']} entities share a value with another live entity; "
+        "the index stays building until they are resolved (delete or change one of "
+        "each), then run the backfill again"
+    )
+    rows = [
+        [", ".join(f"{k}={v!r}" for k, v in d["values"].items()), " ".join(d["ids"])]
+        for d in dups["values"]
+    ]
+    echo_table(["value", "entity ids"], rows)
+    if len(rows) < dups["count"]:
+        click.echo("  (the catalog keeps only some of them per shard)")
+
+
 def _concerns(beat: Heartbeat, index: str) -> bool:
     """Whether a heartbeat matters to an index: its own backfill, or a continuous Cleaner."""
     return not beat.name.startswith("backfill:") or _backfills(beat, index)
@@ -370,6 +417,8 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
     click.echo(f"  properties  {props}")
     click.echo(f"  shard on    {d['shard_on']}")
     click.echo(f"  multi       {d['multi'] or '-'}")
+    if d.get("unique"):
+        click.echo("  unique      yes")
     click.echo(f"  declared    {_when(report['created_us'])}")
     click.echo(f"  changed     {_when(report['changed_us'])}")
     bf = report["backfill"]
@@ -422,6 +471,8 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
         hidden = len(snap.shards) - len(rows)
         if hidden:
             click.echo(f"  ({hidden} more shards, finished or not shown: --all-shards lists all)")
+    if "duplicates" in report:
+        _echo_duplicates(report["duplicates"])
     daemons = report["daemons"]
     if not daemons:
         click.echo("cleaner: no heartbeat in the catalog (has `cleaner` run yet?)")

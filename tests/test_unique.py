@@ -3,6 +3,7 @@ orphans taken over, owners in flight fenced, racers paused at every step."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -318,3 +319,32 @@ def test_backfill_over_duplicates_reports_them_and_stays_building(
     for name in ("dup1", "dup2", "dup2b", "dup3", "u5"):
         assert store.get_by("by_name", name=name) is not None
     settled(store)
+
+
+def test_cli_creates_a_unique_index_and_status_lists_its_duplicates(
+    make_store: Callable[..., DataStore], local_cluster: Any
+) -> None:
+    from test_cli import Cli, cluster_env
+
+    from schemaless.cleaner import Cleaner
+
+    store = make_store()
+    twins = [{"name": "twin"}, {"name": "twin"}, {"name": "solo"}]
+    store.put_many(twins)
+    run = Cli(cluster_env(local_cluster, store.cluster.topology.prefix))
+    out = run.ok("index", "create", "by_name", "--property", "name:str(64)", "--unique").output
+    assert "unique" in out and "is building" in out
+    assert Cleaner(store).backfill("by_name") == "building"
+    status = run.ok("index", "status", "by_name").output
+    assert "unique      yes" in status and "duplicates: 1 entities" in status
+    line = next(x for x in status.splitlines() if "name='twin'" in x)
+    assert twins[0]["id"].hex() in line and twins[1]["id"].hex() in line
+    report = json.loads(run.ok("index", "status", "by_name", "--json").output)
+    assert report["definition"]["unique"] is True
+    assert report["duplicates"] == {
+        "count": 1,
+        "values": [{"values": {"name": "twin"}, "ids": sorted(t["id"].hex() for t in twins[:2])}],
+    }
+    store.delete(twins[0]["id"])
+    assert Cleaner(store).backfill("by_name") == "ready"
+    assert "duplicates" not in run.ok("index", "status", "by_name").output

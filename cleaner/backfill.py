@@ -80,6 +80,7 @@ class Backfill:
         self._place: Placement | None = None
         self._found: dict[int, list[dict[str, Any]]] = {}  # duplicates shown, per shard
         self._counts: dict[int, int] = {}  # duplicates found, per shard
+        self.duplicates_left = False
 
     # -- the whole job -------------------------------------------------------------------
 
@@ -124,6 +125,7 @@ class Backfill:
             return "building"
         self._check_fences(rt.retry("reading the catalog", cluster.refresh))
         if info.index.unique and self._duplicates_left():
+            self.duplicates_left = True
             return "building"
         if rt.retry(
             "marking ready",

@@ -348,3 +348,42 @@ def test_cli_creates_a_unique_index_and_status_lists_its_duplicates(
     store.delete(twins[0]["id"])
     assert Cleaner(store).backfill("by_name") == "ready"
     assert "duplicates" not in run.ok("index", "status", "by_name").output
+
+
+def test_unique_definitions_round_trip_and_old_catalogs_read_the_same() -> None:
+    from schemaless.errors import IndexDefinitionError
+
+    d = BY_NAME.to_dict()
+    assert d["unique"] is True and Index.from_dict(d) == BY_NAME
+    plain = Index("by_name", {"name": "str(64)"})
+    assert "unique" not in plain.to_dict()  # a catalog from before reads the same
+    assert Index.from_dict(plain.to_dict()) == plain != BY_NAME
+    assert "unique=True" in repr(BY_NAME)
+    with pytest.raises(IndexDefinitionError, match="True or False"):
+        Index("x", ["a"], unique=1)  # type: ignore[arg-type]
+    assert "PRIMARY KEY (`p_name`)" in BY_NAME.create_table_sql("db")
+    assert "PRIMARY KEY (`p_name`, `entity_id`)" in plain.create_table_sql("db")
+
+
+@pytest.mark.parametrize("value", ["ada", "", "é✓", b"\x00\xff", 0, -5, 2**62, 1.5, -0.25, True])
+def test_readable_gives_back_what_an_auto_column_encoded(value: Any) -> None:
+    index = Index("any", ["v", "flag:bool"], unique=True)
+    (row,) = index.rows({"v": value, "flag": False})
+    assert index.readable(row) == {"v": value, "flag": False}
+
+
+def test_a_unique_multi_valued_index_claims_each_element(
+    make_store: Callable[..., DataStore],
+) -> None:
+    tags = Index("by_alias", {"aliases": "str(16)"}, multi="aliases", unique=True)
+    store = make_store([tags])
+    ada = {"aliases": ["ada", "countess"]}
+    store.put(ada)
+    with pytest.raises(UniqueViolation, match="aliases='countess'"):
+        store.put({"aliases": ["lovelace", "countess"]})
+    store.put({"id": ada["id"], "aliases": ["ada"]})  # frees "countess"
+    other = {"aliases": ["countess"]}
+    store.put(other)
+    assert tags.get(store, aliases="countess")["id"] == other["id"]
+    store.flush()
+    assert_clean(store)

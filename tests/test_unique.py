@@ -3,6 +3,7 @@ orphans taken over, owners in flight fenced, racers paused at every step."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable
@@ -387,3 +388,44 @@ def test_a_unique_multi_valued_index_claims_each_element(
     assert tags.get(store, aliases="countess")["id"] == other["id"]
     store.flush()
     assert_clean(store)
+
+
+def test_unique_rows_follow_shards_that_move_while_names_change_hands(
+    make_store: Callable[..., DataStore],
+) -> None:
+    """A move copies a unique table by its primary key (the values alone) while a
+    writer renames entities, freeing and taking over names."""
+    import random
+
+    from schemaless.move import ShardMover
+
+    store = make_store([BY_NAME])
+    people = [{"name": f"n{i}"} for i in range(60)]
+    store.put_many(people)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def rename() -> None:
+        rnd = random.Random(3)
+        try:
+            while not stop.is_set():
+                key = rnd.choice(people)["id"]
+                name = f"n{rnd.randrange(90)}"
+                with contextlib.suppress(UniqueViolation):
+                    store.update(key, lambda e, name=name: {**(e or {}), "name": name})
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    writer = threading.Thread(target=rename)
+    writer.start()
+    try:
+        mover = ShardMover(store, chunk=7)
+        topo = store.cluster.current()
+        for shard in (0, 1, 2):
+            there = next(sid for sid in topo.servers if sid != topo.shard_servers[shard])
+            mover.move(shard, there)
+    finally:
+        stop.set()
+        writer.join()
+    assert not errors, errors
+    settled(store)

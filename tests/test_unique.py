@@ -429,3 +429,43 @@ def test_unique_rows_follow_shards_that_move_while_names_change_hands(
         writer.join()
     assert not errors, errors
     settled(store)
+
+
+@pytest.mark.parametrize("released_first", ["renamer", "creator"])
+def test_both_racers_stopped_between_their_steps_leave_one_winner(
+    make_store: Callable[..., DataStore], released_first: str
+) -> None:
+    """The renamer claims and stops between its steps; the creator waits, fences it,
+    takes the row over and stops between its own steps.  Whichever goes on first wins:
+    the creator commits (the renamer's step 2 is refused, it claims again and meets a
+    live owner), or the renamer's step 2 is refused, it claims again, waits for the
+    creator, fences it and commits (the creator is refused and meets a live owner)."""
+    store = make_store([BY_NAME], claim_wait=0.1)
+    renamed = {"name": "before"}
+    store.put(renamed)
+    pauses = {"renamer": Pause("renamer"), "creator": Pause("creator")}
+
+    def both() -> None:
+        pauses["renamer"]()
+        pauses["creator"]()
+
+    failpoints.set("put.after_index_rows", both)
+    out: dict[str, Any] = {}
+    run = {
+        "renamer": lambda: store.update(renamed["id"], lambda e: {**(e or {}), "name": "x"}),
+        "creator": lambda: store.put({"name": "x"}),
+    }
+    threads = {"renamer": racer("renamer", run["renamer"], out)}
+    assert pauses["renamer"].reached.wait(30)
+    threads["creator"] = racer("creator", run["creator"], out)
+    assert pauses["creator"].reached.wait(30)  # after fencing the renamer
+    second = "creator" if released_first == "renamer" else "renamer"
+    pauses[released_first].release()
+    threads[released_first].join(30)
+    pauses[second].release()
+    threads[second].join(30)
+    assert not isinstance(out[released_first], Exception), out[released_first]
+    assert isinstance(out[second], UniqueViolation), out[second]
+    x = store.get_by("by_name", name="x")
+    assert x is not None and (x["id"] == renamed["id"]) == (released_first == "renamer")
+    settled(store)

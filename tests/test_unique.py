@@ -211,18 +211,23 @@ def test_two_claimers_in_flight_resolve_to_one_winner(
     settled(store)
 
 
+@pytest.mark.parametrize("renames", [False, True])
 def test_a_fence_that_meets_an_owner_committed_meanwhile_is_a_violation(
-    make_store: Callable[..., DataStore],
+    make_store: Callable[..., DataStore], renames: bool
 ) -> None:
-    """The claimer decides to fence an owner in flight, stops before the fence
-    (``unique.before_fence``); the owner commits; the fence, guarded by the version the
-    claimer read, does nothing, and the claimer sees a live owner."""
+    """The claimer decides to fence an owner in flight (a new entity, or one renamed),
+    stops before the fence (``unique.before_fence``); the owner commits; the fence,
+    guarded by what the claimer read (no row, or the version before), does nothing, and
+    the claimer sees a live owner."""
     store = make_store([BY_NAME], claim_wait=0.0)
+    entity = {"name": "before"}
+    if renames:
+        store.put(entity)
     owner_pause, claimer_pause = Pause("owner"), Pause("claimer")
     failpoints.set("put.after_index_rows", owner_pause)
     failpoints.set("unique.before_fence", claimer_pause)
     out: dict[str, Any] = {}
-    owner = racer("owner", lambda: store.put({"name": "x"}), out)
+    owner = racer("owner", lambda: store.put({**entity, "name": "x"}), out)
     assert owner_pause.reached.wait(30)
     claimer = racer("claimer", lambda: store.put({"name": "x"}), out)
     assert claimer_pause.reached.wait(30)

@@ -1,6 +1,7 @@
 """The write protocol: index rows first, the entity second, stale rows last (queued).
 
 docs/architecture.md explains why each step is safe.  ``Writer.write`` runs steps 1-3
+(step 1 settling the claims of unique indexes, ``schemaless.unique``)
 for a batch of entities (one statement batch per server per step, servers in
 parallel), again with larger versions for those whose stored version was ahead;
 ``Writer.delete`` writes tombstones and queues the old bodies' rows for deletion
@@ -83,9 +84,14 @@ def _write_bytes(prepared: tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...
     return 1024 + 2 * len(prepared[2]) + sum(512 + sql_bytes(row) for row in rows)
 
 
+def _shown(index: Index, values: tuple[Any, ...]) -> str:
+    """``name='ada'``: a unique value for a message."""
+    return ", ".join(f"{k}={v!r}" for k, v in index.readable(values).items())
+
+
 def _violation(v: Violation) -> UniqueViolation:
     index = v.row.index
-    shown = ", ".join(f"{k}={val!r}" for k, val in index.readable(v.row.values).items())
+    shown = _shown(index, v.row.values)
     return UniqueViolation(
         f"unique index {index.name!r}: {shown} belongs to another entity "
         f"(entity {id_hex(v.row.entity_id)} was not written)",
@@ -106,10 +112,10 @@ def _check_unique(
             for values in rows[index.name]:
                 other = owner.setdefault(values, key)
                 if other != key:
-                    shown = ", ".join(f"{k}={v!r}" for k, v in index.readable(values).items())
                     raise UniqueViolation(
                         f"unique index {index.name!r}: entities {id_hex(other)} and "
-                        f"{id_hex(key)} of one put_many both have {shown}; nothing was written",
+                        f"{id_hex(key)} of one put_many both have {_shown(index, values)};"
+                        " nothing was written",
                         index=index.name,
                         values=values,
                     )

@@ -1,7 +1,9 @@
 """SQL of the write protocol (docs/architecture.md, "The write protocol").
 
 Pure builders: each returns statements and parameters for one server's batch.
-Step 1 upserts index rows with ``GREATEST(entity_version, V)``; step 2 writes each
+Step 1 upserts index rows with ``GREATEST(entity_version, V)`` (a unique table's row
+only if it names the same entity; a claim that meets another owner is settled with
+``owners_sql``, ``takeover_sql`` and ``fence_owner_sql``); step 2 writes each
 entity with one conditional statement (after the upserts of its rows that live on the
 same server, in one transaction), the first body of each logical shard naming that
 shard's fence table; step 3 deletes the old body's rows only where

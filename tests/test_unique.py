@@ -330,9 +330,9 @@ def test_backfill_over_duplicates_reports_them_and_stays_building(
 def test_cli_creates_a_unique_index_and_status_lists_its_duplicates(
     make_store: Callable[..., DataStore], local_cluster: Any
 ) -> None:
+    from test_cleaner_cli import cluster_env as cleaner_env
+    from test_cleaner_cli import invoke
     from test_cli import Cli, cluster_env
-
-    from schemaless.cleaner import Cleaner
 
     store = make_store()
     twins = [{"name": "twin"}, {"name": "twin"}, {"name": "solo"}]
@@ -340,7 +340,8 @@ def test_cli_creates_a_unique_index_and_status_lists_its_duplicates(
     run = Cli(cluster_env(local_cluster, store.cluster.topology.prefix))
     out = run.ok("index", "create", "by_name", "--property", "name:str(64)", "--unique").output
     assert "unique" in out and "is building" in out
-    assert Cleaner(store).backfill("by_name") == "building"
+    cleaner = invoke(cleaner_env(local_cluster, store), "--index", "by_name")
+    assert cleaner.exit_code == 1 and "is building, not ready" in cleaner.output, cleaner.output
     status = run.ok("index", "status", "by_name").output
     assert "unique      yes" in status and "duplicates: 1 entities" in status
     line = next(x for x in status.splitlines() if "name='twin'" in x)
@@ -352,7 +353,7 @@ def test_cli_creates_a_unique_index_and_status_lists_its_duplicates(
         "values": [{"values": {"name": "twin"}, "ids": sorted(t["id"].hex() for t in twins[:2])}],
     }
     store.delete(twins[0]["id"])
-    assert Cleaner(store).backfill("by_name") == "ready"
+    assert invoke(cleaner_env(local_cluster, store), "--index", "by_name").exit_code == 0
     assert "duplicates" not in run.ok("index", "status", "by_name").output
 
 

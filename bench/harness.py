@@ -54,7 +54,14 @@ TARGETS = {
     "scatter_p10": 1.5,
 }
 #: sequential round trips the protocol allows
-ROUND_TRIP_TARGETS = {"put_0idx": 1, "put_1idx": 2, "put_3idx": 2, "get": 1, "get_many": 1}
+ROUND_TRIP_TARGETS = {
+    "put_0idx": 1,
+    "put_1idx": 2,
+    "put_3idx": 2,
+    "put_unique_idx": 2,
+    "get": 1,
+    "get_many": 1,
+}
 
 
 @dataclass
@@ -89,7 +96,8 @@ class Config:
 def drop_prefix(servers: Servers, prefix: str) -> None:
     """Drop every database this benchmark makes under ``prefix`` (and only those)."""
     pattern = re.compile(
-        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013])_[0-9]{{4}}|i[013]_(?:catalog|canary)|json|naive"
+        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013]|[tu]1|r[tu]1)_[0-9]{{4}}"
+        r"|(?:i[013]|[tu]1)_(?:catalog|canary)|json|naive"
         r"|tl_[a-z0-9_]+)\Z"
     )
     for i in range(len(servers.addresses)):

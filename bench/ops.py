@@ -1,10 +1,12 @@
 """The operations: each once through schemaless and once as the minimal raw SQL.
 
 Layout.  Three datastores hold 0, 1 and 3 indexes (``<prefix>_i0``, ``_i1``, ``_i3``;
-the last one is loaded with the dataset and serves every read).  Each has a raw twin
-(``<prefix>_r0``, ``_r1``, ``_r3``) with the same logical shards on the same servers
-and tables of the same shape (the library's own DDL), so both sides touch the same
-number of rows on the same servers, with the same durability.
+the last one is loaded with the dataset and serves every read), and two hold one index
+on ``published``, plain (``_t1``) and unique (``_u1``): a put on each shows what the
+unique claim costs.  Each has a raw twin (``<prefix>_r0``, ``_r1``, ``_r3``, ``_rt1``,
+``_ru1``) with the same logical shards on the same servers and tables of the same
+shape (the library's own DDL), so both sides touch the same number of rows on the same
+servers, with the same durability.
 
 Raw baselines (what an application would write by hand, with no consistency protocol):
 
@@ -55,7 +57,14 @@ __all__ = ["Bench", "Op", "operations"]
 BY_USER = Index("by_user", {"user_id": "uuid", "published": "int"}, shard_on="user_id")
 BY_TIME = Index("by_time", {"published": "int"}, shard_on="published")
 BY_FEED = Index("by_feed", {"feed_id": "uuid"}, shard_on="feed_id")
-INDEXES: dict[str, list[Index]] = {"i0": [], "i1": [BY_USER], "i3": [BY_USER, BY_TIME, BY_FEED]}
+UNIQUE_TIME = Index("by_time", {"published": "int"}, shard_on="published", unique=True)
+INDEXES: dict[str, list[Index]] = {
+    "i0": [],
+    "i1": [BY_USER],
+    "i3": [BY_USER, BY_TIME, BY_FEED],
+    "t1": [BY_TIME],  # a plain index on one int ...
+    "u1": [UNIQUE_TIME],  # ... and the same one unique: what the claim costs a put
+}
 PAGE = 20
 UPDATE_DELTA = 7  # an update moves ``published`` by this many seconds
 
@@ -159,7 +168,7 @@ class Bench:
         return bench
 
     def raw_db(self, kind: str, shard: int) -> str:
-        return shard_db(f"{self.prefix}_r{kind[1:]}", shard)
+        return shard_db(f"{self.prefix}_r{kind[1:] if kind[0] == 'i' else kind}", shard)
 
     def create_raw_tables(self) -> None:
         """The raw twins: same shards on the same servers, the library's DDL."""
@@ -379,9 +388,12 @@ def _put_op(b: Bench, kind: str, ordered: bool = False, own_id: bool = False) ->
         return b.raw_batches(plan)
 
     noun = f"{n_idx} index{'es' if n_idx != 1 else ''}"
+    if kind in ("t1", "u1"):
+        noun = f"1 {'unique' if kind == 'u1' else 'plain'} int index"
     title = f"put new entity{' with its own id' if own_id else ''}, {noun}"
+    base = {"t1": "put_int_idx", "u1": "put_unique_idx"}.get(kind, f"put_{n_idx}idx")
     return Op(
-        name=f"put_{n_idx}idx" + ("_ordered" if ordered else "") + ("_own_id" if own_id else ""),
+        name=base + ("_ordered" if ordered else "") + ("_own_id" if own_id else ""),
         title=title + (" (raw: rows first)" if ordered else ""),
         write=True,
         items=items,
@@ -619,6 +631,8 @@ def operations(b: Bench) -> list[Op]:
         _put_op(b, "i0", own_id=True),
         _put_op(b, "i1"),
         _put_op(b, "i3"),
+        _put_op(b, "t1"),
+        _put_op(b, "u1"),
         _put_op(b, "i1", ordered=True),
         _put_op(b, "i3", ordered=True),
         _get_op(b),

@@ -18,6 +18,7 @@ from schemaless.hashing import shard_of
 from schemaless.index import Index
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
+from schemaless.unique import Owner
 from schemaless.writes import IndexRow, upsert_rows_sql
 
 from .sql import (
@@ -188,9 +189,12 @@ def upsert_rows(store: DataStore, topo: Topology, rows: Sequence[IndexRow]) -> N
 
 def upsert_grouped(
     store: DataStore, topo: Topology, index: Index, groups: Mapping[int, list[tuple[Any, ...]]]
-) -> None:
+) -> list[tuple[IndexRow, Owner]]:
     """Upsert one index's rows ``(values..., entity_id, version)``, grouped by logical
-    shard (each group sorted), like ``upsert_rows`` but without an object per row."""
+    shard (each group sorted), like ``upsert_rows`` but without an object per row.
+
+    For a unique index, the owners are read back in the same round trips: the rows
+    that another entity owns (or that are gone) are returned with that owner."""
     step = max(1, _BATCH_BYTES // _row_bytes(index))
     by_server: dict[int, list[list[tuple[int, list[tuple[Any, ...]]]]]] = {}
     for shard in sorted(groups):
@@ -205,7 +209,20 @@ def upsert_grouped(
         sid: [index_upserts_sql(topo.dbs, index, chunk) for chunk in chunks if chunk]
         for sid, chunks in by_server.items()
     }
-    _fanout(store, topo, batches)
+    results = _fanout(store, topo, batches)
+    if not index.unique:
+        return []
+    n = len(index.columns)
+    out: list[tuple[IndexRow, Owner]] = []
+    for sid, chunks in by_server.items():
+        for chunk, sets in zip([c for c in chunks if c], results[sid], strict=True):
+            for (shard, rows), found in zip(chunk, sets, strict=True):
+                owners = {tuple(r[:n]): (bytes(r[n]), int(r[n + 1])) for r in found}
+                for row in rows:
+                    owner = owners.get(row[:n])
+                    if owner is None or owner[0] != row[n]:
+                        out.append((IndexRow(index, shard, row[:n], row[n], row[n + 1]), owner))
+    return out
 
 
 def versions_proof(

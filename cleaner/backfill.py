@@ -18,6 +18,7 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from schemaless import failpoints
 from schemaless.catalog import IndexInfo, Topology, backfill_job
@@ -29,6 +30,7 @@ from schemaless.errors import (
 )
 from schemaless.ids import id_hex
 from schemaless.index import Index
+from schemaless.unique import Violation
 
 from .access import read_entities, read_rows, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
@@ -38,6 +40,11 @@ from .scan import EntityRow, entity_batches
 from .sql import entity_versions_sql, max_added_sql
 
 __all__ = ["Backfill", "grace_deadline"]
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    """Values for the catalog's JSON: bytes as ``0x...`` hex."""
+    return {k: "0x" + v.hex() if isinstance(v, bytes) else v for k, v in values.items()}
 
 
 def grace_deadline(info: IndexInfo, topo: Topology) -> float:
@@ -71,6 +78,9 @@ class Backfill:
         self._started: float | None = None
         self._lock = threading.Lock()
         self._place: Placement | None = None
+        self._found: dict[int, list[dict[str, Any]]] = {}  # duplicates shown, per shard
+        self._counts: dict[int, int] = {}  # duplicates found, per shard
+        self.duplicates_left = False
 
     # -- the whole job -------------------------------------------------------------------
 
@@ -92,8 +102,10 @@ class Backfill:
         self._wait_grace(info, topo)
         topo = rt.retry("reading the catalog", cluster.refresh)
         self._check_fences(topo)
-        saved = rt.retry("reading checkpoints", lambda: cluster.catalog.checkpoints(self.job))
         k, n = self.part
+        if info.index.unique:
+            self._rescan_duplicates(topo)
+        saved = rt.retry("reading checkpoints", lambda: cluster.catalog.checkpoints(self.job))
         for shard in range(k, topo.n_shards, n):
             position, done, rows = saved.get(shard, (0, False, 0))
             self._shards[shard] = _Shard(shard, position, done, rows)
@@ -112,6 +124,9 @@ class Backfill:
             log.info("index %r: part %d/%d done; other parts still running", self.name, k + 1, n)
             return "building"
         self._check_fences(rt.retry("reading the catalog", cluster.refresh))
+        if info.index.unique and self._duplicates_left():
+            self.duplicates_left = True
+            return "building"
         if rt.retry(
             "marking ready",
             lambda: cluster.catalog.set_index_state(self.name, "ready", expect="building"),
@@ -124,14 +139,43 @@ class Backfill:
 
     @property
     def part_done(self) -> bool:
-        """Whether every logical shard of this process's part is backfilled."""
-        return bool(self._shards) and all(s.done for s in self._shards.values())
+        """Whether every logical shard of this process's part is backfilled (and, for a
+        unique index, no duplicate was left)."""
+        done = bool(self._shards) and all(s.done for s in self._shards.values())
+        return done and not self.duplicates_left
 
     def _all_parts_done(self, topo: Topology) -> bool:
         """Whether the checkpoints say every logical shard is done (all parts)."""
         catalog = self.rt.store.cluster.catalog
         saved = self.rt.retry("reading checkpoints", lambda: catalog.checkpoints(self.job))
         return all(saved.get(shard, (0, False, 0))[1] for shard in range(topo.n_shards))
+
+    def _rescan_duplicates(self, topo: Topology) -> None:
+        """The logical shards of this part where an earlier run found duplicates are
+        scanned again (the user may have resolved them)."""
+        catalog = self.rt.store.cluster.catalog
+        found = self.rt.retry("reading duplicates", lambda: catalog.duplicates(self.name))
+        k, n = self.part
+        again = [shard for shard in found if shard % n == k and shard < topo.n_shards]
+        if again:
+            log.info("index %r: scanning %d shard(s) with duplicates again", self.name, len(again))
+            self.rt.retry("forgetting duplicates", lambda: catalog.rescan(self.name, again))
+
+    def _duplicates_left(self) -> bool:
+        """Whether any logical shard recorded duplicates (logged): the index stays
+        building, as PostgreSQL leaves an invalid unique index."""
+        catalog = self.rt.store.cluster.catalog
+        found = self.rt.retry("reading duplicates", lambda: catalog.duplicates(self.name))
+        total = sum(count for count, _ in found.values())
+        if total:
+            log.error(
+                "unique index %r: %d duplicate value(s) (see `schemaless index status %s`);"
+                " it stays building: resolve them and run the backfill again",
+                self.name,
+                total,
+                self.name,
+            )
+        return total > 0
 
     def _check_fences(self, topo: Topology) -> None:
         """Refuse while a fence of an older index epoch remains: a writer whose map
@@ -251,7 +295,9 @@ class Backfill:
             lambda key, version, body: store.decode(key, shard, version, body),
         )
         self._set_aside(index, shard, derived)
-        upsert_grouped(store, topo, index, derived.targets)
+        contested = upsert_grouped(store, topo, index, derived.targets)
+        if contested:
+            self._duplicates(topo, shard, store.claims.settle(topo, contested))
         if rows:
             self._recheck(topo, index, shard, state.position, rows)
         last = rows[-1][0] if rows else state.position
@@ -262,6 +308,25 @@ class Backfill:
         failpoints.hit("cleaner.after_batch")
         rt.throttle(len(rows))
         return following
+
+    def _duplicates(self, topo: Topology, shard: int, found: list[Violation]) -> None:
+        """Record the values of this shard's entities that another live entity owns."""
+        if not found:
+            return
+        with self._lock:
+            shown = self._found.setdefault(shard, [])
+            shown += [
+                {
+                    "values": _jsonable(v.row.index.readable(v.row.values)),
+                    "ids": sorted([id_hex(v.owner), id_hex(v.row.entity_id)]),
+                }
+                for v in found
+            ]
+            count = self._counts[shard] = self._counts.get(shard, 0) + len(found)
+            shown = list(shown)
+        self.rt.figures.add(duplicates=len(found))
+        catalog = self.rt.store.cluster.catalog
+        catalog.save_duplicates(self.name, shard, count, shown)
 
     def _placement(self, topo: Topology) -> Placement:
         """The placement memo of this backfill's index and shard count (shared by the

@@ -27,6 +27,7 @@ _COUNTERS = frozenset(
         "passes",
         "backoffs",
         "server_downs",  # times a server was marked down (see schemaless.health)
+        "duplicates",
     }
 )
 
@@ -54,6 +55,7 @@ class Figures:
     backoffs: int = 0
     throttle_limit: float | None = None  # rows/s the throttle allows (None: no limit)
     throttle: str = ""  # why it limits: "throttled: server 1 p90 4.1 ms > 3.0 ms"
+    duplicates: int = 0  # values of a unique index that two live entities produce
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.schema import shard_db
-from schemaless.writes import by_id_sql, in_transaction, upsert_sql
+from schemaless.writes import by_id_sql, in_transaction, owners_sql, upsert_sql
 
 __all__ = [
     "Guarded",
@@ -162,10 +162,18 @@ def index_upserts_sql(
 ) -> tuple[str, list[Any]]:
     """Upsert rows ``(values..., entity_id, version)`` of one index, grouped by logical
     shard (``(shard, rows)``, each group sorted), with the write protocol's
-    ``GREATEST`` guard: one multi-row statement per table, one transaction."""
+    ``GREATEST`` guard: one multi-row statement per table, one transaction.  For a
+    unique index, then one result set per group: the owners of its values."""
     stmts = [upsert_sql(dbs[shard], index, len(rows)) for shard, rows in groups]
     params = list(chain.from_iterable(chain.from_iterable(rows for _, rows in groups)))
-    return in_transaction(stmts), params
+    sql = in_transaction(stmts)
+    if index.unique:
+        n = len(index.columns)
+        for shard, rows in groups:
+            select, more = owners_sql(dbs[shard], index, [row[:n] for row in rows])
+            sql += ";\n" + select
+            params += more
+    return sql, params
 
 
 def recent_batch_sql(

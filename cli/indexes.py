@@ -103,6 +103,12 @@ def index() -> None:
     "size, unindexable entities (with examples) and the backfill's ETA.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+@click.option(
+    "--unique",
+    is_flag=True,
+    help="At most one live entity per tuple of values (a put that would share one fails "
+    "with UniqueViolation).",
+)
 @pass_connection
 def create(
     conn: Connection,
@@ -112,6 +118,7 @@ def create(
     multi: str | None,
     dry_run: bool,
     as_json: bool,
+    unique: bool,
 ) -> None:
     """Declare an index: create its table on every shard and record it.
 
@@ -122,7 +129,9 @@ def create(
     again changes nothing.  Quote types with parentheses for the shell.  With
     --dry-run nothing is declared: a sample of the stored entities tells how
     many rows the index would hold, its size, which entities have values that
-    do not fit the types, and how long the backfill would take.
+    do not fit the types, and how long the backfill would take.  A --unique index
+    over entities that already share values stays building: `index status` lists
+    the duplicates; resolve them and run the backfill again.
 
     \b
     Example:
@@ -131,6 +140,7 @@ def create(
         schemaless index create by_user --property user_id:uuid \\
             --property published:int --shard-on user_id
         schemaless index create by_tag --property tags:'str(64)' --multi tags
+        schemaless index create by_email --property email:'str(254)' --unique
     """
     names = [p.partition(":")[0] for p in properties]
     for option, value in (("--shard-on", shard_on), ("--multi", multi)):
@@ -142,7 +152,7 @@ def create(
         Index(name, ["x"])  # the name alone
     except IndexDefinitionError as exc:
         raise BadOption(str(exc), "NAME") from None
-    definition = Index(name, properties, shard_on, multi=multi)
+    definition = Index(name, properties, shard_on, multi=multi, unique=unique)
     with conn.store() as ds:
         if dry_run:
             show_dry_run(ds, definition, as_json)
@@ -165,6 +175,7 @@ def create(
     click.echo(
         f"index {name}: {describe(definition)}, shard on {definition.shard_on}"
         + (f", multi {multi}" if multi else "")
+        + (", unique" if unique else "")
     )
     if existed is not None:
         click.echo(f"index {name} already exists and is {state}; nothing changed")
@@ -274,6 +285,8 @@ def status(
             beats = heartbeats(ds)
             first = first or snap
             report = _report(info, snap, first, beats)
+            if info.index.unique:
+                report["duplicates"] = _duplicates(ds, name)
             if as_json:
                 click.echo(json.dumps(report, sort_keys=True))
             else:
@@ -364,6 +377,40 @@ def _report(
     return out
 
 
+def _duplicates(ds: DataStore, name: str) -> dict[str, Any]:
+    """The duplicates the last backfill of a unique index recorded: how many, and the
+    values with the ids that share each (as many as the catalog kept)."""
+    found = ds.cluster.catalog.duplicates(name)
+    shared: dict[str, tuple[dict[str, Any], set[str]]] = {}
+    for _, shown in found.values():
+        for item in shown:
+            key = json.dumps(item["values"], sort_keys=True)
+            shared.setdefault(key, (item["values"], set()))[1].update(item["ids"])
+    return {
+        "count": sum(count for count, _ in found.values()),
+        "values": [
+            {"values": values, "ids": sorted(ids)} for _, (values, ids) in sorted(shared.items())
+        ],
+    }
+
+
+def _echo_duplicates(dups: dict[str, Any]) -> None:
+    if not dups["count"]:
+        return
+    click.echo(
+        f"duplicates: {dups['count']} entities share a value with another live entity; "
+        "the index stays building until they are resolved (delete or change one of "
+        "each), then run the backfill again"
+    )
+    rows = [
+        [", ".join(f"{k}={v!r}" for k, v in d["values"].items()), " ".join(d["ids"])]
+        for d in dups["values"]
+    ]
+    echo_table(["value", "entity ids"], rows)
+    if len(rows) < dups["count"]:
+        click.echo("  (the catalog keeps only some of them per shard)")
+
+
 def _concerns(beat: Heartbeat, index: str) -> bool:
     """Whether a heartbeat matters to an index: its own backfill, or a continuous Cleaner."""
     return not beat.name.startswith("backfill:") or _backfills(beat, index)
@@ -402,6 +449,8 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
     click.echo(f"  properties  {props}")
     click.echo(f"  shard on    {d['shard_on']}")
     click.echo(f"  multi       {d['multi'] or '-'}")
+    if d.get("unique"):
+        click.echo("  unique      yes")
     click.echo(f"  declared    {_when(report['created_us'])}")
     click.echo(f"  changed     {_when(report['changed_us'])}")
     bf = report["backfill"]
@@ -454,6 +503,8 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
         hidden = len(snap.shards) - len(rows)
         if hidden:
             click.echo(f"  ({hidden} more shards, finished or not shown: --all-shards lists all)")
+    if "duplicates" in report:
+        _echo_duplicates(report["duplicates"])
     daemons = report["daemons"]
     if not daemons:
         click.echo("cleaner: no heartbeat in the catalog (has `cleaner` run yet?)")

@@ -26,6 +26,7 @@ from .errors import (
     ShardUnavailable,
     StorageFull,
     TableMissing,
+    UniqueViolation,
 )
 from .ids import new_id
 from .index import Index
@@ -54,5 +55,6 @@ __all__ = [
     "ShardUnavailable",
     "StorageFull",
     "TableMissing",
+    "UniqueViolation",
     "new_id",
 ]

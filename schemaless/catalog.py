@@ -24,7 +24,16 @@ from .index import Index
 from .names import quote
 from .schema import CATALOG_TABLES, check_prefix, fence_table, shard_db
 
-__all__ = ["STATES", "Catalog", "IndexInfo", "Topology", "backfill_job", "now_us", "sweep_job"]
+__all__ = [
+    "STATES",
+    "Catalog",
+    "IndexInfo",
+    "Topology",
+    "backfill_job",
+    "now_us",
+    "sweep_job",
+    "unique_job",
+]
 
 #: The index lifecycle: writers maintain ``building`` and ``ready``; queries use ``ready``.
 STATES = ("building", "ready", "dropped")
@@ -33,6 +42,8 @@ HEARTBEAT_RETENTION_US = 7 * 24 * 3600 * 10**6
 #: A client whose last latency report is older than this is forgotten (one minute).
 CLIENT_RETENTION_US = 60 * 10**6
 FORMAT = "1"
+#: The JSON of the duplicates kept per logical shard (the ``cursor`` column is a BLOB).
+MAX_SHOWN_BYTES = 60_000
 
 
 def backfill_job(index: str) -> str:
@@ -43,6 +54,12 @@ def backfill_job(index: str) -> str:
 def sweep_job(index: str) -> str:
     """The checkpoint job of an index's sweep (a cursor per shard)."""
     return f"sweep:{index}"
+
+
+def unique_job(index: str) -> str:
+    """The checkpoint rows of a unique index's duplicates, per scanned logical shard
+    (``rows_done``: how many were found; ``cursor``: a JSON list of some of them)."""
+    return f"unique:{index}"
 
 
 #: The catalog server's clock in microseconds: index state changes are stamped with
@@ -298,8 +315,8 @@ class Catalog:
         """Remove a dropped index from the catalog (after its tables are gone)."""
         self.server.run(
             f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = 'dropped';"
-            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s)",
-            (name, backfill_job(name), sweep_job(name)),
+            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s)",
+            (name, backfill_job(name), sweep_job(name), unique_job(name)),
         )
 
     # -- checkpoints, heartbeats and dictionaries -----------------------------------------
@@ -323,6 +340,40 @@ class Catalog:
             " updated = VALUES(updated),"
             " position = GREATEST(position, VALUES(position))",
             (job, shard, position, int(done), rows, now_us()),
+        )
+
+    def save_duplicates(self, index: str, shard: int, found: int, shown: list[Any]) -> None:
+        """Record the duplicates a backfill of a unique index found on a logical shard:
+        how many, and ``shown`` (JSON; at most ``MAX_SHOWN_BYTES`` of it is kept)."""
+        text = json.dumps(shown, sort_keys=True)
+        while len(text) > MAX_SHOWN_BYTES and shown:
+            shown = shown[: len(shown) // 2]
+            text = json.dumps(shown, sort_keys=True)
+        self.server.run(
+            f"REPLACE INTO {self._t('checkpoints')}"
+            " (job, shard, position, done, rows_done, `cursor`, updated)"
+            " VALUES (%s, %s, 0, 0, %s, %s, %s)",
+            (unique_job(index), shard, found, text.encode(), now_us()),
+        )
+
+    def duplicates(self, index: str) -> dict[int, tuple[int, list[Any]]]:
+        """``shard -> (how many, some of them)`` as recorded by ``save_duplicates``."""
+        out = self.server.run(
+            f"SELECT shard, rows_done, `cursor` FROM {self._t('checkpoints')} WHERE job = %s",
+            (unique_job(index),),
+        )
+        return {int(s): (int(n), json.loads(bytes(c or b"[]"))) for s, n, c in out[0]}
+
+    def rescan(self, index: str, shards: Iterable[int]) -> None:
+        """Forget the duplicates and the backfill checkpoints of these logical shards,
+        so that the next backfill scans them again."""
+        chosen = sorted(set(shards))
+        if not chosen:
+            return
+        marks = ", ".join(["%s"] * len(chosen))
+        self.server.run(
+            f"DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s) AND shard IN ({marks})",
+            (unique_job(index), backfill_job(index), *chosen),
         )
 
     def heartbeat(self, name: str, figures: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "ShardUnavailable",
     "StorageFull",
     "TableMissing",
+    "UniqueViolation",
 ]
 
 
@@ -68,6 +69,17 @@ class ConflictError(SchemalessError):
     def __init__(self, message: str, *, current_version: int | None = None) -> None:
         super().__init__(message)
         self.current_version = current_version
+
+
+class UniqueViolation(ConflictError):
+    """A put would produce a value of a unique index that another live entity owns;
+    nothing of the entity was written.  ``index`` and ``values`` (the index's values, in
+    property order) name the value; the other entity is not named."""
+
+    def __init__(self, message: str, *, index: str, values: tuple[object, ...]) -> None:
+        super().__init__(message)
+        self.index = index
+        self.values = values
 
 
 class CorruptEntity(SchemalessError):

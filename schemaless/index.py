@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .entity import Entity
     from .store import DataStore
 
-__all__ = ["ColumnType", "Index", "key_encode", "parse_type"]
+__all__ = ["ColumnType", "Index", "key_decode", "key_encode", "parse_type"]
 
 # -- key_encode ------------------------------------------------------------------------
 
@@ -113,6 +113,27 @@ def key_encode(value: object) -> bytes:
     if isinstance(value, uuid.UUID):
         return TAG_BYTES + value.bytes
     raise TypeError(f"a {t.__name__} cannot be indexed (use str, bytes, int, float, bool, UUID)")
+
+
+_unpack_double = struct.Struct(">d").unpack
+
+
+def key_decode(encoded: bytes) -> object:
+    """The scalar of :func:`key_encode` bytes (a UUID comes back as its 16 bytes)."""
+    tag, payload = encoded[:1], bytes(encoded[1:])
+    if tag == TAG_STR:
+        return payload.decode("utf-8")
+    if tag == TAG_BYTES:
+        return payload
+    if tag == TAG_BOOL:
+        return payload == b"\x01"
+    bits = int.from_bytes(payload, "big")
+    if tag == TAG_INT:
+        return bits - _INT_BIAS
+    if tag == TAG_FLOAT:
+        bits = bits ^ _SIGN_BIT if bits & _SIGN_BIT else bits ^ _ALL_BITS
+        return float(_unpack_double(bits.to_bytes(8, "big"))[0])
+    raise ValueError(f"not a key_encode value: tag {tag!r}")
 
 
 # -- column types ----------------------------------------------------------------------
@@ -397,7 +418,8 @@ class Index:
 
     ``Index(table="index_user_id", properties=["user_id"], shard_on="user_id")`` (the
     FriendFeed form) and ``Index("by_user", {"user_id": "uuid", "published": "int"})``
-    define the same kind of object; untyped properties are ``auto``.
+    define the same kind of object; untyped properties are ``auto``.  ``unique=True``:
+    at most one live entity produces a given tuple of values (``UniqueViolation``).
     """
 
     __slots__ = (
@@ -414,6 +436,7 @@ class Index:
         "shard_pos",
         "table",
         "types",
+        "unique",
     )
 
     name: str
@@ -425,6 +448,7 @@ class Index:
     shard_pos: int
     multi: str | None
     multi_pos: int | None
+    unique: bool
 
     def __init__(
         self,
@@ -434,6 +458,7 @@ class Index:
         *,
         table: str | None = None,
         multi: str | None = None,
+        unique: bool = False,
     ) -> None:
         self.name = _resolve_name(name, table)
         self.table = "index_" + self.name
@@ -503,6 +528,9 @@ class Index:
             )
         self.multi = multi
         self.multi_pos = None if multi is None else self._pos[multi]
+        if not isinstance(unique, bool):
+            raise IndexDefinitionError(f"unique of {where} must be True or False, got {unique!r}")
+        self.unique = unique
 
         key_bytes = sum(t.key_bytes for t in types) + ENTITY_ID_BYTES
         if key_bytes > MAX_KEY_BYTES:
@@ -517,7 +545,14 @@ class Index:
 
         self._coercers = tuple(t._coerce for t in types)
         self._pairs = tuple(zip(self.properties, self._coercers, strict=True))
-        self._key = (self.name, self.properties, tuple(t.name for t in types), shard_on, multi)
+        self._key = (
+            self.name,
+            self.properties,
+            tuple(t.name for t in types),
+            shard_on,
+            multi,
+            unique,
+        )
 
     # -- rows --------------------------------------------------------------------------
 
@@ -608,6 +643,18 @@ class Index:
                 f"bad value for property {prop!r} of index {self.name!r}: {exc}"
             ) from None
 
+    def readable(self, values: Sequence[Any]) -> dict[str, Any]:
+        """A row's values by property, as the entity had them (``auto`` columns
+        decoded, ``bool`` columns as True/False): for messages and reports."""
+        out: dict[str, Any] = {}
+        for prop, ctype, value in zip(self.properties, self.types, values, strict=True):
+            if ctype.is_auto and isinstance(value, bytes):
+                value = key_decode(value)
+            elif ctype.name == "bool":
+                value = bool(value)
+            out[prop] = value
+        return out
+
     def shard_key(self, row: tuple[Any, ...]) -> bytes:
         """The canonical bytes that place ``row``: key_encode of its shard_on value."""
         return key_encode(row[self.shard_pos])
@@ -621,7 +668,9 @@ class Index:
         ]
         cols.append("`entity_id` BINARY(16) NOT NULL")
         cols.append("`entity_version` BIGINT UNSIGNED NOT NULL")
-        pk = ", ".join([*(quote(c) for c in self.columns), "`entity_id`"])
+        # unique: one row per value, naming its owner (docs/architecture.md)
+        key = [quote(c) for c in self.columns]
+        pk = ", ".join(key if self.unique else [*key, "`entity_id`"])
         cols.append(f"PRIMARY KEY ({pk})")
         cols.append("KEY `by_entity` (`entity_id`)")
         body = ",\n  ".join(cols)
@@ -631,29 +680,39 @@ class Index:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable definition (see :meth:`from_dict`)."""
-        return {
+        """A JSON-serialisable definition (see :meth:`from_dict`); ``unique`` only when
+        set, so a catalog written before unique indexes reads the same."""
+        out: dict[str, Any] = {
             "name": self.name,
             "properties": [[p, t.name] for p, t in zip(self.properties, self.types, strict=True)],
             "shard_on": self.shard_on,
             "multi": self.multi,
         }
+        if self.unique:
+            out["unique"] = True
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Index:
         """Rebuild an index from :meth:`to_dict` output; IndexDefinitionError if malformed."""
         if not isinstance(d, Mapping):
             raise IndexDefinitionError(f"an index definition must be a dict, got {_type_name(d)}")
-        unknown = set(d) - {"name", "properties", "shard_on", "multi"}
+        unknown = set(d) - {"name", "properties", "shard_on", "multi", "unique"}
         if unknown or "name" not in d or "properties" not in d:
             raise IndexDefinitionError(
                 f"malformed index definition (keys {sorted(map(str, d))}): expected "
-                "name, properties, shard_on, multi"
+                "name, properties, shard_on, multi, unique"
             )
         properties = d["properties"]
         if not isinstance(properties, (list, tuple)):
             raise IndexDefinitionError("malformed index definition: properties must be a list")
-        return cls(d["name"], properties, d.get("shard_on"), multi=d.get("multi"))
+        return cls(
+            d["name"],
+            properties,
+            d.get("shard_on"),
+            multi=d.get("multi"),
+            unique=d.get("unique", False),
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Index):
@@ -666,6 +725,7 @@ class Index:
     def __repr__(self) -> str:
         props = [f"{p}:{t.name}" for p, t in zip(self.properties, self.types, strict=True)]
         extra = f", multi={self.multi!r}" if self.multi is not None else ""
+        extra += ", unique=True" if self.unique else ""
         return f"Index({self.name!r}, {props!r}, shard_on={self.shard_on!r}{extra})"
 
     # -- FriendFeed-style query --------------------------------------------------------
@@ -674,3 +734,8 @@ class Index:
         """Every entity matching ``conditions`` through this index (the FriendFeed form:
         ``index.get_all(datastore, user_id=...)``)."""
         return list(datastore.iter(self, where=conditions))
+
+    def get(self, datastore: DataStore, **values: Any) -> Entity | None:
+        """The one entity of a unique index with these values, or None (the FriendFeed
+        form of ``datastore.get_by(index, ...)``)."""
+        return datastore.get_by(self, **values)

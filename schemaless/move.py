@@ -76,7 +76,8 @@ def _fence_table(name: str) -> _Table:
 
 def _index_table(index: Index) -> _Table:
     cols = (*index.columns, "entity_id", "entity_version")
-    return _Table(index.table, (*index.columns, "entity_id"), cols, tuple(quote(c) for c in cols))
+    key = index.columns if index.unique else (*index.columns, "entity_id")  # its primary key
+    return _Table(index.table, key, cols, tuple(quote(c) for c in cols))
 
 
 @dataclass

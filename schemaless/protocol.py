@@ -1,6 +1,7 @@
 """The write protocol: index rows first, the entity second, stale rows last (queued).
 
 docs/architecture.md explains why each step is safe.  ``Writer.write`` runs steps 1-3
+(step 1 settling the claims of unique indexes, ``schemaless.unique``)
 for a batch of entities (one statement batch per server per step, servers in
 parallel), again with larger versions for those whose stored version was ahead;
 ``Writer.delete`` writes tombstones and queues the old bodies' rows for deletion
@@ -21,11 +22,18 @@ from .cluster import Cluster
 from .codec import Codec
 from .connection import Batch, gather, gather_partial
 from .entity import Entity
-from .errors import ConflictError, CorruptEntity, InvalidEntity, SchemalessError
+from .errors import (
+    ConflictError,
+    CorruptEntity,
+    InvalidEntity,
+    SchemalessError,
+    UniqueViolation,
+)
 from .hashing import shard_of
 from .ids import id_hex, new_id, to_id
 from .index import Index
 from .stale import StaleRows
+from .unique import Claims, Violation
 from .writes import (
     BLIND,
     CREATE,
@@ -36,6 +44,7 @@ from .writes import (
     chunks,
     delete_rows_sql,
     entity_batch_sql,
+    release_sql,
     sql_bytes,
     upsert_rows_sql,
 )
@@ -75,6 +84,43 @@ def _write_bytes(prepared: tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...
     return 1024 + 2 * len(prepared[2]) + sum(512 + sql_bytes(row) for row in rows)
 
 
+def _shown(index: Index, values: tuple[Any, ...]) -> str:
+    """``name='ada'``: a unique value for a message."""
+    return ", ".join(f"{k}={v!r}" for k, v in index.readable(values).items())
+
+
+def _violation(v: Violation) -> UniqueViolation:
+    index = v.row.index
+    shown = _shown(index, v.row.values)
+    return UniqueViolation(
+        f"unique index {index.name!r}: {shown} belongs to another entity "
+        f"(entity {id_hex(v.row.entity_id)} was not written)",
+        index=index.name,
+        values=v.row.values,
+    )
+
+
+def _check_unique(
+    indexes: list[Index], prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]
+) -> None:
+    """Refuse a batch in which two entities produce one value of a unique index."""
+    for index in indexes:
+        if not index.unique:
+            continue
+        owner: dict[tuple[Any, ...], bytes] = {}
+        for key, _, _, rows in prepared:
+            for values in rows[index.name]:
+                other = owner.setdefault(values, key)
+                if other != key:
+                    raise UniqueViolation(
+                        f"unique index {index.name!r}: entities {id_hex(other)} and "
+                        f"{id_hex(key)} of one put_many both have {_shown(index, values)};"
+                        " nothing was written",
+                        index=index.name,
+                        values=values,
+                    )
+
+
 class Writer:
     """Runs the write protocol for one datastore."""
 
@@ -90,6 +136,7 @@ class Writer:
         self.clock = clock
         self.decode = decode
         self.stale = StaleRows(self._remove_stale)
+        self.claims = Claims(cluster, decode)
 
     def write(self, entities: list[Mapping[str, Any]], mode: str | int) -> list[int]:
         """Validate everything, then run steps 1-3; return the versions."""
@@ -118,6 +165,7 @@ class Writer:
             except InvalidEntity as exc:
                 raise type(exc)(f"entity {id_hex(key)}: {exc}") from exc
             prepared.append((key, self.cluster.shard_of_id(key), body, rows))
+        _check_unique(indexes, prepared)
         versions: dict[bytes, int] = {}
         for pending in chunks(prepared, _write_bytes, self.cluster.max_batch_bytes):
             for attempt in range(_BLIND_ATTEMPTS):
@@ -180,12 +228,13 @@ class Writer:
                 for row in values:
                     target = self._row_shard(topo, index, row)
                     placed = IndexRow(index, target, row, key, version)
-                    if topo.shard_servers[target] == home:  # commits with its entity
+                    # commits with its entity; a unique claim is settled before step 2
+                    if not index.unique and topo.shard_servers[target] == home:
                         local.setdefault(home, []).append(placed)
                     else:
                         new_rows.append(placed)
         failpoints.hit("put.before_index_rows")
-        self._run_rows(topo, new_rows, dbs, upsert_rows_sql)
+        self._claim(topo, new_rows, fresh)
         failpoints.hit("put.after_index_rows")
         outcomes = self._run_entities(topo, writes, local)
         failpoints.hit("put.after_entity")
@@ -222,6 +271,22 @@ class Writer:
             self.stale.submit(stale_rows)
             failpoints.hit("put.after_stale_rows")
         return again
+
+    def _claim(self, topo: Topology, rows: list[IndexRow], fresh: set[bytes]) -> None:
+        """Step 1; unique rows that another entity owns are settled before step 2 (a
+        violation raises, and the rows of new entities are released at once)."""
+        if not any(row.index.unique for row in rows):
+            self._run_rows(topo, rows, topo.dbs, upsert_rows_sql)
+            return
+        violations = self.claims.settle(topo, self.claims.claim(topo, rows))
+        if not violations:
+            return
+        released = [r for r in rows if r.index.unique and r.entity_id in fresh]
+        try:
+            self._run_rows(topo, released, topo.dbs, release_sql)
+        except SchemalessError as exc:  # orphans: the next claimer takes them over
+            log.warning("unique rows of a refused put left as orphans: %s", exc)
+        raise _violation(violations[0])
 
     def _remove_stale(self, rows: list[IndexRow]) -> None:
         """Step 3 (run by ``self.stale``), on the current topology.  The writes are

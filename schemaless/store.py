@@ -30,6 +30,7 @@ from .errors import (
     InvalidQuery,
     PermissionDenied,
     TableMissing,
+    UniqueViolation,
 )
 from .health import HealthState
 from .ids import id_hex, to_id
@@ -86,6 +87,7 @@ class DataStore:
         move_wait: float = 30.0,
         max_replica_lag: float = 5.0,
         timeout: float | None = None,
+        claim_wait: float = 0.2,
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -123,6 +125,8 @@ class DataStore:
         self.clock = VersionClock()
         self.move_wait = move_wait
         self._writer = Writer(self.cluster, self.codec, self.clock, self.decode)
+        self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
+        self.claims.wait = claim_wait
         self._query = QueryEngine(self)
         for index in indexes:
             self.declare_index(index)
@@ -326,8 +330,9 @@ class DataStore:
         """Read-modify-write: store ``fn(current)``; on a conflict call ``fn`` again.
 
         ``fn`` gets the current entity (a copy, or None if absent) and returns the new
-        one.  After ``retries`` conflicts, ``ConflictError`` is raised.  ``timeout``:
-        the deadline of the whole call, every attempt included.
+        one.  After ``retries`` conflicts, ``ConflictError`` is raised; a
+        ``UniqueViolation`` is raised at once.  ``timeout``: the deadline of the whole
+        call, every attempt included.
         """
         with self.deadline(timeout):
             return self._update(to_id(entity_id), fn, retries)
@@ -344,6 +349,8 @@ class DataStore:
                 raise InvalidEntity("update() must not change the entity's id")
             try:
                 stored = self.put(new, expect_version=version)
+            except UniqueViolation:
+                raise  # calling fn again would claim the same value
             except ConflictError:
                 continue
             return Entity(new, stored)
@@ -562,6 +569,23 @@ class DataStore:
             index, _merge(where, conditions), order, limit, include_building, partial, consistency
         )
         return self.call(lambda: self._query.page(q, cursor), timeout)
+
+    def get_by(
+        self, index: Index | str, *, consistency: str = "primary", **values: Any
+    ) -> Entity | None:
+        """The one entity of a unique index with these values (every property of the
+        index, by equality), or None: ``get_by("by_email", email="ada@example.com")``."""
+        resolved = self.resolve_index(index, include_building=False)
+        if not resolved.unique:
+            raise InvalidQuery(f"index {resolved.name!r} is not unique: use query()")
+        missing = [p for p in resolved.properties if p not in values]
+        if missing or len(values) != len(resolved.properties):
+            raise InvalidQuery(
+                f"get_by on unique index {resolved.name!r} takes exactly its properties "
+                f"({', '.join(resolved.properties)}) by equality"
+            )
+        page = self.query(resolved, limit=1, consistency=consistency, where=values)
+        return page[0] if page else None
 
     def iter(
         self,

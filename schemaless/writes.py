@@ -1,7 +1,9 @@
 """SQL of the write protocol (docs/architecture.md, "The write protocol").
 
 Pure builders: each returns statements and parameters for one server's batch.
-Step 1 upserts index rows with ``GREATEST(entity_version, V)``; step 2 writes each
+Step 1 upserts index rows with ``GREATEST(entity_version, V)`` (a unique table's row
+only if it names the same entity; a claim that meets another owner is settled with
+``owners_sql``, ``takeover_sql`` and ``fence_owner_sql``); step 2 writes each
 entity with one conditional statement (after the upserts of its rows that live on the
 same server, in one transaction), the first body of each logical shard naming that
 shard's fence table; step 3 deletes the old body's rows only where
@@ -29,8 +31,12 @@ __all__ = [
     "chunks",
     "delete_rows_sql",
     "entity_batch_sql",
+    "fence_owner_sql",
     "in_transaction",
+    "owners_sql",
+    "release_sql",
     "sql_bytes",
+    "takeover_sql",
     "upsert_rows_sql",
     "upsert_sql",
 ]
@@ -94,13 +100,83 @@ def upsert_sql(db: str, index: Index, rows: int) -> str:
     """A multi-row upsert of ``rows`` rows into one index table; each row's parameters
     are its values, ``entity_id`` and ``entity_version``."""
     head, one = _upsert_parts(db, index)
-    return f"{head}{', '.join([one] * rows)}{_UPSERT_TAIL}"
+    return f"{head}{', '.join([one] * rows)}{_UNIQUE_TAIL if index.unique else _UPSERT_TAIL}"
 
 
 _UPSERT_TAIL = (
     " ON DUPLICATE KEY UPDATE"
     " `entity_version` = GREATEST(`entity_version`, VALUES(`entity_version`))"
 )
+# A unique table's key is the values alone: a row of another owner is left as it is.
+_UNIQUE_TAIL = (
+    " ON DUPLICATE KEY UPDATE `entity_version` = IF(`entity_id` = VALUES(`entity_id`),"
+    " GREATEST(`entity_version`, VALUES(`entity_version`)), `entity_version`)"
+)
+
+
+def owners_sql(db: str, index: Index, values: Sequence[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+    """``SELECT values..., entity_id, entity_version`` of a unique index's rows with
+    these values (one statement)."""
+    cols = [quote(c) for c in index.columns]
+    params: list[Any] = []
+    if len(cols) == 1:
+        where = f"{cols[0]} IN ({', '.join(['%s'] * len(values))})"
+        params = [v[0] for v in values]
+    else:
+        one = "(" + " AND ".join(f"{c} = %s" for c in cols) + ")"
+        where = " OR ".join([one] * len(values))
+        params = [x for v in values for x in v]
+    return (
+        f"SELECT {', '.join(cols)}, `entity_id`, `entity_version`"
+        f" FROM {quote(db, index.table)} WHERE {where}",
+        params,
+    )
+
+
+def takeover_sql(row: IndexRow, db: str, owner: bytes, seen: int) -> tuple[str, list[Any]]:
+    """Give a unique row to ``row``'s entity, only if it still names ``owner`` at
+    version ``seen`` (the version guard of a takeover)."""
+    where = " AND ".join(f"{quote(c)} = %s" for c in row.index.columns)
+    return (
+        f"UPDATE {quote(db, row.index.table)} SET `entity_id` = %s, `entity_version` = %s"
+        f" WHERE {where} AND `entity_id` = %s AND `entity_version` = %s",
+        [row.entity_id, row.version, *row.values, owner, seen],
+    )
+
+
+def release_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
+    """Delete rows exactly as this write claimed them (entity and version): the
+    unique rows of a new entity whose put was refused."""
+    stmts: list[str] = []
+    params: list[Any] = []
+    for row in rows:
+        where = " AND ".join(f"{quote(c)} = %s" for c in row.index.columns)
+        stmts.append(
+            f"DELETE FROM {quote(dbs[row.shard], row.index.table)} WHERE {where}"
+            " AND `entity_id` = %s AND `entity_version` = %s"
+        )
+        params += [*row.values, row.entity_id, row.version]
+    return in_transaction(stmts), params
+
+
+def fence_owner_sql(
+    db: str, owner: bytes, seen: int | None, version: int, now: int
+) -> tuple[str, list[Any]]:
+    """Raise an entity to ``version`` if it is still as read: at ``seen`` (body
+    unchanged; a tombstone's ``updated`` refreshed, so it is not purged soon), or with
+    no row (``seen`` None: a tombstone is written).  One result set: the rows changed."""
+    table = quote(db, "entities")
+    if seen is None:
+        sql = f"INSERT IGNORE INTO {table} (`id`, `version`, `updated`) VALUES (%s, %s, %s)"
+        params: list[Any] = [owner, version, now]
+    else:
+        sql = (
+            f"UPDATE {table} SET `version` = %s,"
+            " `updated` = IF(`body` IS NULL, GREATEST(`updated`, %s), `updated`)"
+            " WHERE `id` = %s AND `version` = %s"
+        )
+        params = [version, now, owner, seen]
+    return sql + "; SELECT ROW_COUNT()", params
 
 
 @functools.lru_cache(maxsize=4096)

@@ -59,7 +59,17 @@ def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
     cfg, data = _run_tiny(
         servers,
         write_ops=40,
-        ops=["put_1idx", "get", "get_many", "query_eq", "scatter_p10", "update", "delete"],
+        ops=[
+            "put_1idx",
+            "put_int_idx",
+            "put_unique_idx",
+            "get",
+            "get_many",
+            "query_eq",
+            "scatter_p10",
+            "update",
+            "delete",
+        ],
         codec_entities=300,
         round_trip_samples=3,
     )
@@ -77,6 +87,7 @@ def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
     rt = data["round_trips"]
     # 2 steps, or 1 when the index row lives on the entity's server (one transaction)
     assert 1 <= rt["put_1idx"]["schemaless"]["sequential"] <= 2
+    assert rt["put_unique_idx"]["schemaless"]["sequential"] == 2  # the claim is always step 1
     assert rt["get"]["schemaless"]["round_trips"] == 1
     formats = {f["format"]: f for f in data["codec"]["formats"]}
     assert set(formats) >= {"pickle2+zlib6", "schemaless", "schemaless+dict"}

@@ -1,0 +1,244 @@
+"""Unique indexes: claims, and what a claim that meets another owner does.
+
+docs/architecture.md ("Unique indexes") gives the argument.  ``Claims.claim`` upserts
+rows (unique ones with the owner-preserving upsert) and reads back the owners of the
+unique ones in the same round trip; ``Claims.settle`` resolves the rows another entity
+owns: a live owner that produces the value is a ``Violation``; an orphan (its owner
+absent, a tombstone, or with a body that does not produce it, at a version not below
+the row's) is taken over under the version guard; an owner in flight (its stored
+version below the row's) is waited for a little, then fenced, then taken over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import failpoints
+from .catalog import Topology, now_us
+from .cluster import Cluster
+from .connection import Batch, gather
+from .entity import Entity
+from .errors import ConflictError, CorruptEntity, InvalidEntity
+from .ids import id_hex
+from .writes import (
+    IndexRow,
+    by_id_sql,
+    fence_owner_sql,
+    in_transaction,
+    owners_sql,
+    takeover_sql,
+    upsert_rows_sql,
+)
+
+__all__ = ["Claims", "Owner", "Violation"]
+
+#: ``(entity_id, entity_version)`` of a unique row; None when there is no row.
+Owner = tuple[bytes, int] | None
+_Contested = tuple[IndexRow, Owner]
+_ROUNDS = 200
+_PAUSE = 0.005  # between rounds that only wait for owners in flight
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A claim that met a live owner producing its value."""
+
+    row: IndexRow
+    owner: bytes
+
+
+class Claims:
+    """Claims unique rows for one datastore's writes (and the Cleaner's backfill).
+
+    ``decode(id, shard, version, body)``: the datastore's.  ``wait``: how long an owner
+    that looks in flight is given to commit before it is fenced (seconds).
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        decode: Callable[[bytes, int, int, bytes], Entity],
+        wait: float = 0.2,
+    ) -> None:
+        self.cluster = cluster
+        self.decode = decode
+        self.wait = wait
+
+    def claim(self, topo: Topology, rows: Sequence[IndexRow]) -> list[_Contested]:
+        """Step 1: upsert ``rows``, one batch per server, servers in parallel; return
+        the unique rows that another entity owns (or that are gone), with that owner."""
+        if not rows:
+            return []
+        by_server: dict[int, list[IndexRow]] = {}
+        for row in rows:
+            by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
+        servers = self.cluster.all_servers(topo)
+        batches: dict[int, Batch] = {}
+        reads: dict[int, list[list[IndexRow]]] = {}
+        for sid, group in by_server.items():
+            sql, params = upsert_rows_sql(group, topo.dbs)
+            selects, more, reads[sid] = _owner_reads([r for r in group if r.index.unique], topo)
+            batches[sid] = Batch(servers[sid], ";\n".join([sql, *selects]), [*params, *more])
+        results = gather(batches)
+        return [c for sid, groups in reads.items() for c in _contested(groups, results[sid])]
+
+    def settle(self, topo: Topology, contested: list[_Contested]) -> list[Violation]:
+        """Resolve contested claims until each is held or violated; the violations."""
+        violations: list[Violation] = []
+        since: dict[tuple[bytes, int], float] = {}
+        pending = contested
+        for _ in range(_ROUNDS):
+            if not pending:
+                return violations
+            states = self._states(topo, {o[0] for _, o in pending if o is not None})
+            now = time.monotonic()
+            act: list[tuple[IndexRow, Owner]] = []  # claim again (None) or take over
+            fence: dict[bytes, tuple[int | None, int]] = {}  # owner -> (seen, up to)
+            later: list[_Contested] = []
+            for row, owner in pending:
+                if owner is None:
+                    act.append((row, None))
+                    continue
+                oid, r = owner
+                seen, body = states.get(oid, (None, None))
+                if body is not None and self._produces(oid, seen or 0, body, row):
+                    violations.append(Violation(row, oid))
+                elif (seen or 0) >= r:
+                    act.append((row, owner))  # an orphan: take it over
+                elif now - since.setdefault(owner, now) < self.wait:
+                    later.append((row, owner))  # in flight: give it time to commit
+                else:
+                    fence[oid] = (seen, max(r, fence.get(oid, (None, 0))[1]))
+                    later.append((row, owner))
+            if fence:
+                failpoints.hit("unique.before_fence")
+                fenced = self._fence(topo, fence)
+                act += [(row, o) for row, o in later if o is not None and o[0] in fenced]
+                later = [(row, o) for row, o in later if o is None or o[0] not in fenced]
+            if act:
+                failpoints.hit("unique.before_takeover")
+                pending = self._act(topo, act) + later
+            else:
+                pending = later
+                time.sleep(_PAUSE)
+        row = pending[0][0]
+        raise ConflictError(
+            f"unique index {row.index.name!r}: the claim of entity {id_hex(row.entity_id)} "
+            f"on {row.index.readable(row.values)} did not settle after {_ROUNDS} rounds"
+        )
+
+    def _produces(self, owner: bytes, version: int, body: bytes, row: IndexRow) -> bool:
+        """Whether the owner's body produces the row; a body that cannot be read counts
+        as producing it (a row is never taken from an entity that cannot be checked)."""
+        shard = self.cluster.shard_of_id(owner)
+        try:
+            return row.values in row.index.rows(self.decode(owner, shard, version, body))
+        except InvalidEntity:
+            return False
+        except CorruptEntity:
+            return True
+
+    def _states(self, topo: Topology, ids: set[bytes]) -> dict[bytes, tuple[int, bytes | None]]:
+        """``id -> (version, body or None for a tombstone)``; absent ids omitted."""
+        if not ids:
+            return {}
+        servers = self.cluster.all_servers(topo)
+        batches = {
+            sid: Batch(servers[sid], *by_id_sql(topo.prefix, shards, "`id`, `version`, `body`"))
+            for sid, shards in self.cluster.ids_by_server(topo, ids).items()
+        }
+        out: dict[bytes, tuple[int, bytes | None]] = {}
+        for sets in gather(batches).values():
+            for key, version, body in sets[0]:
+                out[bytes(key)] = (int(version), bytes(body) if body is not None else None)
+        return out
+
+    def _fence(self, topo: Topology, fences: dict[bytes, tuple[int | None, int]]) -> set[bytes]:
+        """Raise each owner to its version if it is still as read; the owners raised."""
+        now = now_us()
+        stmts: dict[int, list[tuple[bytes, str, list[Any]]]] = {}
+        for owner, (seen, version) in sorted(fences.items()):
+            shard = self.cluster.shard_of_id(owner)
+            sql, params = fence_owner_sql(topo.dbs[shard], owner, seen, version, now)
+            stmts.setdefault(topo.shard_servers[shard], []).append((owner, sql, params))
+        servers = self.cluster.all_servers(topo)
+        batches = {
+            sid: Batch(
+                servers[sid],
+                ";\n".join(s for _, s, _ in group),
+                [p for _, _, params in group for p in params],
+                idempotent=False,
+            )
+            for sid, group in stmts.items()
+        }
+        results = gather(batches)
+        return {
+            owner
+            for sid, group in stmts.items()
+            for (owner, _, _), rows in zip(group, results[sid], strict=True)
+            if rows[0][0]
+        }
+
+    def _act(self, topo: Topology, act: list[tuple[IndexRow, Owner]]) -> list[_Contested]:
+        """Claim rows again (no row was there) or take them over (guarded), then read
+        their owners back; the rows still held by another."""
+        by_server: dict[int, list[tuple[IndexRow, Owner]]] = {}
+        for item in act:
+            by_server.setdefault(topo.shard_servers[item[0].shard], []).append(item)
+        servers = self.cluster.all_servers(topo)
+        batches: dict[int, Batch] = {}
+        reads: dict[int, list[list[IndexRow]]] = {}
+        for sid, group in by_server.items():
+            stmts: list[str] = []
+            params: list[Any] = []
+            claims = [row for row, owner in group if owner is None]
+            if claims:
+                sql, more = upsert_rows_sql(claims, topo.dbs)
+                stmts.append(sql)
+                params += more
+            for row, owner in group:
+                if owner is not None:
+                    sql, more = takeover_sql(row, topo.dbs[row.shard], *owner)
+                    stmts.append(sql)
+                    params += more
+            selects, more, reads[sid] = _owner_reads([row for row, _ in group], topo)
+            sql = ";\n".join([in_transaction(stmts), *selects])
+            batches[sid] = Batch(servers[sid], sql, params + more, idempotent=False)
+        results = gather(batches)
+        return [c for sid, groups in reads.items() for c in _contested(groups, results[sid])]
+
+
+def _owner_reads(
+    rows: list[IndexRow], topo: Topology
+) -> tuple[list[str], list[Any], list[list[IndexRow]]]:
+    """One owners ``SELECT`` per (logical shard, index) table: the statements, their
+    parameters and the rows each one reads."""
+    groups: dict[tuple[int, str], list[IndexRow]] = {}
+    for row in rows:
+        groups.setdefault((row.shard, row.index.name), []).append(row)
+    stmts: list[str] = []
+    params: list[Any] = []
+    ordered: list[list[IndexRow]] = []
+    for (shard, _), group in sorted(groups.items()):
+        sql, more = owners_sql(topo.dbs[shard], group[0].index, [r.values for r in group])
+        stmts.append(sql)
+        params += more
+        ordered.append(group)
+    return stmts, params, ordered
+
+
+def _contested(groups: list[list[IndexRow]], results: Sequence[Any]) -> list[_Contested]:
+    """The rows of ``groups`` whose owner (read in ``results``, one set per group, the
+    last ones of the batch) is not their entity."""
+    out: list[_Contested] = []
+    sets = list(results)[len(results) - len(groups) :] if groups else []
+    for group, found in zip(groups, sets, strict=True):
+        owners = {tuple(r[:-2]): (bytes(r[-2]), int(r[-1])) for r in found}
+        for row in group:
+            owner = owners.get(row.values)
+            if owner is None or owner[0] != row.entity_id:
+                out.append((row, owner))
+    return out

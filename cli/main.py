@@ -6,6 +6,7 @@ import click
 
 from .admin import init
 from .data import delete, get, put, query
+from .dump import dump_command, restore_command
 from .grants import grants
 from .indexes import index
 from .local_cluster import local
@@ -37,3 +38,5 @@ def cli() -> None:
 for command in (local, init, index, put, get, delete, query, shards, servers, replicas, dictionary):
     cli.add_command(command)
 cli.add_command(grants)
+cli.add_command(dump_command)
+cli.add_command(restore_command)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from schemaless import __version__
+
 from .admin import init
 from .data import delete, get, put, query
 from .dump import dump_command, restore_command
@@ -17,7 +19,7 @@ __all__ = ["cli"]
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="schemaless")
+@click.version_option(__version__, package_name="schemaless-mysql")
 def cli() -> None:
     """Administer a schemaless datastore: shards, indexes, entities.
 

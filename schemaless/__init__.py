@@ -7,6 +7,8 @@
 >>> by_user.get_all(ds, user_id=user)
 """
 
+__version__ = "0.1.0"
+
 from .entity import Entity
 from .errors import (
     CatalogError,
@@ -54,5 +56,6 @@ __all__ = [
     "ShardUnavailable",
     "StorageFull",
     "TableMissing",
+    "__version__",
     "new_id",
 ]

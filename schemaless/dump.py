@@ -41,7 +41,7 @@ from .codec import Codec
 from .connection import Batch, gather
 from .errors import CatalogError, CorruptEntity, InvalidEntity, SchemalessError, ServerError
 from .hashing import shard_of
-from .ids import to_id
+from .ids import id_hex, to_id
 from .index import Index
 from .names import quote
 from .store import DataStore
@@ -306,9 +306,14 @@ def _native(f: BinaryIO, ds: DataStore, codec: Codec | None) -> Iterator[Record]
             dict_id = ds.codec.dictionary_id(record.body)  # checks the header
         except (ValueError, TypeError, SchemalessError) as exc:
             raise CorruptEntity(f"{f.name}: a bad record: {exc}") from None
-        if codec is not None and dict_id is not None and codec.has_dictionary(dict_id):
+        if dict_id is not None and codec is not None and codec.has_dictionary(dict_id):
             body = ds.codec.encode(codec.decode(record.body))
             record = Record(record.id, record.version, record.updated, body)
+        elif dict_id is not None and not ds.codec.has_dictionary(dict_id):
+            raise CorruptEntity(
+                f"{f.name}: entity {id_hex(record.id)} names codec dictionary {dict_id}, "
+                "which neither the manifest nor the target datastore has"
+            )
         yield record
 
 

@@ -8,11 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from conftest import assert_clean
 from test_cli import Cli, cluster_env
 
-from schemaless import CatalogError, DataStore, Index, new_id
+from schemaless import CatalogError, CorruptEntity, DataStore, Index, new_id
 from schemaless import dump as dumping
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.hashing import shard_of
@@ -171,6 +172,16 @@ def test_bad_directories(make_store: Any, tmp_path: Path) -> None:
         dumping.dump(src, tmp_path / "e", encoding="csv")
     with pytest.raises(CatalogError, match="does not define"):
         dumping.restore(make_store([Index("other", ["x"], shard_on="x")]), tmp_path / "d")
+    src.put({"id": new_id(), "n": 1})
+    manifest = dumping.dump(src, tmp_path / "n", encoding="native")
+    name = next(n for n, count in manifest["files"].items() if count)
+    key = new_id()
+    unknown = bytes((1, 2)) + (77).to_bytes(4, "big") + b"frame"  # names dictionary 77
+    (tmp_path / "n" / name).write_bytes(msgpack.packb([key, 5, 1, unknown]))
+    target = make_store(shards=2)
+    with pytest.raises(CorruptEntity, match="dictionary 77"):
+        dumping.restore(target, tmp_path / "n")
+    assert live(target) == {}
     (tmp_path / "d" / "manifest.json").write_text(json.dumps({"format": 99}))
     with pytest.raises(dumping.DumpError, match="not a dump manifest"):
         dumping.restore(src, tmp_path / "d")

@@ -31,7 +31,7 @@ from typing import Any, ParamSpec, TypeVar
 from . import store
 from .catalog import IndexInfo
 from .entity import Entity
-from .errors import ConflictError, InvalidEntity
+from .errors import ConflictError, InvalidEntity, ShardUnavailable
 from .ids import id_hex, to_id
 from .index import Index
 from .query import Page
@@ -78,7 +78,12 @@ class DataStore:
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        call = functools.partial(fn, *args, **kwargs)
+        try:
+            future = loop.run_in_executor(self._executor, call)
+        except RuntimeError:  # the executor is shut down
+            raise ShardUnavailable("datastore closed") from None
+        return await future
 
     async def close(self) -> None:
         """Wait for the calls already running, then close the datastore."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,16 @@ from typing import Any
 import pytest
 from conftest import drop_datastore
 
-from schemaless import ConflictError, Entity, Index, InvalidEntity, failpoints, new_id
+from schemaless import (
+    ConflictError,
+    Entity,
+    Index,
+    InvalidEntity,
+    ShardUnavailable,
+    failpoints,
+    new_id,
+)
+from schemaless import DataStore as SyncDataStore
 from schemaless.aio import DataStore
 from schemaless.local import LocalCluster
 
@@ -140,3 +150,40 @@ def test_cancelling_a_pending_put_and_a_running_one(ads: DataStore) -> None:
         asyncio.run(main())
     finally:
         release.set()
+
+
+def sync_store(local_cluster: LocalCluster, prefix: str) -> SyncDataStore:
+    return SyncDataStore(
+        local_cluster.addresses,
+        prefix=prefix,
+        shards=2,
+        option_file=str(local_cluster.option_file),
+    )
+
+
+def test_close_waits_for_running_calls_then_refuses_new_ones(
+    local_cluster: LocalCluster,
+) -> None:
+    prefix = "a_" + uuid.uuid4().hex[:12]
+    sync = sync_store(local_cluster, prefix)
+
+    async def main() -> None:
+        async with DataStore.wrap(sync, workers=2) as ads:
+            key = new_id()
+            inside = threading.Event()
+
+            def slow() -> None:
+                inside.set()
+                time.sleep(0.3)
+
+            failpoints.set("put.after_index_rows", slow)
+            writing = asyncio.create_task(ads.put({"id": key, "n": 1}))
+            assert await asyncio.to_thread(inside.wait, 60)  # the put is running
+        assert writing.done() and await writing > 0  # close() waited for it
+        with pytest.raises(ShardUnavailable, match="closed"):
+            await ads.get(key)
+
+    try:
+        asyncio.run(main())
+    finally:
+        drop_datastore(sync_store(local_cluster, prefix))

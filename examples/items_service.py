@@ -145,7 +145,7 @@ def main() -> None:
 
     from schemaless.connect import open_store
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="The items service (examples/items_service.py).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()

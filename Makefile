@@ -19,10 +19,10 @@ APT_PACKAGES := mariadb-server mariadb-client libmariadb-dev pkg-config gcc pyth
 # Is a program there? mariadbd lives in /usr/sbin, which a user's PATH may lack.
 HAVE = have() { command -v "$$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$$1" ]; }
 
-.PHONY: help deps venv test demo lint fmt bench local-up local-down local-status clean
+.PHONY: help deps venv test demo lint fmt bench dist local-up local-down local-status clean
 
 help:
-	@echo "targets: deps venv test demo lint fmt bench local-up local-down local-status clean"
+	@echo "targets: deps venv test demo lint fmt bench dist local-up local-down local-status clean"
 	@echo "variables: PYTEST_ARGS, BENCH_ARGS, PYTHON (default python3)"
 
 # MariaDB server and client, and what building mysqlclient needs; apt only if missing.
@@ -74,6 +74,12 @@ fmt: venv
 
 bench: deps venv
 	$(PY) -m bench $(BENCH_ARGS)
+
+# The release files (sdist and wheel) in dist/, checked as PyPI would.
+dist: venv
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	$(PY) -m twine check --strict dist/*
 
 # The default local cluster: $$SCHEMALESS_LOCAL_DIR or ./.schemaless-local.
 local-up: deps venv

@@ -81,6 +81,7 @@ class Config:
     codec: bool = True
     codec_entities: int = 5000
     backfill: bool = False
+    dump: bool = False
     cleaner_parts: int = 2  # the backfill runs as this many `cleaner --part K/N` processes
     cleaner_args: list[str] = field(default_factory=list)  # more options for each part
     keep: bool = False
@@ -96,8 +97,8 @@ class Config:
 def drop_prefix(servers: Servers, prefix: str) -> None:
     """Drop every database this benchmark makes under ``prefix`` (and only those)."""
     pattern = re.compile(
-        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013]|[tu]1|r[tu]1)_[0-9]{{4}}"
-        r"|(?:i[013]|[tu]1)_(?:catalog|canary)|json|naive"
+        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013]|[tu]1|r[tu]1|rj|rn|md)_[0-9]{{4}}"
+        r"|(?:i[013]|[tu]1|rj|rn)_catalog|(?:i[013]|[tu]1)_canary|json|naive"
         r"|tl_[a-z0-9_]+)\Z"
     )
     for i in range(len(servers.addresses)):
@@ -255,6 +256,11 @@ def run(cfg: Config, servers: Servers | None = None) -> dict[str, Any]:
 
             _log("backfill")
             results["backfill"] = backfill_bench(b, cfg)
+        if cfg.dump:
+            from .dumpbench import dump_bench
+
+            _log("dump and restore")
+            results["dump"] = dump_bench(b, cfg)
         results["targets"] = evaluate(results)
         results["meta"]["seconds"] = round(time.time() - started, 1)
     finally:
@@ -388,6 +394,11 @@ def format_table(results: dict[str, Any]) -> str:
     if bf:
         lines.append("")
         lines.append(format_backfill(bf))
+    if results.get("dump"):
+        from .dumpbench import format_dump
+
+        lines.append("")
+        lines.append(format_dump(results["dump"]))
     targets = results.get("targets", [])
     if targets:
         lines.append("")
@@ -481,6 +492,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
     p.add_argument("--no-codec", action="store_true", help="skip the codec benchmark")
     p.add_argument("--backfill", action="store_true", help="also the backfill benchmark")
     p.add_argument(
+        "--dump", action="store_true", help="also dump/restore against mysqldump (same data)"
+    )
+    p.add_argument(
         "--cleaner-parts",
         type=int,
         default=2,
@@ -507,6 +521,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
         buffer_pool_mib=a.buffer_pool_mb,
         codec=not a.no_codec,
         backfill=a.backfill,
+        dump=a.dump,
         cleaner_parts=max(1, a.cleaner_parts),
         cleaner_args=shlex.split(a.cleaner_args),
         keep=a.keep,

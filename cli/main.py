@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
+from schemaless import __version__
+
 from .admin import init
 from .data import delete, get, put, query
+from .dump import dump_command, restore_command
 from .grants import grants
 from .indexes import index
 from .local_cluster import local
@@ -16,7 +19,7 @@ __all__ = ["cli"]
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="schemaless")
+@click.version_option(__version__, package_name="schemaless-mysql")
 def cli() -> None:
     """Administer a schemaless datastore: shards, indexes, entities.
 
@@ -37,3 +40,5 @@ def cli() -> None:
 for command in (local, init, index, put, get, delete, query, shards, servers, replicas, dictionary):
     cli.add_command(command)
 cli.add_command(grants)
+cli.add_command(dump_command)
+cli.add_command(restore_command)

@@ -31,6 +31,7 @@ __all__ = [
     "echo_table",
     "entity_from_json",
     "entity_to_json",
+    "from_json",
     "human_bytes",
     "human_duration",
     "json_line",
@@ -99,6 +100,11 @@ def _decode_special(obj: dict[str, Any]) -> Any:
     if moment.tzinfo is None:
         raise ValueError(f"$datetime needs an offset (e.g. +00:00), got {text[:40]!r}")
     return moment
+
+
+def from_json(text: str) -> Any:
+    """Parse JSON text written in the ``$`` convention (the inverse of ``to_jsonable``)."""
+    return json.loads(text, object_hook=_decode_special)
 
 
 def entity_from_json(text: str) -> dict[str, Any]:

@@ -7,6 +7,8 @@
 >>> by_user.get_all(ds, user_id=user)
 """
 
+__version__ = "0.1.0"
+
 from .entity import Entity
 from .errors import (
     CatalogError,
@@ -56,5 +58,6 @@ __all__ = [
     "StorageFull",
     "TableMissing",
     "UniqueViolation",
+    "__version__",
     "new_id",
 ]

@@ -154,3 +154,16 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
     assert bf["writer"]["during_ops"] > 0
     assert "Cleaner processes" in format_table(data)
+
+
+def test_dump_benchmark_json(servers: Servers) -> None:
+    _, data = _run_tiny(servers, ops=["get"], codec=False, dump=True, round_trip_samples=1)
+    d = data["dump"]
+    assert d["mysqldump"]["entities"] == d["jsonl"]["entities"] == d["native"]["entities"] > 0
+    for name in ("jsonl", "native", "mysqldump"):
+        assert _positive(d[name]["dump"]["per_s"]) and _positive(d[name]["restore"]["per_s"])
+        assert d[name]["bytes"] > 0
+    for name in ("jsonl", "native"):
+        assert d[name]["backfill"]["states"] == ["ready"] * 3, d[name]
+        assert _positive(d[name]["dump"]["vs_mysqldump"]) and d[name]["target_shards"] == 4
+    assert "mysqldump" in format_table(data)

@@ -251,7 +251,11 @@ def test_dockerfile_builds_the_package_as_a_non_root_user() -> None:
 def test_the_build_context_holds_what_the_package_needs() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     needed = {"pyproject.toml", project["project"]["readme"]}
+    needed |= set(project["project"].get("license-files", []))
     needed |= set(project["tool"]["setuptools"]["package-dir"].values())
+    runs = " ".join(a for kind, a in dockerfile_instructions() if kind == "RUN")
+    name = re.escape(project["project"]["name"])  # the distribution, not the import name
+    assert re.search(rf"pip install\b[^&]*\s{name}(\s|$)", runs), runs
     sources = set()
     for kind, a in dockerfile_instructions():
         if kind == "COPY" and not a.startswith("--from"):

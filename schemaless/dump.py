@@ -1,0 +1,365 @@
+"""Logical dump and restore: every live entity (id, body, version) and the index
+definitions, out to a directory and back into a datastore of any shard count.
+
+A dump directory holds one file per source logical shard, ``shard-NNNN.jsonl`` (one
+JSON object a line: ``version``, ``updated`` and the ``entity`` in the CLI's ``$``
+convention for bytes, UUIDs and datetimes) or ``shard-NNNN.native`` (msgpack records
+``[id, version, updated, body]`` with the stored body as is: no decoding, and the codec
+dictionaries it names in the manifest), and ``manifest.json``, written last: the
+encoding, the source's prefix and shard count, the index definitions and each file's
+entity count.  Each shard is read in its own ``START TRANSACTION WITH CONSISTENT
+SNAPSHOT``, shards in parallel; the dump is a snapshot per shard, not across shards.
+
+Restore writes the entity rows directly (``INSERT ... ON DUPLICATE KEY UPDATE`` that
+keeps the larger version: idempotent), before any index exists, then declares the
+dump's indexes: on a datastore with entities they are ``building``, so the Cleaner's
+backfill (run by ``schemaless restore`` unless told not to) writes their rows.  So the
+index protocol is never bypassed: no index is maintained while entities are written
+behind its back.  A checkpoint per source file in the target's catalog
+(``restore:<dump id>``) lets an interrupted restore resume; rewriting a batch twice
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgpack
+import MySQLdb
+
+from .catalog import Topology
+from .cli.output import from_json, to_jsonable
+from .codec import Codec
+from .connection import Batch, gather
+from .errors import CatalogError, CorruptEntity, InvalidEntity, SchemalessError, ServerError
+from .hashing import shard_of
+from .ids import id_hex, to_id
+from .index import Index
+from .names import quote
+from .store import DataStore
+from .writes import chunks
+
+__all__ = ["ENCODINGS", "MANIFEST", "Record", "dump", "read_manifest", "restore"]
+
+MANIFEST = "manifest.json"
+ENCODINGS = ("jsonl", "native")
+_FORMAT = 1
+_PAGE = 2000  # rows per read inside a shard's snapshot
+_BATCH = 1000  # records per restore round (one statement batch per server)
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One entity as dumped: its id, version, ``updated`` (µs) and stored body."""
+
+    id: bytes
+    version: int
+    updated: int
+    body: bytes
+
+
+class DumpError(CatalogError):
+    """A dump directory that cannot be written or read back."""
+
+
+# -- dump ------------------------------------------------------------------------------
+
+
+def dump(
+    ds: DataStore,
+    directory: str | Path,
+    *,
+    encoding: str = "jsonl",
+    workers: int = 4,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Dump every live entity and the index definitions; return the manifest.
+
+    ``directory`` must not hold a dump already; ``progress(n)`` is called with the
+    entities of each page read (from several threads)."""
+    if encoding not in ENCODINGS:
+        raise DumpError(f"unknown dump encoding {encoding!r}: use one of {', '.join(ENCODINGS)}")
+    out = Path(directory)
+    if (out / MANIFEST).exists() or any(out.glob("shard-*")):
+        raise DumpError(f"{out} already holds a dump: choose an empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    topo = ds.cluster.refresh()
+    if topo.moves:
+        raise CatalogError("logical shards are being moved: dump once the moves have finished")
+    indexes = [info.index.to_dict() for info in topo.indexes.values() if info.state != "dropped"]
+
+    def one(shard: int) -> tuple[int, set[int]]:
+        return _dump_shard(ds, topo, shard, out / f"shard-{shard:04d}.{encoding}", progress)
+
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="schemaless-dump") as pool:
+        results = list(pool.map(one, range(topo.n_shards)))
+    dict_ids = set().union(*(ids for _, ids in results))
+    manifest = {
+        "format": _FORMAT,
+        "dump_id": uuid.uuid4().hex,
+        "encoding": encoding,
+        "prefix": topo.prefix,
+        "shards": topo.n_shards,
+        "indexes": indexes,
+        "files": {f"shard-{s:04d}.{encoding}": n for s, (n, _) in enumerate(results)},
+        "dictionaries": {str(i): ds.cluster.catalog.dictionary(i).hex() for i in dict_ids},
+    }
+    tmp = out / (MANIFEST + ".part")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, out / MANIFEST)
+    return manifest
+
+
+def _dump_shard(
+    ds: DataStore, topo: Topology, shard: int, path: Path, progress: Progress | None
+) -> tuple[int, set[int]]:
+    """One logical shard's live entities into ``path``, read in one snapshot; the
+    count, and the codec dictionaries their bodies name (native encoding)."""
+    server = ds.cluster.server_of_shard(topo, shard)
+    sql = (
+        f"SELECT `added_id`, `id`, `version`, `updated`, `body` FROM "
+        f"{quote(topo.dbs[shard], 'entities')} WHERE `added_id` > %s"
+        f" ORDER BY `added_id` LIMIT {_PAGE}"
+    )
+    native = path.suffix == ".native"
+    count, dict_ids = 0, set()
+    part = path.with_name(path.name + ".part")
+    with server.connection() as db, open(part, "wb") as out:
+        cursor = db.cursor()
+        try:
+            # sessions are READ COMMITTED: a snapshot needs REPEATABLE READ
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            after = 0
+            while True:
+                cursor.execute(sql, (after,))
+                rows = cursor.fetchall()
+                live = [r for r in rows if r[4] is not None]  # not tombstones
+                for _, key, version, updated, body in live:
+                    record = Record(bytes(key), int(version), int(updated), bytes(body))
+                    if native:
+                        dict_id = ds.codec.dictionary_id(record.body)
+                        if dict_id is not None:
+                            dict_ids.add(dict_id)
+                    out.write(_encode(ds, shard, record, native))
+                count += len(live)
+                if progress is not None and live:
+                    progress(len(live))
+                if len(rows) < _PAGE:
+                    break
+                after = rows[-1][0]
+            cursor.execute("COMMIT")
+        except MySQLdb.Error as exc:
+            raise ServerError(f"{server.name}: dumping logical shard {shard}: {exc}") from exc
+    os.replace(part, path)
+    return count, dict_ids
+
+
+def _encode(ds: DataStore, shard: int, record: Record, native: bool) -> bytes:
+    if native:
+        packed: bytes = msgpack.packb(
+            [record.id, record.version, record.updated, record.body], use_bin_type=True
+        )
+        return packed
+    entity = ds.decode(record.id, shard, record.version, record.body)
+    line = {"version": record.version, "updated": record.updated, "entity": to_jsonable(entity)}
+    return (json.dumps(line, ensure_ascii=False) + "\n").encode()
+
+
+# -- restore ---------------------------------------------------------------------------
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """A complete dump's manifest; DumpError if there is none or it is not one."""
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DumpError(f"{path} is missing: not a dump, or one that did not finish") from None
+    except ValueError as exc:
+        raise DumpError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        raise DumpError(f"{path}: not a dump manifest of format {_FORMAT}")
+    return manifest
+
+
+def restore(
+    ds: DataStore,
+    directory: str | Path,
+    *,
+    workers: int = 4,
+    progress: Progress | None = None,
+) -> list[str]:
+    """Restore a dump into ``ds``; return the names of the indexes left ``building``
+    (backfill them: ``Cleaner(ds).backfill(name)`` or ``cleaner --index=NAME``).
+
+    ``ds`` must be empty, or hold an interrupted restore of the same dump, which this
+    call finishes.  ``progress(n)`` is called with the entities of each batch written
+    (skipped ones included)."""
+    src = Path(directory)
+    manifest = read_manifest(src)
+    indexes = [Index.from_dict(d) for d in manifest["indexes"]]
+    job = f"restore:{manifest['dump_id']}"
+    topo = ds.cluster.refresh()
+    done = _check_target(ds, topo, job, indexes, len(manifest["files"]))
+    codec = _dump_codec(ds, manifest)
+
+    def one(name: str) -> None:
+        shard = int(name.split("-")[1].split(".")[0])
+        position, finished, _ = done.get(shard, (0, False, 0))
+        if finished:
+            if progress is not None:
+                progress(int(manifest["files"][name]))
+            return
+        _restore_file(ds, codec, job, shard, src / name, position, progress)
+
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="schemaless-restore") as pool:
+        list(pool.map(one, sorted(manifest["files"])))
+    return [index.name for index in indexes if ds.declare_index(index) == "building"]
+
+
+def _check_target(
+    ds: DataStore, topo: Topology, job: str, indexes: list[Index], files: int
+) -> dict[int, tuple[int, bool, int]]:
+    """The checkpoints of this restore; an error if the target is not empty and not
+    this restore's, or has indexes the dump does not define."""
+    if topo.moves:
+        raise CatalogError("logical shards are being moved: restore once they have finished")
+    done = ds.cluster.catalog.checkpoints(job)
+    names = {index.name: index for index in indexes}
+    for name, info in topo.indexes.items():
+        if names.get(name) != info.index:
+            raise CatalogError(
+                f"the target datastore has index {name!r}, which this dump does not define: "
+                "restore into a datastore without indexes (they come from the dump)"
+            )
+        if sum(d for _, d, _ in done.values()) < files:
+            raise CatalogError(f"index {name!r} exists before the entities were restored")
+    if not done and not ds._empty(topo):
+        raise CatalogError("the target datastore already holds entities: restore into a new one")
+    return done
+
+
+def _dump_codec(ds: DataStore, manifest: dict[str, Any]) -> Codec | None:
+    """For a native dump whose dictionaries the target lacks: a codec that knows them
+    (bodies naming one are re-encoded by the target's codec); None otherwise."""
+    foreign = {}
+    for text, hex_data in manifest.get("dictionaries", {}).items():
+        data = bytes.fromhex(hex_data)
+        try:
+            if ds.cluster.catalog.dictionary(int(text)) == data:
+                continue
+        except CatalogError:
+            pass
+        foreign[int(text)] = data
+    if not foreign:
+        return None
+    codec = Codec(max_body_bytes=ds.codec.max_body_bytes)
+    for dict_id, data in foreign.items():
+        codec.add_dictionary(dict_id, data)
+    return codec
+
+
+def _restore_file(
+    ds: DataStore,
+    codec: Codec | None,
+    job: str,
+    shard: int,
+    path: Path,
+    position: int,
+    progress: Progress | None,
+) -> None:
+    """Write one dump file's records after the first ``position`` (written by an
+    earlier run), saving the checkpoint after each batch."""
+    with open(path, "rb") as f:
+        records = _native(f, ds, codec) if path.suffix == ".native" else _jsonl(f, ds)
+        n = sum(1 for _ in itertools.islice(records, position))  # written before
+        if progress is not None and n:
+            progress(n)
+        while True:
+            batch = list(itertools.islice(records, _BATCH))
+            if batch:
+                _write(ds, batch)
+            n += len(batch)
+            ds.cluster.catalog.save_checkpoint(job, shard, n, len(batch) < _BATCH, n)
+            if progress is not None and batch:
+                progress(len(batch))
+            if len(batch) < _BATCH:
+                return
+
+
+def _native(f: BinaryIO, ds: DataStore, codec: Codec | None) -> Iterator[Record]:
+    for item in msgpack.Unpacker(f, raw=False, max_buffer_size=64 * 1024 * 1024):
+        try:
+            key, version, updated, body = item
+            record = Record(to_id(key), int(version), int(updated), bytes(body))
+            dict_id = ds.codec.dictionary_id(record.body)  # checks the header
+        except (ValueError, TypeError, SchemalessError) as exc:
+            raise CorruptEntity(f"{f.name}: a bad record: {exc}") from None
+        if dict_id is not None and codec is not None and codec.has_dictionary(dict_id):
+            body = ds.codec.encode(codec.decode(record.body))
+            record = Record(record.id, record.version, record.updated, body)
+        elif dict_id is not None and not ds.codec.has_dictionary(dict_id):
+            raise CorruptEntity(
+                f"{f.name}: entity {id_hex(record.id)} names codec dictionary {dict_id}, "
+                "which neither the manifest nor the target datastore has"
+            )
+        yield record
+
+
+def _jsonl(f: BinaryIO, ds: DataStore) -> Iterator[Record]:
+    for n, line in enumerate(f, 1):
+        try:
+            item = from_json(line.decode())
+            entity = item["entity"]
+            key = to_id(entity["id"])
+            record = Record(
+                key, int(item["version"]), int(item["updated"]), ds.codec.encode(entity)
+            )
+        except (ValueError, TypeError, KeyError, SchemalessError) as exc:
+            raise InvalidEntity(f"{f.name} line {n}: {exc}") from None
+        yield record
+
+
+def _write(ds: DataStore, records: list[Record]) -> None:
+    """Upsert entity rows, keeping the larger version: one batch per server, servers in
+    parallel (in parts that fit the servers' max_allowed_packet)."""
+    topo = ds.cluster.current()
+    servers = ds.cluster.all_servers(topo)
+    for part in chunks(records, _record_bytes, ds.cluster.max_batch_bytes):
+        by_server: dict[int, dict[int, list[Record]]] = {}
+        for record in part:
+            shard = shard_of(record.id, topo.n_shards)
+            by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(record)
+        gather({sid: Batch(servers[sid], *_upsert_sql(topo, g)) for sid, g in by_server.items()})
+
+
+def _record_bytes(record: Record) -> int:
+    return 256 + 2 * len(record.body)
+
+
+def _upsert_sql(topo: Topology, groups: dict[int, list[Record]]) -> tuple[str, list[Any]]:
+    stmts, params = [], []
+    for shard, records in sorted(groups.items()):
+        stmts.append(
+            f"INSERT INTO {quote(topo.dbs[shard], 'entities')}"
+            " (`id`, `version`, `updated`, `body`) VALUES "
+            + ", ".join(["(%s, %s, %s, %s)"] * len(records))
+            + " ON DUPLICATE KEY UPDATE"  # the version last: the others compare the old one
+            " `body` = IF(VALUES(`version`) > `version`, VALUES(`body`), `body`),"
+            " `updated` = IF(VALUES(`version`) > `version`, VALUES(`updated`), `updated`),"
+            " `version` = GREATEST(`version`, VALUES(`version`))"
+        )
+        for r in records:
+            params += [r.id, r.version, r.updated, r.body]
+    return "; ".join(stmts), params

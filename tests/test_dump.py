@@ -1,0 +1,206 @@
+"""Dump and restore against the real servers: a per-shard snapshot under concurrent
+writes, restore into another shard count with the indexes backfilled, resume, the
+native encoding with a codec dictionary, bad input, and the CLI commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from conftest import assert_clean
+from test_cli import Cli, cluster_env
+
+from schemaless import CatalogError, CorruptEntity, DataStore, Index, new_id
+from schemaless import dump as dumping
+from schemaless.cleaner.daemon import Cleaner
+from schemaless.hashing import shard_of
+from schemaless.local import LocalCluster
+from schemaless.names import quote
+
+INDEXES = [
+    Index("by_user", ["user_id", "n"], shard_on="user_id"),
+    Index("by_title", [("title", "str(40)")], shard_on="title"),
+    Index("by_tag", ["tags"], shard_on="tags", multi="tags"),
+]
+
+Live = dict[bytes, tuple[int, dict[str, Any]]]
+
+
+def live(ds: DataStore) -> Live:
+    """Every live entity, read from each shard's table: id -> (version, body)."""
+    topo = ds.cluster.refresh()
+    out: Live = {}
+    for shard in range(topo.n_shards):
+        server = ds.cluster.server_of_shard(topo, shard)
+        rows = server.run(
+            f"SELECT `id`, `version`, `body` FROM {quote(topo.dbs[shard], 'entities')}"
+            " WHERE `body` IS NOT NULL"
+        )[0]
+        for key, version, body in rows:
+            assert bytes(key) not in out
+            out[bytes(key)] = (int(version), dict(ds.codec.decode(bytes(body))))
+    return out
+
+
+def entity(n: int, user: bytes) -> dict[str, Any]:
+    return {"id": new_id(), "user_id": user, "n": n, "title": f"t{n % 13}", "tags": [n % 3, "x"]}
+
+
+def load(ds: DataStore, n: int = 400) -> list[dict[str, Any]]:
+    users = [new_id() for _ in range(5)]
+    items = [entity(i, users[i % 5]) for i in range(n)]
+    ds.put_many(items)
+    return items
+
+
+def snapshot_scenario(src: DataStore, out: Path, encoding: str, monkeypatch: Any) -> Live:
+    """Dump ``src`` (one shard at a time, 5 rows a page) while writes land in the middle
+    of logical shard 0's read; the dump's expected content."""
+    items = load(src)
+    on_zero = [e for e in items if shard_of(e["id"], 8) == 0]
+    assert len(on_zero) > 20
+    monkeypatch.setattr(dumping, "_PAGE", 5)
+    expected: Live = {}
+
+    def write_once(n: int) -> None:
+        if expected:
+            return
+        before = live(src)
+        late = on_zero[-6:]  # read after this page, by added_id
+        src.put_many([{**e, "n": e["n"] + 1000, "title": "changed"} for e in late[:3]])
+        src.delete_many([e["id"] for e in late[3:]])
+        src.put_many([entity(9000 + i, new_id()) for i in range(20)])  # some on shard 0
+        after = live(src)
+        expected.update({k: v for k, v in after.items() if shard_of(k, 8) != 0})
+        expected.update({k: v for k, v in before.items() if shard_of(k, 8) == 0})
+        assert expected != after  # the writes reached shard 0
+
+    manifest = dumping.dump(src, out, encoding=encoding, workers=1, progress=write_once)
+    assert sum(manifest["files"].values()) == len(expected)
+    assert sorted((Index.from_dict(d) for d in manifest["indexes"]), key=str) == sorted(
+        INDEXES, key=str
+    )
+    return expected
+
+
+def restored(target: DataStore, expected: Live) -> None:
+    """The target holds exactly the snapshot, and its indexes exactly its rows."""
+    for info in target.cluster.refresh().indexes.values():
+        assert info.state == "ready", info
+    assert live(target) == expected
+    assert_clean(target)
+    some = next(iter(expected.values()))[1]
+    found = {e.id for e in target.iter("by_user", user_id=some["user_id"])}
+    assert found == {k for k, (_, b) in expected.items() if b["user_id"] == some["user_id"]}
+
+
+def backfill(target: DataStore, names: list[str]) -> None:
+    assert sorted(names) == sorted(i.name for i in INDEXES)
+    for name in names:
+        assert Cleaner(target, batch=100).backfill(name) == "ready"
+
+
+def test_dump_under_writes_then_restore_into_another_shard_count(
+    make_store: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    src = make_store(INDEXES, shards=8)
+    expected = snapshot_scenario(src, tmp_path / "d", "jsonl", monkeypatch)
+    target = make_store(shards=3, refresh_interval=0.1)
+    backfill(target, dumping.restore(target, tmp_path / "d", workers=3))
+    restored(target, expected)
+    other = make_store(shards=2)
+    other.put({"id": new_id(), "n": 1})
+    with pytest.raises(CatalogError, match="already holds entities"):
+        dumping.restore(other, tmp_path / "d")
+
+
+def test_an_interrupted_restore_resumes_without_duplicates(
+    make_store: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    src = make_store(INDEXES, shards=8)
+    items = load(src, 300)
+    dumping.dump(src, tmp_path / "d", encoding="native")
+    monkeypatch.setattr(dumping, "_BATCH", 7)
+    target = make_store(shards=5, refresh_interval=0.1)
+    calls = []
+
+    def crash(n: int) -> None:
+        calls.append(n)
+        if len(calls) == 10:
+            raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        dumping.restore(target, tmp_path / "d", workers=1, progress=crash)
+    assert 0 < len(live(target)) < len(items) and target.indexes() == {}
+    seen: list[int] = []
+    backfill(target, dumping.restore(target, tmp_path / "d", workers=2, progress=seen.append))
+    assert sum(seen) == len(items)  # each entity counted once, skipped or written
+    restored(target, live(src))
+    rows = sum(
+        target.cluster.server_of_shard(target.cluster.current(), s).run(
+            f"SELECT COUNT(*) FROM {quote(target.cluster.current().dbs[s], 'entities')}"
+        )[0][0][0]
+        for s in range(5)
+    )
+    assert rows == len(items)
+    assert dumping.restore(target, tmp_path / "d") == []  # again: nothing left to do
+
+
+def test_native_dump_with_a_codec_dictionary(make_store: Any, tmp_path: Path) -> None:
+    src = make_store(INDEXES, shards=8)
+    load(src, 200)
+    dict_id = src.train_dictionary(samples=200, size=4096)
+    load(src, 50)  # bodies naming the dictionary
+    manifest = dumping.dump(src, tmp_path / "d", encoding="native")
+    assert list(manifest["dictionaries"]) == [str(dict_id)]
+    target = make_store(shards=4, refresh_interval=0.1)
+    backfill(target, dumping.restore(target, tmp_path / "d"))
+    restored(target, live(src))
+
+
+def test_bad_directories(make_store: Any, tmp_path: Path) -> None:
+    src = make_store(INDEXES, shards=2)
+    with pytest.raises(dumping.DumpError, match="missing"):
+        dumping.restore(src, tmp_path)
+    dumping.dump(src, tmp_path / "d")
+    with pytest.raises(dumping.DumpError, match="already holds a dump"):
+        dumping.dump(src, tmp_path / "d")
+    with pytest.raises(dumping.DumpError, match="unknown dump encoding"):
+        dumping.dump(src, tmp_path / "e", encoding="csv")
+    with pytest.raises(CatalogError, match="does not define"):
+        dumping.restore(make_store([Index("other", ["x"], shard_on="x")]), tmp_path / "d")
+    src.put({"id": new_id(), "n": 1})
+    manifest = dumping.dump(src, tmp_path / "n", encoding="native")
+    name = next(n for n, count in manifest["files"].items() if count)
+    key = new_id()
+    unknown = bytes((1, 2)) + (77).to_bytes(4, "big") + b"frame"  # names dictionary 77
+    (tmp_path / "n" / name).write_bytes(msgpack.packb([key, 5, 1, unknown]))
+    target = make_store(shards=2)
+    with pytest.raises(CorruptEntity, match="dictionary 77"):
+        dumping.restore(target, tmp_path / "n")
+    assert live(target) == {}
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps({"format": 99}))
+    with pytest.raises(dumping.DumpError, match="not a dump manifest"):
+        dumping.restore(src, tmp_path / "d")
+
+
+def test_cli_dump_and_restore(make_store: Any, local_cluster: LocalCluster, tmp_path: Path) -> None:
+    src = make_store(INDEXES, shards=4)
+    items = load(src, 60)
+    target = make_store(shards=2, refresh_interval=0.1)
+    out = str(tmp_path / "d")
+    dumped = Cli(cluster_env(local_cluster, src.cluster.topology.prefix))("dump", out)
+    assert dumped.exit_code == 0 and "dumped 60 entities and 3 index definitions" in dumped.output
+    cli = Cli(cluster_env(local_cluster, target.cluster.topology.prefix))
+    result = cli("restore", out, "--no-backfill")
+    assert result.exit_code == 0, result.output
+    assert "restored 60 entities" in result.output and "cleaner --index=by_tag" in result.output
+    result = cli("restore", out)
+    assert result.exit_code == 0 and "index by_user: ready" in result.output, result.output
+    restored(target, live(src))
+    again = cli("dump", out)
+    assert again.exit_code == 1 and "already holds a dump" in again.output
+    assert len(items) == 60

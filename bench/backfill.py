@@ -13,17 +13,16 @@ With the dataset loaded, in the same run:
 * **insert floor** (a reference): only the inserts, every statement's text (literals
   included) built before the clock starts, 2000 rows a transaction, both servers in
   parallel: what the servers need to add the rows one by one, however fast the client.
-* **the Cleaner** (``schemaless.cleaner``): a new index ``by_updated`` on ``updated`` is
-  declared (``building``); after the grace period the Cleaner's backfill runs to
-  ``ready`` in processes of its own (``cleaner --index=by_updated --part K/N``, N = 2
-  by default: ``--cleaner-parts``), as an operator runs it, while a writer thread in
-  this process puts new entities the whole time; its p99 latency during the backfill
-  is compared with its p99 during the grace period (idle: the same writer, the same
+* **the Cleaner** (``schemaless.cleaner``): a new index on ``updated`` is declared
+  (``building``); after the grace period ``cleaner --index=NAME --jobs N`` runs it to
+  ``ready``, as an operator runs it, while a writer thread in this process puts new
+  entities the whole time.  Three runs, each on an index of its own (the same
+  definition): ``--jobs N`` (``--cleaner-jobs``, default 2) with the default throttle,
+  the same with ``--no-throttle`` (the speed figures), and ``--jobs 1 --no-throttle``.
+  For each: its time against the ALTER, the Cleaner processes' CPU per entity, the
+  servers' CPU against the insert floor's, and the writer's p99 during the backfill
+  against its p99 during that run's grace period (idle: the same writer, the same
   indexes maintained, no backfill running).
-
-If the ``cleaner`` command is missing, ``schemaless.cleaner.daemon.Cleaner.backfill``
-runs in this process instead (the writer then shares the GIL with it; ``--cleaner-args``
-are not used), marked so in the results.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -280,51 +280,115 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+@dataclass(frozen=True)
+class CleanerRun:
+    """One Cleaner configuration of the benchmark."""
+
+    key: str  # its name in the results
+    index: Index
+    jobs: int
+    throttle: bool
+
+
+def cleaner_runs(jobs: int) -> list[CleanerRun]:
+    """The runs, in order: the default throttle, then unthrottled with ``jobs`` and 1."""
+
+    def index(n: int) -> Index:
+        return Index(f"{NEW_INDEX.name}_{n}", {"updated": "int"}, shard_on="updated")
+
+    return [
+        CleanerRun("cleaner_throttled", index(1), jobs, True),
+        CleanerRun("cleaner", index(2), jobs, False),
+        CleanerRun("cleaner_jobs1", index(3), 1, False),
+    ]
+
+
 def _run_cleaner(
-    b: Bench, name: str, local_dir: str, parts: int = 1, args: Sequence[str] = ()
+    b: Bench, run: CleanerRun, local_dir: str, args: Sequence[str] = ()
 ) -> tuple[float, str, str, str, dict[str, float]]:
-    """Backfill ``name`` with the Cleaner, as ``parts`` processes (``--part K/N``), each
-    with the options ``args``; (seconds, state, how it ran, its summary, CPU seconds
-    used by the Cleaner and, on the local cluster, by the servers)."""
+    """Backfill ``run.index`` with ``cleaner --index=NAME --jobs N`` and the options
+    ``args``; (seconds, state, how it ran, its output's tail, CPU seconds used by the
+    Cleaner's processes and, on the local cluster, by the servers)."""
     store = b.stores["i3"]
     exe = Path(sys.executable).with_name("cleaner")
+    if not exe.exists():
+        raise RuntimeError(f"no cleaner command beside {sys.executable}: install the package")
     pids = _server_pids(b, local_dir)
-    cpu: dict[str, float] = {}
-    if exe.exists():
-        env = dict(os.environ)
-        env["SCHEMALESS_LOCAL_DIR"] = local_dir
-        env.pop("SCHEMALESS_URL", None)
-        cmd = [str(exe), f"--index={name}", f"--prefix={b.prefix}_i3", "--quiet", *args]
-        cmds = [[*cmd, f"--part={k}/{parts}"] for k in range(1, parts + 1)] if parts > 1 else [cmd]
-        servers_cpu, cleaner_cpu = _cpu_seconds(pids), _children_cpu()
-        t0 = time.perf_counter()
-        procs = [
-            subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            for c in cmds
-        ]
-        outs = [p.communicate()[0].decode(errors="replace").strip() for p in procs]
-        took = time.perf_counter() - t0
-        cpu["cleaner_cpu_s"] = round(_children_cpu() - cleaner_cpu, 2)
-        if pids:
-            cpu["servers_cpu_s"] = round(_cpu_seconds(pids) - servers_cpu, 2)
-        state = store.cluster.refresh().indexes[name].state
-        codes = ", ".join(str(p.returncode) for p in procs)
-        how = f"{len(cmds)} subprocess(es): cleaner " + " ".join(cmds[-1][1:]) + f" (exit {codes})"
-        return took, state, how, "\n".join(o[-600:] for o in outs), cpu
-    from schemaless.cleaner.daemon import Cleaner  # type: ignore[import-not-found,unused-ignore]
-
-    cleaner = Cleaner(store)
+    env = dict(os.environ)
+    env["SCHEMALESS_LOCAL_DIR"] = local_dir
+    env.pop("SCHEMALESS_URL", None)
+    cmd = [
+        str(exe),
+        f"--index={run.index.name}",
+        f"--prefix={b.prefix}_i3",
+        f"--jobs={run.jobs}",
+        "--quiet",
+        *([] if run.throttle else ["--no-throttle"]),
+        *args,
+    ]
+    servers_cpu, cleaner_cpu = _cpu_seconds(pids), _children_cpu()
     t0 = time.perf_counter()
-    try:
-        state = cleaner.backfill(name)
-    finally:
-        cleaner.close()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     took = time.perf_counter() - t0
-    return took, state, "in process: Cleaner.backfill (shares the GIL)", cleaner.summary(), cpu
+    cpu = {"cleaner_cpu_s": round(_children_cpu() - cleaner_cpu, 2)}
+    if pids:
+        cpu["servers_cpu_s"] = round(_cpu_seconds(pids) - servers_cpu, 2)
+    state = store.cluster.refresh().indexes[run.index.name].state
+    how = "cleaner " + " ".join(cmd[1:]) + f" (exit {proc.returncode})"
+    return took, state, how, proc.stdout.decode(errors="replace").strip()[-600:], cpu
+
+
+def _cleaner_run(
+    b: Bench, cfg: Config, writer: _Writer, run: CleanerRun, alter: float, floor_cpu: float
+) -> dict[str, Any]:
+    """Declare ``run.index``, wait out its grace period (the writer's idle window), run
+    the Cleaner; its figures and the writer's latencies idle and during."""
+    store = b.stores["i3"]
+    store.declare_index(run.index)
+    info = store.cluster.refresh().indexes[run.index.name]
+    # The Cleaner waits until every writer maintains the index: two catalog refresh
+    # intervals after the declaration, plus one second.  Wait here (the writer's idle
+    # window), so the Cleaner's time is its scan.
+    grace_end = info.changed / 1e6 + 2 * store.cluster.topology.refresh_interval + 1.5
+    idle_start = time.perf_counter()
+    time.sleep(max(3.0, grace_end - time.time()))
+    idle_stop = time.perf_counter()
+    took, state, how, summary, cpu = _run_cleaner(b, run, cfg.cluster_dir_abs, cfg.cleaner_args)
+    during_stop = time.perf_counter()
+    # The Cleaner's own clock ("done after N s": from opening the datastore to ready)
+    # leaves out the interpreter's start; fall back to the process's wall time.
+    own = max((float(t) for t in re.findall(r"done after ([0-9.]+)s", summary)), default=took)
+    out: dict[str, Any] = {
+        "seconds": round(own, 3),
+        "process_seconds": round(took, 3),
+        "state": state,
+        "how": how,
+        "summary": summary,
+        "vs_alter": round(own / alter, 2),
+        "cpu_us_per_entity": round(cpu["cleaner_cpu_s"] * 1e6 / cfg.entities, 1),
+        **cpu,
+        "cores": os.cpu_count(),
+    }
+    if "servers_cpu_s" in cpu and floor_cpu > 0:
+        out["servers_vs_floor"] = round(cpu["servers_cpu_s"] / floor_cpu, 2)
+    idle = writer.window(idle_start + 0.5, idle_stop)
+    during = writer.window(during_stop - took, during_stop)
+    if idle and during:
+        p_idle, p_during = percentile(idle, 99), percentile(during, 99)
+        out["writer"] = {
+            "idle_ops": len(idle),
+            "during_ops": len(during),
+            "idle_p50_ms": round(percentile(idle, 50) * 1000, 3),
+            "idle_p99_ms": round(p_idle * 1000, 3),
+            "during_p50_ms": round(percentile(during, 50) * 1000, 3),
+            "during_p99_ms": round(p_during * 1000, 3),
+            "p99_ratio": round(p_during / p_idle, 2),
+        }
+    return out
 
 
 def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
-    """Time the backfills; the writer's p99 idle and during the Cleaner's."""
+    """Time the backfills; the writer's p99 idle and during each of the Cleaner's."""
     n = cfg.entities
     out: dict[str, Any] = {"entities": n, "index": NEW_INDEX.to_dict()}
     out["json_load_s"] = round(load_json(b, n), 2)
@@ -370,53 +434,18 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
         | floor_cpu
     )
 
-    store = b.stores["i3"]
     writer = _Writer(b)
     writer.start()
-    store.declare_index(NEW_INDEX)
-    info = store.cluster.refresh().indexes[NEW_INDEX.name]
-    # The Cleaner waits until every writer maintains the index: two catalog refresh
-    # intervals after the declaration, plus one second.  Wait here (the writer's idle
-    # window), so the Cleaner's time is its scan.
-    grace_end = info.changed / 1e6 + 2 * store.cluster.topology.refresh_interval + 1.5
-    idle_start = time.perf_counter()
-    time.sleep(max(3.0, grace_end - time.time()))
-    idle_stop = time.perf_counter()
     try:
-        took, state, how, summary, cpu = _run_cleaner(
-            b, NEW_INDEX.name, cfg.cluster_dir_abs, cfg.cleaner_parts, cfg.cleaner_args
-        )
-        during_stop = time.perf_counter()
+        for run in cleaner_runs(cfg.cleaner_jobs):
+            out[run.key] = _cleaner_run(
+                b, cfg, writer, run, single, floor_cpu.get("servers_cpu_s", 0.0)
+            )
     finally:
         writer.stop.set()
         writer.join()
     if writer.error is not None:
         raise writer.error
-    # The Cleaner's own clock ("done after N s": from opening the datastore to ready)
-    # leaves out the interpreter's start; fall back to the process's wall time.
-    own = max((float(t) for t in re.findall(r"done after ([0-9.]+)s", summary)), default=took)
-    out["cleaner"] = {
-        "seconds": round(own, 3),
-        "process_seconds": round(took, 3),
-        "state": state,
-        "how": how,
-        "summary": summary,
-        "vs_alter": round(own / single, 2),
-        "vs_alter_sharded": round(own / sharded, 2),
-        **cpu,
-        "cores": os.cpu_count(),
-    }
-    idle = writer.window(idle_start + 0.5, idle_stop)
-    during = writer.window(during_stop - took, during_stop)
-    if idle and during:
-        p_idle, p_during = percentile(idle, 99), percentile(during, 99)
-        out["writer"] = {
-            "idle_ops": len(idle),
-            "during_ops": len(during),
-            "idle_p50_ms": round(percentile(idle, 50) * 1000, 3),
-            "idle_p99_ms": round(p_idle * 1000, 3),
-            "during_p50_ms": round(percentile(during, 50) * 1000, 3),
-            "during_p99_ms": round(p_during * 1000, 3),
-            "p99_ratio": round(p_during / p_idle, 2),
-        }
+    fast, throttled = out["cleaner"], out["cleaner_throttled"]
+    throttled["speed_vs_unthrottled"] = round(fast["seconds"] / throttled["seconds"], 2)
     return out

@@ -147,13 +147,18 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     for key in ("naive", "insert_floor"):
         assert bf[key]["rows"] == 300 and _positive(bf[key]["vs_alter"]), key
     assert bf["insert_floor"]["servers_cpu_s"] >= 0
-    cleaner = bf["cleaner"]
-    assert cleaner["state"] == "ready", cleaner
-    assert "--batch 100" in cleaner["how"]
-    assert _positive(cleaner["seconds"]) and _positive(cleaner["cleaner_cpu_s"]), cleaner
-    assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
-    assert bf["writer"]["during_ops"] > 0
-    assert "Cleaner processes" in format_table(data)
+    for key, jobs in (("cleaner", 2), ("cleaner_jobs1", 1), ("cleaner_throttled", 2)):
+        cleaner = bf[key]
+        assert cleaner["state"] == "ready", cleaner
+        assert "--batch 100" in cleaner["how"] and f"--jobs={jobs}" in cleaner["how"]
+        assert ("--no-throttle" in cleaner["how"]) == (key != "cleaner_throttled")
+        assert _positive(cleaner["seconds"]) and _positive(cleaner["cpu_us_per_entity"]), cleaner
+        assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
+        assert cleaner["writer"]["during_ops"] > 0
+    assert _positive(bf["cleaner_throttled"]["speed_vs_unthrottled"])
+    text = format_table(data)
+    assert "Cleaner processes' CPU" in text and "x the unthrottled run's" in text
+    assert "Cleaner CPU <= 10 us per entity" in {t["target"] for t in data["targets"]}
 
 
 def test_dump_benchmark_json(servers: Servers) -> None:

@@ -22,10 +22,10 @@ class Tuning:
 
     #: multiplicative decrease: a signal over its limit sets the limit to this
     #: fraction of the rate the Cleaner achieved
-    decrease: float = 0.5
+    decrease: float = 0.7
     #: additive increase per second, while every signal is under its limit: this
     #: fraction of the fastest rate seen (0.05: from half speed to full in 10 s)
-    increase: float = 0.05
+    increase: float = 0.1
     #: seconds after a decrease before the next one (the signals need that long to
     #: show its effect: a canary window, a client report)
     cooldown: float = 2.0
@@ -37,6 +37,12 @@ class Tuning:
     #: ``min_rate`` rows/s (stopping altogether is ``--critical-load``'s business)
     floor: float = 0.02
     min_rate: float = 10.0
+    #: slow start: the first limit (rows/s; None: no limit until a breach), which
+    #: grows ``ramp`` times a second while every signal is clear and the copy uses it,
+    #: until the first breach (a copy that starts at full speed hurts before any
+    #: signal can show it)
+    start: float | None = 5000.0
+    ramp: float = 1.5
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,8 @@ class Aimd:
     def __init__(self, cap: float | None = None, tuning: Tuning | None = None) -> None:
         self.cap = cap
         self.tuning = tuning or Tuning()
-        self.limit: float | None = None
+        self.limit: float | None = self.tuning.start
+        self._ramping = self.limit is not None
         self.paused = False
         self.reason = ""
         self.last_breach = ""
@@ -141,6 +148,7 @@ class Aimd:
 
     def _decrease(self, now: float, observed: float) -> None:
         t = self.tuning
+        self._ramping = False
         known = [x for x in (self.limit, self.cap, observed or None, self.peak or None) if x]
         if not known:
             return  # nothing flows yet: nothing to slow down
@@ -150,7 +158,10 @@ class Aimd:
     def _increase(self, dt: float, observed: float) -> None:
         t = self.tuning
         if self.limit is not None and observed >= t.binding * self.limit:
-            self.limit += t.increase * max(self.peak, self.limit) * dt
+            if self._ramping:
+                self.limit *= t.ramp**dt
+            else:
+                self.limit += t.increase * max(self.peak, self.limit) * dt
         elif self.limit is not None and self.limit >= self.peak:
             self.limit = None  # not holding anything back any more
         if self.limit is not None:

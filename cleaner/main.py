@@ -126,7 +126,7 @@ def throttle_options(fn: F) -> F:
             type=click.FloatRange(min=0, min_open=True),
             metavar="MS",
             help="Slow down while a server's canary p90, or its clients' reported write "
-            "p99, is over this (default: 2x the baseline taken at start, at least 5 ms).",
+            "p99, is over this (default: 2x the baseline taken at start, at least 8 ms).",
         ),
     ]
     for option in options:

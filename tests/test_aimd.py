@@ -42,8 +42,26 @@ def test_judge_ignores_what_is_unknown() -> None:
     assert judge([ServerSignals(0)], LIMITS) == []
 
 
+#: no slow start, halving on a breach, +5 % of the peak a second: the mechanics
+CLASSIC = Tuning(start=None, decrease=0.5, increase=0.05)
+
+
+def test_aimd_starts_slow_and_ramps_until_the_first_breach() -> None:
+    aimd = Aimd(tuning=Tuning(start=1_000.0, ramp=2.0, decrease=0.5, increase=0.05))
+    assert aimd.rate == 1_000.0
+    aimd.update(0.0, 1_000.0, [])
+    aimd.update(1.0, 1_000.0, [])
+    assert aimd.rate == 2_000.0  # doubles a second while the copy uses it
+    aimd.update(2.0, 1_500.0, [])
+    assert aimd.rate == 4_000.0
+    aimd.update(3.0, 4_000.0, SLOW)
+    assert aimd.rate == 2_000.0
+    aimd.update(4.0, 2_000.0, [])  # after a breach: additive, 5 % of the peak a second
+    assert aimd.rate == 2_200.0
+
+
 def test_aimd_is_free_until_a_breach_then_halves_the_achieved_rate() -> None:
-    aimd = Aimd()
+    aimd = Aimd(tuning=CLASSIC)
     aimd.update(0.0, 10_000.0, [])
     assert aimd.rate is None and aimd.reason == ""
     aimd.update(0.25, 8_000.0, SLOW)
@@ -56,7 +74,7 @@ def test_aimd_is_free_until_a_breach_then_halves_the_achieved_rate() -> None:
 
 
 def test_aimd_climbs_while_clear_and_lifts_the_limit() -> None:
-    aimd = Aimd(tuning=Tuning(increase=0.1))
+    aimd = Aimd(tuning=Tuning(start=None, decrease=0.5, increase=0.1))
     aimd.update(0.0, 10_000.0, [])
     aimd.update(1.0, 10_000.0, SLOW)
     assert aimd.rate == 5_000.0
@@ -74,7 +92,7 @@ def test_aimd_climbs_while_clear_and_lifts_the_limit() -> None:
 
 
 def test_aimd_never_goes_below_its_floor() -> None:
-    aimd = Aimd(tuning=Tuning(cooldown=0.0))
+    aimd = Aimd(tuning=Tuning(start=None, decrease=0.5, cooldown=0.0))
     aimd.update(0.0, 10_000.0, [])
     for step in range(1, 20):
         aimd.update(float(step), aimd.rate or 10_000.0, SLOW)
@@ -82,7 +100,7 @@ def test_aimd_never_goes_below_its_floor() -> None:
 
 
 def test_aimd_pauses_on_critical_load_and_resumes_slower() -> None:
-    aimd = Aimd()
+    aimd = Aimd(tuning=CLASSIC)
     aimd.update(0.0, 10_000.0, [])
     critical = [Breach("server 0 Threads_running 52 >= 50", critical=True), *SLOW]
     aimd.update(1.0, 10_000.0, critical)
@@ -96,7 +114,7 @@ def test_aimd_pauses_on_critical_load_and_resumes_slower() -> None:
 
 
 def test_aimd_rate_is_capped() -> None:
-    aimd = Aimd(cap=3_000.0)
+    aimd = Aimd(cap=3_000.0, tuning=CLASSIC)
     aimd.update(0.0, 3_000.0, [])
     assert aimd.rate == 3_000.0 and aimd.reason == "capped by --rate"
     aimd.update(1.0, 3_000.0, SLOW)
@@ -104,7 +122,7 @@ def test_aimd_rate_is_capped() -> None:
 
 
 def test_aimd_has_nothing_to_slow_before_rows_flow() -> None:
-    aimd = Aimd()
+    aimd = Aimd(tuning=CLASSIC)
     aimd.update(0.0, 0.0, SLOW)
     assert aimd.rate is None and aimd.reason.startswith("throttled: ")
 

@@ -15,6 +15,7 @@ from test_cleaner import BY_LINK
 from test_cleaner_cli import building, cluster_env, invoke
 
 from schemaless import DataStore
+from schemaless.cleaner.aimd import Tuning
 from schemaless.cleaner.daemon import Cleaner, backfill_name
 from schemaless.cleaner.main import main
 from schemaless.cleaner.runtime import Stopped
@@ -24,7 +25,10 @@ from schemaless.local import LocalCluster
 from schemaless.schema import canary_db
 
 #: thresholds that only a held lock or piled-up sessions can reach on a busy machine
-QUIET = ThrottleSettings(max_latency_ms=400.0, max_load={}, critical_load={})
+#: no slow start: the tests below watch a limit appear and move
+QUIET = ThrottleSettings(
+    max_latency_ms=400.0, max_load={}, critical_load={}, tuning=Tuning(start=None)
+)
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0) -> Any:

@@ -186,6 +186,8 @@ class Server:
         self._closed = False
         self._open: weakref.WeakSet[_Conn] = weakref.WeakSet()  # idle or in use
         self.health = Health(self.name)
+        #: what the driver waits for a reply at most (it takes whole seconds)
+        self._read_timeout = max(1, round(options.read_timeout))
         forking.register(self)
 
     def __repr__(self) -> str:
@@ -207,7 +209,7 @@ class Server:
             host=self.address.host,
             port=self.address.port,
             connect_timeout=max(1, round(limit)),
-            read_timeout=max(1, round(opts.read_timeout)),
+            read_timeout=self._read_timeout,
             write_timeout=max(1, round(opts.write_timeout)),
             charset="utf8mb4",
             autocommit=True,
@@ -467,7 +469,9 @@ class Server:
         armed = None
         waiting = time.monotonic()
         owed = sent.at is not None and waiting < sent.at  # a reply owed before the deadline
-        if sent.at is not None:
+        # The driver's read timeout ends a silent wait by itself; the watchdog is
+        # needed only when the deadline comes first (most calls need none of it).
+        if sent.at is not None and sent.at + _GRACE < waiting + self._read_timeout:
             armed = _WATCHDOG.arm(db.fileno(), sent.at if owed else sent.at + _GRACE)
         try:
             if batch.counts is not None:

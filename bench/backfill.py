@@ -20,7 +20,9 @@ With the dataset loaded, in the same run:
   definition): ``--jobs N`` (``--cleaner-jobs``, default 2) with the default throttle,
   the same with ``--no-throttle`` (the speed figures), and ``--jobs 1 --no-throttle``.
   For each: its time against the ALTER, the Cleaner processes' CPU per entity, the
-  servers' CPU against the insert floor's, and the writer's p99 during the backfill
+  servers' CPU against the insert floor's (less what the writer costs them: their CPU
+  per second during the grace period, times the backfill's seconds), and the writer's
+  p99 during the backfill
   against its p99 during that run's grace period (idle: the same writer, the same
   indexes maintained, no backfill running).
 """
@@ -350,14 +352,20 @@ def _cleaner_run(
     # intervals after the declaration, plus one second.  Wait here (the writer's idle
     # window), so the Cleaner's time is its scan.
     grace_end = info.changed / 1e6 + 2 * store.cluster.topology.refresh_interval + 1.5
+    pids = _server_pids(b, cfg.cluster_dir_abs)
     idle_start = time.perf_counter()
+    idle_cpu = _cpu_seconds(pids)
     time.sleep(max(3.0, grace_end - time.time()))
     idle_stop = time.perf_counter()
+    # the servers' CPU per second for the writer alone, to take out of the backfill's
+    writer_cpu = (_cpu_seconds(pids) - idle_cpu) / (idle_stop - idle_start)
     took, state, how, summary, cpu = _run_cleaner(b, run, cfg.cluster_dir_abs, cfg.cleaner_args)
     during_stop = time.perf_counter()
     # The Cleaner's own clock ("done after N s": from opening the datastore to ready)
     # leaves out the interpreter's start; fall back to the process's wall time.
-    own = max((float(t) for t in re.findall(r"done after ([0-9.]+)s", summary)), default=took)
+    own = max(
+        (float(t) for t in re.findall(r"(?:done|ready) after ([0-9.]+)s", summary)), default=took
+    )
     out: dict[str, Any] = {
         "seconds": round(own, 3),
         "process_seconds": round(took, 3),
@@ -369,8 +377,12 @@ def _cleaner_run(
         **cpu,
         "cores": os.cpu_count(),
     }
-    if "servers_cpu_s" in cpu and floor_cpu > 0:
-        out["servers_vs_floor"] = round(cpu["servers_cpu_s"] / floor_cpu, 2)
+    if "servers_cpu_s" in cpu:
+        net = max(0.0, cpu["servers_cpu_s"] - writer_cpu * took)
+        out["servers_writer_cpu_s"] = round(writer_cpu * took, 2)
+        out["servers_backfill_cpu_s"] = round(net, 2)
+        if floor_cpu > 0:
+            out["servers_vs_floor"] = round(net / floor_cpu, 2)
     idle = writer.window(idle_start + 0.5, idle_stop)
     during = writer.window(during_stop - took, during_stop)
     if idle and during:

@@ -452,7 +452,13 @@ def format_backfill(bf: dict[str, Any]) -> str:
 
 def _format_cleaner(c: dict[str, Any]) -> list[str]:
     """A Cleaner run: time, CPU, the writer's latency."""
-    floor = f" = {c['servers_vs_floor']:.2f}x the floor's" if "servers_vs_floor" in c else ""
+    floor = ""
+    if "servers_backfill_cpu_s" in c:
+        floor = (
+            f" ({c['servers_writer_cpu_s']:.2f} s of it for the writer: the backfill's"
+            f" {c['servers_backfill_cpu_s']:.2f} s"
+            + (f" = {c['servers_vs_floor']:.2f}x the floor's)" if "servers_vs_floor" in c else ")")
+        )
     lines = [
         f"  {c['how']}: {c['seconds']:.2f} s = {c['vs_alter']:.2f}x ALTER (one table), "
         f"state {c['state']}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -100,3 +101,14 @@ def drop_datastore(store: DataStore) -> None:
             dbs.append(f"{topo.prefix}_catalog")
         server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
     store.close()
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """``check()`` once it is truthy, polled every 50 ms; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")

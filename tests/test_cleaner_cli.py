@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from conftest import wait_until
 from test_cleaner import BY_LINK, _delete_row, _set_version, load, plant
 
 from schemaless import DataStore, Index
@@ -63,16 +64,6 @@ def spawn(env: dict[str, str], out: Path, *args: str, **extra: str) -> subproces
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
 
 
 # -- the command line --------------------------------------------------------------------

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import assert_clean
+from conftest import assert_clean, wait_until
 from test_cleaner import BY_LINK
-from test_cleaner_cli import building, cluster_env, spawn, wait_until
+from test_cleaner_cli import building, cluster_env, spawn
 
 from schemaless import DataStore
 from schemaless.cleaner.jobs import Supervisor, describe_exit, forwarded_options

@@ -11,6 +11,7 @@ from typing import Any
 
 import MySQLdb
 from click.testing import CliRunner
+from conftest import wait_until
 from test_cleaner import BY_LINK
 from test_cleaner_cli import building, cluster_env, invoke
 
@@ -31,16 +32,6 @@ QUIET = ThrottleSettings(
 )
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
-
 @contextmanager
 def copying(cleaner: Cleaner) -> Iterator[Throttler]:
     """The throttle started and a stand-in copy loop asking it before every 'batch'."""
@@ -59,7 +50,7 @@ def copying(cleaner: Cleaner) -> Iterator[Throttler]:
     thread = threading.Thread(target=copy, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: throttler.aimd.peak > 0)
+        wait_until(lambda: throttler.aimd.peak > 0, timeout=30)
         yield throttler
     finally:
         cleaner.shutdown.request()
@@ -91,7 +82,7 @@ def test_a_slow_server_drops_the_rate_and_it_climbs_again(
             table = f"`{canary_db(store.cluster.topology.prefix)}`.`canary`"
             locker.query(f"SELECT * FROM {table} FOR UPDATE")
             locker.store_result()
-            wait_for(lambda: throttler.aimd.rate is not None)
+            wait_until(lambda: throttler.aimd.rate is not None, timeout=30)
             assert throttler.aimd.reason.startswith("throttled: server 1 p90 ")
             assert throttler.aimd.rate < throttler.aimd.peak
             cleaner.heartbeat()
@@ -103,10 +94,10 @@ def test_a_slow_server_drops_the_rate_and_it_climbs_again(
             assert "throttled: server 1 p90" in throttler.describe()
         finally:
             locker.close()  # rolls back: the lock is gone
-        wait_for(lambda: throttler.aimd.reason.startswith("recovering"))
+        wait_until(lambda: throttler.aimd.reason.startswith("recovering"), timeout=30)
         low = throttler.aimd.rate
         assert low is not None
-        wait_for(lambda: (throttler.aimd.rate or float("inf")) > 1.2 * low)
+        wait_until(lambda: (throttler.aimd.rate or float("inf")) > 1.2 * low, timeout=30)
 
 
 def test_critical_load_pauses_and_resumes(
@@ -130,7 +121,7 @@ def test_critical_load_pauses_and_resumes(
         try:
             for thread in threads:
                 thread.start()
-            wait_for(lambda: throttler.aimd.paused, timeout=3)
+            wait_until(lambda: throttler.aimd.paused, timeout=3)
             assert throttler.aimd.reason.startswith("paused: server 0 Threads_running ")
             assert throttler.aimd.reason.endswith(f" >= {limit}")
             assert throttler.reserve(1) is None  # the copy waits
@@ -140,9 +131,9 @@ def test_critical_load_pauses_and_resumes(
                 thread.join()
             for sleeper in sleepers:
                 sleeper.close()
-        wait_for(lambda: not throttler.aimd.paused, timeout=10)
+        wait_until(lambda: not throttler.aimd.paused, timeout=10)
         done = throttler._rows
-        wait_for(lambda: throttler._rows > done)  # the copy goes on
+        wait_until(lambda: throttler._rows > done, timeout=30)  # the copy goes on
 
 
 def test_clients_report_their_write_latency(
@@ -162,7 +153,7 @@ def test_clients_report_their_write_latency(
     store.cluster.catalog.report_client("slow-app", {server1: {"p99_ms": 900.0, "n": 50}})
     cleaner = Cleaner(store, throttle=QUIET)
     with copying(cleaner) as throttler:
-        wait_for(lambda: throttler.aimd.rate is not None)
+        wait_until(lambda: throttler.aimd.rate is not None, timeout=30)
         assert throttler.aimd.reason == "throttled: server 1 clients' p99 900.0 ms > 400.0 ms"
 
 

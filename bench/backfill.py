@@ -306,16 +306,15 @@ def cleaner_runs(jobs: int) -> list[CleanerRun]:
 
 
 def _run_cleaner(
-    b: Bench, run: CleanerRun, local_dir: str, args: Sequence[str] = ()
+    b: Bench, run: CleanerRun, local_dir: str, pids: list[int], args: Sequence[str] = ()
 ) -> tuple[float, str, str, str, dict[str, float]]:
     """Backfill ``run.index`` with ``cleaner --index=NAME --jobs N`` and the options
     ``args``; (seconds, state, how it ran, its output's tail, CPU seconds used by the
-    Cleaner's processes and, on the local cluster, by the servers)."""
+    Cleaner's processes and, on the local cluster, by the servers ``pids``)."""
     store = b.stores["i3"]
     exe = Path(sys.executable).with_name("cleaner")
     if not exe.exists():
         raise RuntimeError(f"no cleaner command beside {sys.executable}: install the package")
-    pids = _server_pids(b, local_dir)
     env = dict(os.environ)
     env["SCHEMALESS_LOCAL_DIR"] = local_dir
     env.pop("SCHEMALESS_URL", None)
@@ -341,10 +340,17 @@ def _run_cleaner(
 
 
 def _cleaner_run(
-    b: Bench, cfg: Config, writer: _Writer, run: CleanerRun, alter: float, floor_cpu: float
+    b: Bench,
+    cfg: Config,
+    writer: _Writer,
+    run: CleanerRun,
+    pids: list[int],
+    alter: float,
+    floor_cpu: float,
 ) -> dict[str, Any]:
     """Declare ``run.index``, wait out its grace period (the writer's idle window), run
-    the Cleaner; its figures and the writer's latencies idle and during."""
+    the Cleaner; its figures and the writer's latencies idle and during (``pids``: the
+    servers' processes on the local cluster, none elsewhere)."""
     store = b.stores["i3"]
     store.declare_index(run.index)
     info = store.cluster.refresh().indexes[run.index.name]
@@ -352,14 +358,15 @@ def _cleaner_run(
     # intervals after the declaration, plus one second.  Wait here (the writer's idle
     # window), so the Cleaner's time is its scan.
     grace_end = info.changed / 1e6 + 2 * store.cluster.topology.refresh_interval + 1.5
-    pids = _server_pids(b, cfg.cluster_dir_abs)
     idle_start = time.perf_counter()
     idle_cpu = _cpu_seconds(pids)
     time.sleep(max(3.0, grace_end - time.time()))
     idle_stop = time.perf_counter()
     # the servers' CPU per second for the writer alone, to take out of the backfill's
     writer_cpu = (_cpu_seconds(pids) - idle_cpu) / (idle_stop - idle_start)
-    took, state, how, summary, cpu = _run_cleaner(b, run, cfg.cluster_dir_abs, cfg.cleaner_args)
+    took, state, how, summary, cpu = _run_cleaner(
+        b, run, cfg.cluster_dir_abs, pids, cfg.cleaner_args
+    )
     during_stop = time.perf_counter()
     # The Cleaner's own clock ("done after N s": from opening the datastore to ready)
     # leaves out the interpreter's start; fall back to the process's wall time.
@@ -451,7 +458,7 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
     try:
         for run in cleaner_runs(cfg.cleaner_jobs):
             out[run.key] = _cleaner_run(
-                b, cfg, writer, run, single, floor_cpu.get("servers_cpu_s", 0.0)
+                b, cfg, writer, run, pids, single, floor_cpu.get("servers_cpu_s", 0.0)
             )
     finally:
         writer.stop.set()

@@ -241,6 +241,17 @@ def test_incompressible_payload_falls_back_to_raw() -> None:
     assert codec.decode(body) == entity
 
 
+def test_payload_that_zstd_barely_shrinks_is_stored_raw() -> None:
+    codec = Codec()
+    barely = {"blob": os.urandom(400), "text": "a" * 40}  # zstd saves about 8%
+    body = codec.encode(barely)
+    assert body[:2] == b"\x01\x00"
+    assert len(zstandard.ZstdCompressor(level=3).compress(body[2:])) < len(body) - 2
+    assert codec.decode(body) == barely
+    enough = {"blob": os.urandom(300), "text": "a" * 100}  # about 20%
+    assert codec.encode(enough)[:2] == b"\x01\x01"
+
+
 def test_dictionary_body_names_its_dictionary(dictionary: bytes) -> None:
     codec = Codec()
     codec.add_dictionary(0xDEADBEEF, dictionary)

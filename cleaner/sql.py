@@ -13,7 +13,8 @@ from typing import Any
 from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.schema import shard_db
-from schemaless.writes import by_id_sql, in_transaction, owners_sql, upsert_sql
+from schemaless.tables import by_id_sql
+from schemaless.writes import in_transaction, owners_sql, upsert_sql
 
 __all__ = [
     "Guarded",

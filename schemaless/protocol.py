@@ -20,7 +20,6 @@ from .catalog import Topology
 from .clock import VersionClock
 from .cluster import Cluster
 from .codec import Codec
-from .connection import Batch, gather, gather_partial
 from .entity import Entity
 from .errors import (
     ConflictError,
@@ -32,7 +31,9 @@ from .errors import (
 from .hashing import shard_of
 from .ids import id_hex, new_id, to_id
 from .index import Index
+from .scatter import STATEMENT_BYTES, Statement, by_server, chunks, sql_bytes
 from .stale import StaleRows
+from .tables import by_id_sql
 from .unique import Claims, Violation
 from .writes import (
     BLIND,
@@ -40,12 +41,9 @@ from .writes import (
     NEW,
     EntityWrite,
     IndexRow,
-    by_id_sql,
-    chunks,
     delete_rows_sql,
     entity_batch_sql,
     release_sql,
-    sql_bytes,
     upsert_rows_sql,
 )
 
@@ -54,7 +52,7 @@ __all__ = ["Writer"]
 log = logging.getLogger(__name__)
 
 _BLIND_ATTEMPTS = 8
-_DELETE_BYTES = 1024  # at most the SQL of one tombstone's statements
+_DELETE_BYTES = 2 * STATEMENT_BYTES  # at most the SQL of one tombstone's statements
 
 
 @dataclass(frozen=True)
@@ -78,10 +76,14 @@ def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
 
 
 def _write_bytes(prepared: tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]) -> int:
-    """At most the SQL of one entity's write: its statements, its body escaped (at most
-    twice as long) and its index rows."""
+    """At most the SQL of one entity's write: its statements, its body and its index
+    rows (a statement each)."""
     rows = [row for group in prepared[3].values() for row in group]
-    return 1024 + 2 * len(prepared[2]) + sum(512 + sql_bytes(row) for row in rows)
+    return (
+        2 * STATEMENT_BYTES
+        + sql_bytes((prepared[2],))
+        + sum(STATEMENT_BYTES + sql_bytes(row) for row in rows)
+    )
 
 
 def _shown(index: Index, values: tuple[Any, ...]) -> str:
@@ -396,13 +398,9 @@ class Writer:
         build: Callable[[Iterable[IndexRow], Sequence[str]], tuple[str, list[Any]]],
     ) -> None:
         """Steps 1 and 3: one idempotent batch per server, servers in parallel."""
-        if not rows:
-            return
-        by_server: dict[int, list[IndexRow]] = {}
-        for row in rows:
-            by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
-        servers = self.cluster.all_servers(topo)
-        gather({sid: Batch(servers[sid], *build(group, dbs)) for sid, group in by_server.items()})
+        if rows:
+            groups = by_server(topo, rows, _row_shard)
+            self.cluster.scatter(topo, groups, lambda group: build(group, dbs))
 
     def _run_entities(
         self,
@@ -419,29 +417,27 @@ class Writer:
         ended: the id was taken, in practice by the Cleaner's tombstone over the rows
         that step 1 wrote ahead of it, and the server rolled the whole batch back.
         """
-        by_server: dict[int, list[EntityWrite]] = {}
-        for w in writes:
-            by_server.setdefault(topo.shard_servers[w.shard], []).append(w)
-        servers = self.cluster.all_servers(topo)
-        batches: dict[int, Batch] = {}
+        groups = by_server(topo, writes, _write_shard)
         firsts: dict[int, int] = {}
-        for sid, group in by_server.items():
+
+        def build(sid: int) -> Statement:
             rows = local.get(sid, []) if local else []
-            sql, params, firsts[sid] = entity_batch_sql(group, rows, topo.dbs, topo.fence)
-            batches[sid] = Batch(
-                servers[sid], sql, params, commits=True, idempotent=False, counts=[]
-            )
-        results, errors = gather_partial(batches)
+            sql, params, firsts[sid] = entity_batch_sql(groups[sid], rows, topo.dbs, topo.fence)
+            return sql, params
+
+        results, errors, counts = self.cluster.scatter(
+            topo, {sid: sid for sid in groups}, build, partial=True, commits=True
+        )
         out: dict[bytes, Outcome] = {}
         refused: dict[int, dict[int, list[bytes]]] = {}
         for sid, error in errors.items():
-            if not isinstance(error, ConflictError) or all(w.mode != NEW for w in by_server[sid]):
+            if not isinstance(error, ConflictError) or all(w.mode != NEW for w in groups[sid]):
                 raise error
-            for w in by_server.pop(sid):
+            for w in groups.pop(sid):
                 out[w.entity_id] = Outcome(False, None, None, False)
                 refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
-        for sid, group in by_server.items():
-            sets, counts, first = results[sid], batches[sid].counts or [], firsts[sid]
+        for sid, group in groups.items():
+            sets, done, first = results[sid], counts[sid], firsts[sid]
             ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
             pos = 0
             for n, w in enumerate(ordered):
@@ -449,7 +445,7 @@ class Writer:
                 if w.want_body:
                     before, pos = sets[pos], pos + 1
                     body = before[0][0] if before else None
-                applied = counts[first + n] > 0
+                applied = done[first + n] > 0
                 out[w.entity_id] = Outcome(
                     applied=applied,
                     old_body=bytes(body) if body is not None else None,
@@ -467,12 +463,16 @@ class Writer:
         """The stored ``(version, alive)`` of entities, by server and logical shard
         (absent ones omitted)."""
         topo = self.cluster.current()
-        servers = self.cluster.all_servers(topo)
         columns = "`id`, `version`, `body` IS NULL"
-        rows = gather(
-            {
-                sid: Batch(servers[sid], *by_id_sql(topo.prefix, by_shard, columns))
-                for sid, by_shard in keys.items()
-            }
-        )
+        rows = self.cluster.scatter(
+            topo, keys, lambda by_shard: by_id_sql(topo.prefix, by_shard, columns)
+        ).results
         return {bytes(r[0]): (int(r[1]), not r[2]) for sets in rows.values() for r in sets[0]}
+
+
+def _row_shard(row: IndexRow) -> int:
+    return row.shard
+
+
+def _write_shard(write: EntityWrite) -> int:
+    return write.shard

@@ -41,6 +41,8 @@ from .writes import (
     NEW,
     EntityWrite,
     IndexRow,
+    PreparedWrite,
+    WriteMode,
     delete_rows_sql,
     entity_batch_sql,
     release_sql,
@@ -65,9 +67,9 @@ class Outcome:
     alive: bool  # the row after the write is a live entity (not a tombstone)
 
 
-def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
+def _conflict(key: bytes, mode: WriteMode, out: Outcome) -> ConflictError:
     current = out.stored if out.alive else None
-    expected = 0 if mode == CREATE else mode
+    expected = mode.expected
     return ConflictError(
         f"entity {id_hex(key)}: expected version {expected}, stored version is "
         f"{current if current is not None else 'absent'}",
@@ -75,13 +77,13 @@ def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
     )
 
 
-def _write_bytes(prepared: tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]) -> int:
+def _write_bytes(prepared: PreparedWrite) -> int:
     """At most the SQL of one entity's write: its statements, its body and its index
     rows (a statement each)."""
-    rows = [row for group in prepared[3].values() for row in group]
+    rows = [row for group in prepared.rows.values() for row in group]
     return (
         2 * STATEMENT_BYTES
-        + sql_bytes((prepared[2],))
+        + sql_bytes((prepared.body,))
         + sum(STATEMENT_BYTES + sql_bytes(row) for row in rows)
     )
 
@@ -102,21 +104,19 @@ def _violation(v: Violation) -> UniqueViolation:
     )
 
 
-def _check_unique(
-    indexes: list[Index], prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]
-) -> None:
+def _check_unique(indexes: list[Index], prepared: list[PreparedWrite]) -> None:
     """Refuse a batch in which two entities produce one value of a unique index."""
     for index in indexes:
         if not index.unique:
             continue
         owner: dict[tuple[Any, ...], bytes] = {}
-        for key, _, _, rows in prepared:
-            for values in rows[index.name]:
-                other = owner.setdefault(values, key)
-                if other != key:
+        for p in prepared:
+            for values in p.rows[index.name]:
+                other = owner.setdefault(values, p.entity_id)
+                if other != p.entity_id:
                     raise UniqueViolation(
                         f"unique index {index.name!r}: entities {id_hex(other)} and "
-                        f"{id_hex(key)} of one put_many both have {_shown(index, values)};"
+                        f"{id_hex(p.entity_id)} of one put_many both have {_shown(index, values)};"
                         " nothing was written",
                         index=index.name,
                         values=values,
@@ -140,13 +140,13 @@ class Writer:
         self.stale = StaleRows(self._remove_stale)
         self.claims = Claims(cluster, decode)
 
-    def write(self, entities: list[Mapping[str, Any]], mode: str | int) -> list[int]:
+    def write(self, entities: list[Mapping[str, Any]], mode: WriteMode) -> list[int]:
         """Validate everything, then run steps 1-3; return the versions."""
         if not entities:
             return []
         topo = self.cluster.current()
         indexes = topo.maintained()
-        prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]] = []
+        prepared: list[PreparedWrite] = []
         seen: set[bytes] = set()
         fresh: set[bytes] = set()  # ids made here: no live row before, nothing for step 3
         for entity in entities:
@@ -166,7 +166,7 @@ class Writer:
                 rows = {index.name: index.rows(entity) for index in indexes}
             except InvalidEntity as exc:
                 raise type(exc)(f"entity {id_hex(key)}: {exc}") from exc
-            prepared.append((key, self.cluster.shard_of_id(key), body, rows))
+            prepared.append(PreparedWrite(key, self.cluster.shard_of_id(key), body, rows))
         _check_unique(indexes, prepared)
         versions: dict[bytes, int] = {}
         for pending in chunks(prepared, _write_bytes, self.cluster.max_batch_bytes):
@@ -176,65 +176,29 @@ class Writer:
                     break
             else:
                 raise ConflictError(
-                    f"entity {id_hex(pending[0][0])}: stored version kept moving ahead "
+                    f"entity {id_hex(pending[0].entity_id)}: stored version kept moving ahead "
                     f"after {_BLIND_ATTEMPTS} attempts"
                 )
-        return [versions[p[0]] for p in prepared]
+        return [versions[p.entity_id] for p in prepared]
 
     def _attempt(
         self,
         topo: Topology,
         indexes: list[Index],
-        prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]],
-        mode: str | int,
+        prepared: list[PreparedWrite],
+        mode: WriteMode,
         versions: dict[bytes, int],
         fresh: set[bytes],
         first: bool,
-    ) -> list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]:
+    ) -> list[PreparedWrite]:
         """One pass of steps 1-3; return the entities to write again with a new V.
 
         An id made here is a plain INSERT the first time (``NEW``); if that met a row
         (the Cleaner's tombstone over rows that step 1 wrote ahead of it), it is written
         again only over a tombstone (``CREATE``), never over a live entity.
         """
-        dbs = topo.dbs
         by_name = {index.name: index for index in indexes}
-        now = self.clock.next()
-        writes: list[EntityWrite] = []
-        new_rows: list[IndexRow] = []  # step 1: rows on other servers than their entity
-        local: dict[int, list[IndexRow]] = {}  # the others join step 2 on their server
-        for key, shard, body, rows in prepared:
-            if mode == BLIND:
-                version = self.clock.next()
-            elif mode == CREATE:
-                version = max(versions.get(key, 0) + 1, 1)
-            else:
-                assert isinstance(mode, int)
-                version = mode + 1
-            versions[key] = version
-            writes.append(
-                EntityWrite(
-                    dbs[shard],
-                    shard,
-                    key,
-                    version,
-                    now,
-                    body,
-                    (NEW if first else CREATE) if key in fresh else mode,
-                    bool(indexes) and key not in fresh,
-                )
-            )
-            home = topo.shard_servers[shard]
-            for name, values in rows.items():
-                index = by_name[name]
-                for row in values:
-                    target = self._row_shard(topo, index, row)
-                    placed = IndexRow(index, target, row, key, version)
-                    # commits with its entity; a unique claim is settled before step 2
-                    if not index.unique and topo.shard_servers[target] == home:
-                        local.setdefault(home, []).append(placed)
-                    else:
-                        new_rows.append(placed)
+        writes, new_rows, local = self._place(topo, by_name, prepared, mode, versions, fresh, first)
         failpoints.hit("put.before_index_rows")
         self._claim(topo, new_rows, fresh)
         failpoints.hit("put.after_index_rows")
@@ -242,12 +206,13 @@ class Writer:
         failpoints.hit("put.after_entity")
         again = []
         stale_rows: list[IndexRow] = []
-        for key, shard, body, rows in prepared:
+        for p in prepared:
+            key = p.entity_id
             out = outcomes[key]
             if out.applied:
                 if out.old_body is not None:
                     stale_rows += self._stale_rows(
-                        topo, by_name, key, shard, out.old_body, rows, versions[key]
+                        topo, by_name, key, p.shard, out.old_body, p.rows, versions[key]
                     )
                 continue
             if out.stored is not None:
@@ -261,18 +226,62 @@ class Writer:
                     )
                 if out.stored is not None:
                     versions[key] = out.stored
-                again.append((key, shard, body, rows))
-            elif mode == BLIND:
-                again.append((key, shard, body, rows))
-            elif mode == CREATE and not out.alive and out.stored is not None:
+                again.append(p)
+            elif mode is BLIND:
+                again.append(p)
+            elif mode is CREATE and not out.alive and out.stored is not None:
                 versions[key] = out.stored  # a tombstone: create above its version
-                again.append((key, shard, body, rows))
+                again.append(p)
             else:
                 raise _conflict(key, mode, out)
         if stale_rows:
             self.stale.submit(stale_rows)
             failpoints.hit("put.after_stale_rows")
         return again
+
+    def _place(
+        self,
+        topo: Topology,
+        by_name: dict[str, Index],
+        prepared: list[PreparedWrite],
+        mode: WriteMode,
+        versions: dict[bytes, int],
+        fresh: set[bytes],
+        first: bool,
+    ) -> tuple[list[EntityWrite], list[IndexRow], dict[int, list[IndexRow]]]:
+        """Each entity's new version and step 2, and its index rows: those of step 1,
+        and (by server) those that commit with their entity in step 2."""
+        dbs = topo.dbs
+        now = self.clock.next()
+        writes: list[EntityWrite] = []
+        new_rows: list[IndexRow] = []  # step 1: rows on other servers than their entity
+        local: dict[int, list[IndexRow]] = {}  # the others join step 2 on their server
+        for p in prepared:
+            key, shard = p.entity_id, p.shard
+            if mode is BLIND:
+                version = self.clock.next()
+            elif mode is CREATE:
+                version = max(versions.get(key, 0) + 1, 1)
+            else:
+                version = mode.expected + 1
+            versions[key] = version
+            kind = (NEW if first else CREATE) if key in fresh else mode
+            want_body = bool(by_name) and key not in fresh
+            writes.append(
+                EntityWrite(dbs[shard], shard, key, version, now, p.body, kind, want_body)
+            )
+            home = topo.shard_servers[shard]
+            for name, values in p.rows.items():
+                index = by_name[name]
+                for row in values:
+                    target = self._row_shard(topo, index, row)
+                    placed = IndexRow(index, target, row, key, version)
+                    # commits with its entity; a unique claim is settled before step 2
+                    if not index.unique and topo.shard_servers[target] == home:
+                        local.setdefault(home, []).append(placed)
+                    else:
+                        new_rows.append(placed)
+        return writes, new_rows, local
 
     def _claim(self, topo: Topology, rows: list[IndexRow], fresh: set[bytes]) -> None:
         """Step 1; unique rows that another entity owns are settled before step 2 (a
@@ -328,12 +337,12 @@ class Writer:
                 out.append(IndexRow(index, self._row_shard(topo, index, row), row, key, version))
         return out
 
-    def delete(self, keys: list[bytes], mode: str | int) -> int:
+    def delete(self, keys: list[bytes], mode: WriteMode) -> int:
         """Write tombstones, then queue the old bodies' rows; return how many existed."""
         step = self.cluster.max_batch_bytes // _DELETE_BYTES
         return sum(self._delete(keys[i : i + step], mode) for i in range(0, len(keys), step))
 
-    def _delete(self, keys: list[bytes], mode: str | int) -> int:
+    def _delete(self, keys: list[bytes], mode: WriteMode) -> int:
         topo = self.cluster.current()
         indexes = topo.maintained()
         by_name = {index.name: index for index in indexes}
@@ -349,7 +358,7 @@ class Writer:
                     dbs[shards[key]],
                     shards[key],
                     key,
-                    self.clock.next() if mode == BLIND else int(mode) + 1,
+                    self.clock.next() if mode is BLIND else mode.expected + 1,
                     now,
                     None,
                     mode,
@@ -370,7 +379,7 @@ class Writer:
                         stale += self._stale_rows(
                             topo, by_name, key, shards[key], out.old_body, {}, out.stored
                         )
-                elif isinstance(mode, int):
+                elif mode is not BLIND:
                     raise _conflict(key, mode, out)
                 elif out.alive and out.stored is not None:
                     self.clock.observe(out.stored)  # a clock behind the stored version
@@ -431,7 +440,7 @@ class Writer:
         out: dict[bytes, Outcome] = {}
         refused: dict[int, dict[int, list[bytes]]] = {}
         for sid, error in errors.items():
-            if not isinstance(error, ConflictError) or all(w.mode != NEW for w in groups[sid]):
+            if not isinstance(error, ConflictError) or all(w.mode is not NEW for w in groups[sid]):
                 raise error
             for w in groups.pop(sid):
                 out[w.entity_id] = Outcome(False, None, None, False)

@@ -34,7 +34,7 @@ from .protocol import Writer
 from .query import Page, QueryEngine
 from .reader import Reader
 from .scatter import shard_unions
-from .writes import BLIND, CREATE
+from .writes import BLIND, CREATE, WriteMode
 
 __all__ = ["DataStore"]
 
@@ -228,7 +228,9 @@ class DataStore:
             not isinstance(expect_version, int) or expect_version < 0
         ):
             raise InvalidEntity(f"expect_version must be an int >= 0, got {expect_version!r}")
-        mode: str | int = BLIND if expect_version is None else expect_version or CREATE
+        mode = CREATE if expect_version == 0 else BLIND
+        if expect_version:
+            mode = WriteMode.expect(expect_version)
         return self.calls.call(lambda: self._writer.write([entity], mode), timeout)[0]
 
     def put_many(
@@ -255,7 +257,7 @@ class DataStore:
             not isinstance(expect_version, int) or expect_version < 1
         ):
             raise InvalidEntity(f"expect_version must be an int >= 1, got {expect_version!r}")
-        mode: str | int = BLIND if expect_version is None else expect_version
+        mode = BLIND if expect_version is None else WriteMode.expect(expect_version)
         key = to_id(entity_id)
         return self.calls.call(lambda: self._writer.delete([key], mode), timeout) == 1
 

@@ -26,6 +26,8 @@ __all__ = [
     "NEW",
     "EntityWrite",
     "IndexRow",
+    "PreparedWrite",
+    "WriteMode",
     "delete_rows_sql",
     "entity_batch_sql",
     "fence_owner_sql",
@@ -37,9 +39,27 @@ __all__ = [
     "upsert_sql",
 ]
 
-BLIND = "blind"  # last writer wins; refused only if the stored version is already >= V
-CREATE = "create"  # expect_version=0: the entity must be absent (or a tombstone)
-NEW = "new"  # an id this process just made: no row can exist, a plain INSERT
+
+@dataclass(frozen=True, slots=True)
+class WriteMode:
+    """What a write of an entity expects of the stored one: ``BLIND`` (last writer
+    wins; refused only if the stored version is already >= V), ``CREATE``
+    (``expect_version=0``: absent, or a tombstone), ``NEW`` (an id this process just
+    made: no row can exist, a plain INSERT) or ``WriteMode.expect(v)`` (compare and
+    set: the stored version is ``v``)."""
+
+    kind: str
+    expected: int = 0  # the stored version a compare-and-set expects (CREATE: 0)
+
+    @classmethod
+    def expect(cls, version: int) -> WriteMode:
+        """Compare and set: the stored version must be ``version`` (>= 1)."""
+        return cls("cas", version)
+
+
+BLIND = WriteMode("blind")
+CREATE = WriteMode("create")
+NEW = WriteMode("new")
 
 
 @dataclass(slots=True)
@@ -54,8 +74,18 @@ class IndexRow:
 
 
 @dataclass(slots=True)
+class PreparedWrite:
+    """An entity checked and encoded for a put: its body, and its rows by index name."""
+
+    entity_id: bytes
+    shard: int
+    body: bytes
+    rows: dict[str, set[tuple[Any, ...]]]
+
+
+@dataclass(slots=True)
 class EntityWrite:
-    """Step 2 for one entity: ``mode`` is BLIND, CREATE, NEW or the expected version."""
+    """Step 2 for one entity."""
 
     db: str
     shard: int
@@ -63,7 +93,7 @@ class EntityWrite:
     version: int
     updated: int
     body: bytes | None  # None: delete (write a tombstone)
-    mode: str | int
+    mode: WriteMode
     want_body: bool  # return the old body (needed when indexes are maintained)
 
 
@@ -234,11 +264,11 @@ def entity_batch_sql(
         if kind in ("blind", "create", "new"):
             params += [w.entity_id, w.version, w.updated, w.body]
         elif kind == "cas":
-            params += [w.body, w.updated, w.version, w.entity_id, w.mode]
+            params += [w.body, w.updated, w.version, w.entity_id, w.mode.expected]
         elif kind == "delete":
             params += [w.updated, w.version, w.entity_id, w.version]
         else:
-            params += [w.updated, w.version, w.entity_id, w.mode]
+            params += [w.updated, w.version, w.entity_id, w.mode.expected]
     if len(stmts) > 1:
         return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1 + upserts
     return ";\n".join(stmts), params, 0
@@ -246,12 +276,8 @@ def entity_batch_sql(
 
 def _kind(w: EntityWrite) -> str:
     if w.body is None:
-        return "delete" if w.mode == BLIND else "delete_cas"
-    if w.mode == NEW:
-        return "new"
-    if w.mode == BLIND:
-        return "blind"
-    return "create" if w.mode == CREATE else "cas"
+        return "delete" if w.mode is BLIND else "delete_cas"
+    return w.mode.kind
 
 
 @functools.lru_cache(maxsize=4096)

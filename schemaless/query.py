@@ -190,66 +190,14 @@ class QueryEngine:
         idx = self.resolve(index, include_building)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
             raise InvalidQuery(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
-        eq: dict[str, Any] = {}
-        ranges: dict[str, dict[str, Any]] = {}
-        in_prop: str | None = None
-        for key, value in conditions.items():
-            prop, _, op = key.partition("__")
-            if prop not in idx.properties:
-                raise InvalidQuery(
-                    f"index {idx.name!r} has no property {prop!r} "
-                    f"(its properties: {', '.join(idx.properties)})"
-                )
-            if op in ("", "in") and prop in eq:
-                raise InvalidQuery(f"two equality conditions on {prop!r}")
-            if not op:
-                eq[prop] = idx.coerce_query_value(prop, value)
-            elif op == "in":
-                if in_prop is not None:
-                    raise InvalidQuery("at most one __in condition per query")
-                if not isinstance(value, (list, tuple, set, frozenset)) or not (
-                    1 <= len(value) <= MAX_IN
-                ):
-                    raise InvalidQuery(f"{key} takes a list of 1 to {MAX_IN} values")
-                in_prop = prop
-                eq[prop] = list(dict.fromkeys(idx.coerce_query_value(prop, v) for v in value))
-            elif op == "between":
-                if not isinstance(value, (tuple, list)) or len(value) != 2:
-                    raise InvalidQuery(f"{key} takes a pair (low, high)")
-                _bound(ranges, prop, "gte", idx.coerce_query_value(prop, value[0]))
-                _bound(ranges, prop, "lte", idx.coerce_query_value(prop, value[1]))
-            elif op in _OPS:
-                _bound(ranges, prop, op, idx.coerce_query_value(prop, value))
-            else:
-                raise InvalidQuery(
-                    f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte or between"
-                )
+        eq, ranges, in_prop = _conditions(idx, conditions)
         k = len(eq)
         if set(eq) != set(idx.properties[:k]):
             raise InvalidQuery(
                 f"equality conditions must fix a prefix of index {idx.name!r} "
                 f"({', '.join(idx.properties)}); got {', '.join(eq) or 'none'}"
             )
-        lower = upper = bounds = None
-        if ranges:
-            (prop, ops), *others = ranges.items()
-            if others or k >= len(idx.properties) or prop != idx.properties[k]:
-                after = idx.properties[k] if k < len(idx.properties) else "none"
-                raise InvalidQuery(
-                    "a range is allowed only on the property after the equality prefix "
-                    f"of index {idx.name!r} ({after})"
-                )
-            for op in ("gt", "gte"):
-                if op in ops:
-                    lower = (ops[op], _OPS[op][1])
-            for op in ("lt", "lte"):
-                if op in ops:
-                    upper = (ops[op], _OPS[op][1])
-            some = lower or upper
-            assert some is not None
-            bounds = idx.types[k].tag_bounds(some[0])
-            if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
-                raise InvalidQuery(f"range bounds on {prop!r} are of different types")
+        lower, upper, bounds = _range(idx, k, ranges)
         descending = self._direction(idx, k, order)
         if consistency not in ("primary", "replica"):
             raise InvalidQuery(f"consistency must be 'primary' or 'replica', got {consistency!r}")
@@ -501,6 +449,77 @@ def _where_sql(
             ors.append("(" + " AND ".join(ands) + ")")
         clauses.append("(" + " OR ".join(ors) + ")")
     return " AND ".join(clauses)
+
+
+def _conditions(
+    idx: Index, conditions: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], str | None]:
+    """A query's conditions, checked and coerced: equalities by property (a list for
+    the ``__in`` one), range bounds by property and operator, the ``__in`` property."""
+    eq: dict[str, Any] = {}
+    ranges: dict[str, dict[str, Any]] = {}
+    in_prop: str | None = None
+    for key, value in conditions.items():
+        prop, _, op = key.partition("__")
+        if prop not in idx.properties:
+            raise InvalidQuery(
+                f"index {idx.name!r} has no property {prop!r} "
+                f"(its properties: {', '.join(idx.properties)})"
+            )
+        if op in ("", "in") and prop in eq:
+            raise InvalidQuery(f"two equality conditions on {prop!r}")
+        if not op:
+            eq[prop] = idx.coerce_query_value(prop, value)
+        elif op == "in":
+            if in_prop is not None:
+                raise InvalidQuery("at most one __in condition per query")
+            if not isinstance(value, (list, tuple, set, frozenset)) or not (
+                1 <= len(value) <= MAX_IN
+            ):
+                raise InvalidQuery(f"{key} takes a list of 1 to {MAX_IN} values")
+            in_prop = prop
+            eq[prop] = list(dict.fromkeys(idx.coerce_query_value(prop, v) for v in value))
+        elif op == "between":
+            if not isinstance(value, (tuple, list)) or len(value) != 2:
+                raise InvalidQuery(f"{key} takes a pair (low, high)")
+            _bound(ranges, prop, "gte", idx.coerce_query_value(prop, value[0]))
+            _bound(ranges, prop, "lte", idx.coerce_query_value(prop, value[1]))
+        elif op in _OPS:
+            _bound(ranges, prop, op, idx.coerce_query_value(prop, value))
+        else:
+            raise InvalidQuery(
+                f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte or between"
+            )
+    return eq, ranges, in_prop
+
+
+def _range(
+    idx: Index, k: int, ranges: dict[str, dict[str, Any]]
+) -> tuple[tuple[Any, bool] | None, tuple[Any, bool] | None, tuple[bytes, bytes] | None]:
+    """The range on the property after the equality prefix: ``(lower, upper, bounds)``
+    (bounds: an auto column's range stays within one type)."""
+    if not ranges:
+        return None, None, None
+    (prop, ops), *others = ranges.items()
+    if others or k >= len(idx.properties) or prop != idx.properties[k]:
+        after = idx.properties[k] if k < len(idx.properties) else "none"
+        raise InvalidQuery(
+            "a range is allowed only on the property after the equality prefix "
+            f"of index {idx.name!r} ({after})"
+        )
+    lower = upper = None
+    for op in ("gt", "gte"):
+        if op in ops:
+            lower = (ops[op], _OPS[op][1])
+    for op in ("lt", "lte"):
+        if op in ops:
+            upper = (ops[op], _OPS[op][1])
+    some = lower or upper
+    assert some is not None
+    bounds = idx.types[k].tag_bounds(some[0])
+    if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
+        raise InvalidQuery(f"range bounds on {prop!r} are of different types")
+    return lower, upper, bounds
 
 
 def _bound(ranges: dict[str, dict[str, Any]], prop: str, op: str, value: Any) -> None:

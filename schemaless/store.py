@@ -81,12 +81,7 @@ class DataStore:
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        if isinstance(mysql_shards, str):
-            mysql_shards = [mysql_shards]
-        parsed = [parse_address(spec) for spec in mysql_shards]
-        creds = Credentials.resolve(user, password, option_file)
-        if parsed:
-            creds = parsed[0][1].merged(creds)
+        addresses, creds = _servers(mysql_shards, Credentials.resolve(user, password, option_file))
         options = ConnectOptions(
             credentials=creds,
             connect_timeout=connect_timeout,
@@ -96,7 +91,6 @@ class DataStore:
             ssl=ssl,
             retry=retry or Retry(),
         )
-        addresses: list[Address] = [address for address, _ in parsed]
         self.cluster = Cluster(
             addresses,
             options,
@@ -523,6 +517,15 @@ class DataStore:
             consistency=consistency,
         )
         return self._query.iterate(q, timeout)
+
+
+def _servers(specs: Sequence[str] | str, creds: Credentials) -> tuple[list[Address], Credentials]:
+    """The servers' addresses, and the credentials (those of the first address, where
+    it names any, over ``creds``)."""
+    parsed = [parse_address(spec) for spec in ([specs] if isinstance(specs, str) else specs)]
+    if parsed:
+        creds = parsed[0][1].merged(creds)
+    return [address for address, _ in parsed], creds
 
 
 def _bare(sql: str) -> tuple[str, tuple[()]]:

@@ -37,12 +37,12 @@ import msgpack
 import MySQLdb
 
 from .catalog import Topology
-from .cli.output import from_json, to_jsonable
 from .codec import Codec
 from .errors import CatalogError, CorruptEntity, InvalidEntity, SchemalessError, ServerError
 from .hashing import shard_of
 from .ids import id_hex, to_id
 from .index import Index
+from .jsonform import from_json, to_jsonable
 from .names import quote
 from .scatter import STATEMENT_BYTES, by_server, chunks, sql_bytes
 from .store import DataStore

@@ -119,3 +119,20 @@ def test_functions_fit_on_a_screen() -> None:
                     if lines > 60 and where not in _LONG_ELSEWHERE:
                         long.append(f"{where} ({lines} lines)")
     assert not long, "functions over 60 lines: " + ", ".join(long)
+
+
+def test_the_map_in_docs_names_every_module() -> None:
+    """docs/architecture.md opens with a map: every module of schemaless/ in it, and
+    those of cleaner/ and cli/ in their package's paragraph."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    assert "\n## Map\n" in text
+    map_ = text.split("\n## Map\n", 1)[1].split("\n## ", 1)[0]
+    paragraphs = {p.split(" ", 1)[0]: p for p in map_.split("\n\n")}
+    where = {"schemaless": map_, "cleaner": paragraphs["`cleaner/`"], "cli": paragraphs["`cli/`"]}
+    missing = [
+        f"{package}/{path.name}"
+        for package, text_ in where.items()
+        for path in sorted((REPO / package).glob("*.py"))
+        if f"`{path.name}`" not in text_
+    ]
+    assert not missing, f"modules missing from the map in docs/architecture.md: {missing}"

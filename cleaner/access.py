@@ -15,7 +15,7 @@ from schemaless.catalog import Topology, now_us
 from schemaless.connection import Rows
 from schemaless.hashing import shard_of
 from schemaless.index import Index
-from schemaless.scatter import Statement, by_server, chunks, rounds, row_bytes
+from schemaless.scatter import Statement, by_server, chunks, ids_by_server, rounds, row_bytes
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 from schemaless.unique import Owner
@@ -98,7 +98,7 @@ def _chunks(items: Sequence[T], index: Callable[[T], Index]) -> list[list[T]]:
 def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dict[bytes, Stored]:
     """The entity rows of some ids; an id without a row maps to ``exists=False``."""
     wanted = set(ids)
-    by_server = store.cluster.ids_by_server(topo, wanted)
+    by_server = ids_by_server(topo, wanted)
     shard_of = {
         key: shard
         for shards in by_server.values()

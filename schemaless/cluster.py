@@ -11,7 +11,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from . import forking
@@ -200,17 +200,6 @@ class Cluster:
     def shard_of_id(self, entity_id: bytes) -> int:
         """The logical shard that stores an entity."""
         return shard_of(entity_id, self.topology.n_shards)
-
-    def ids_by_server(
-        self, topo: Topology, ids: Iterable[bytes]
-    ) -> dict[int, dict[int, list[bytes]]]:
-        """Entity ids grouped by server id, then by logical shard."""
-        n_shards, shard_servers = topo.n_shards, topo.shard_servers
-        out: dict[int, dict[int, list[bytes]]] = {}
-        for key in ids:
-            shard = shard_of(key, n_shards)
-            out.setdefault(shard_servers[shard], {}).setdefault(shard, []).append(key)
-        return out
 
     def scatter(
         self,

@@ -28,7 +28,7 @@ from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
 from .reader import Reader
-from .scatter import Statement, unreachable_only
+from .scatter import Statement, by_server, unreachable_only
 from .tables import union_all
 
 if TYPE_CHECKING:
@@ -300,17 +300,17 @@ class QueryEngine:
         that did not answer).
         """
         topo = self.cluster.current()
-        by_server: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
+        parts = []  # (logical shard, equality prefix)
         for eq in q.eqs:
             only = q.shard(eq, topo.n_shards)
-            for shard in [only] if only is not None else range(topo.n_shards):
-                by_server.setdefault(topo.shard_servers[shard], []).append((shard, eq))
+            parts += [(s, eq) for s in ([only] if only is not None else range(topo.n_shards))]
+        groups = by_server(topo, parts, _first)
         build = self._scan_sql(q, topo.dbs, after, n)
         results, errors, _ = self.cluster.scatter(
-            topo, by_server, build, consistency=q.consistency, partial=q.partial
+            topo, groups, build, consistency=q.consistency, partial=q.partial
         )
         unreachable_only(errors)
-        gone = {shard for sid in errors for shard, _ in by_server[sid]}
+        gone = {shard for sid in errors for shard, _ in groups[sid]}
         rows: list[tuple[Any, ...]] = []
         exhausted = True
         for result in results.values():
@@ -520,6 +520,10 @@ def _range(
     if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
         raise InvalidQuery(f"range bounds on {prop!r} are of different types")
     return lower, upper, bounds
+
+
+def _first(part: tuple[int, tuple[Any, ...]]) -> int:
+    return part[0]
 
 
 def _bound(ranges: dict[str, dict[str, Any]], prop: str, op: str, value: Any) -> None:

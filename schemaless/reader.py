@@ -12,7 +12,7 @@ from .errors import CorruptEntity
 from .follow import Calls
 from .ids import id_hex
 from .names import quote
-from .scatter import ID_BYTES, unreachable_only
+from .scatter import ID_BYTES, ids_by_server, unreachable_only
 from .schema import shard_db
 from .tables import by_id_sql
 
@@ -59,7 +59,7 @@ class Reader:
         if not ids:
             return {}, set()
         topo = self.cluster.current()
-        by_server = self.cluster.ids_by_server(topo, ids)
+        by_server = ids_by_server(topo, ids)
         results, errors, _ = self.cluster.scatter(
             topo,
             by_server,

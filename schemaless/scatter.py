@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, TypeVar
 from .catalog import Topology
 from .connection import Batch, Rows, Server, gather, gather_partial
 from .errors import SchemalessError, ShardUnavailable
+from .hashing import shard_of
 from .index import Index
 from .tables import union_all
 
@@ -28,6 +29,7 @@ __all__ = [
     "Statement",
     "by_server",
     "chunks",
+    "ids_by_server",
     "rounds",
     "row_bytes",
     "scatter",
@@ -61,6 +63,16 @@ def by_server(topo: Topology, items: Iterable[T], shard: Callable[[T], int]) -> 
     out: dict[int, list[T]] = {}
     for item in items:
         out.setdefault(shard_servers[shard(item)], []).append(item)
+    return out
+
+
+def ids_by_server(topo: Topology, ids: Iterable[bytes]) -> dict[int, dict[int, list[bytes]]]:
+    """Entity ids grouped by server id, then by logical shard."""
+    n_shards, shard_servers = topo.n_shards, topo.shard_servers
+    out: dict[int, dict[int, list[bytes]]] = {}
+    for key in ids:
+        shard = shard_of(key, n_shards)
+        out.setdefault(shard_servers[shard], {}).setdefault(shard, []).append(key)
     return out
 
 

@@ -22,7 +22,7 @@ from .cluster import Cluster
 from .entity import Entity
 from .errors import ConflictError, CorruptEntity, InvalidEntity
 from .ids import id_hex
-from .scatter import Statement, by_server
+from .scatter import Statement, by_server, ids_by_server
 from .tables import by_id_sql
 from .writes import (
     IndexRow,
@@ -147,7 +147,7 @@ class Claims:
         columns = "`id`, `version`, `body`"
         found = self.cluster.scatter(
             topo,
-            self.cluster.ids_by_server(topo, ids),
+            ids_by_server(topo, ids),
             lambda shards: by_id_sql(topo.prefix, shards, columns),
         ).results
         out: dict[bytes, tuple[int, bytes | None]] = {}

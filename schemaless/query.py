@@ -460,7 +460,7 @@ def _conditions(
     ranges: dict[str, dict[str, Any]] = {}
     in_prop: str | None = None
     for key, value in conditions.items():
-        prop, _, op = key.partition("__")
+        prop, op = _split(key, idx.properties)
         if prop not in idx.properties:
             raise InvalidQuery(
                 f"index {idx.name!r} has no property {prop!r} "
@@ -491,6 +491,15 @@ def _conditions(
                 f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte or between"
             )
     return eq, ranges, in_prop
+
+
+def _split(key: str, properties: tuple[str, ...]) -> tuple[str, str]:
+    """A condition's ``prop__op`` as ``(prop, op)``: a property named with ``__`` is
+    matched whole first (then ``prop__gte`` splits at its last ``__``)."""
+    if key in properties or "__" not in key:
+        return key, ""
+    prop, _, op = key.rpartition("__")
+    return prop, op
 
 
 def _range(

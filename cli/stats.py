@@ -14,7 +14,7 @@ from typing import Any
 
 from schemaless.catalog import Topology, backfill_job, now_us
 from schemaless.names import quote
-from schemaless.scatter import Statement, by_server, shard_unions
+from schemaless.scatter import Statement, bare, by_server, shard_unions
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
@@ -35,12 +35,8 @@ def _per_server(
 ) -> dict[int, list[tuple[Any, ...]] | None]:
     """Run one ``UNION ALL`` of ``part(shard, db)`` per server; None where it failed."""
     unions = shard_unions(topo, lambda s: part(s, shard_db(topo.prefix, s)))
-    results = ds.cluster.scatter(topo, unions, _bare, partial=True).results
+    results = ds.cluster.scatter(topo, unions, bare, partial=True).results
     return {sid: _rows(sid, unions, results) for sid in topo.servers}
-
-
-def _bare(sql: str) -> tuple[str, tuple[()]]:
-    return sql, ()
 
 
 def _rows(

@@ -12,7 +12,7 @@ from .errors import CorruptEntity
 from .follow import Calls
 from .ids import id_hex
 from .names import quote
-from .scatter import ID_BYTES, ids_by_server, unreachable_only
+from .scatter import ID_BYTES, bare, ids_by_server, shard_unions, unreachable_only
 from .schema import shard_db
 from .tables import by_id_sql
 
@@ -77,6 +77,26 @@ class Reader:
                 if body is not None:  # a tombstone otherwise
                     out[key] = self.decode(key, None, version, body)
         return out, missing
+
+    def newest(self, samples: int) -> list[Entity]:
+        """About ``samples`` live entities, the newest of each logical shard (as many
+        from each), one statement per server."""
+        topo = self.cluster.refresh()
+        per_shard = max(1, samples // topo.n_shards)
+        unions = shard_unions(
+            topo,
+            lambda s: (
+                f"(SELECT `id`, `version`, `body`, {int(s)} FROM "
+                f"{quote(topo.dbs[s], 'entities')} WHERE `body` IS NOT NULL "
+                f"ORDER BY `added_id` DESC LIMIT {int(per_shard)})"
+            ),
+        )
+        found = self.cluster.scatter(topo, unions, bare).results
+        return [
+            self.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
+            for rows in found.values()
+            for r in rows[0]
+        ]
 
     def decode(self, entity_id: bytes, shard: int | None, version: int, body: bytes) -> Entity:
         """Decode a stored body, naming the entity and its shard (found from the id when

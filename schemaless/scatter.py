@@ -27,6 +27,7 @@ __all__ = [
     "STATEMENT_BYTES",
     "Scattered",
     "Statement",
+    "bare",
     "by_server",
     "chunks",
     "ids_by_server",
@@ -105,6 +106,11 @@ def scatter(
         results, errors = gather_partial(batches)
         return Scattered(results, errors, counts)
     return Scattered(gather(batches), {}, counts)
+
+
+def bare(sql: str) -> Statement:
+    """A statement without parameters (``build`` for groups that are SQL already)."""
+    return sql, ()
 
 
 def rounds(

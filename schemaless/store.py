@@ -33,7 +33,7 @@ from .names import quote
 from .protocol import Writer
 from .query import Page, QueryEngine
 from .reader import Reader
-from .scatter import shard_unions
+from .scatter import bare, shard_unions
 from .writes import BLIND, CREATE, WriteMode
 
 __all__ = ["DataStore"]
@@ -308,21 +308,7 @@ class DataStore:
     def train_dictionary(self, samples: int = 5000, size: int = 16384) -> int:
         """Train a zstd dictionary on stored entities, store it in the catalog and use it
         for new bodies (old bodies name their own dictionary); return its id."""
-        topo = self.cluster.refresh()
-        per_shard = max(1, samples // topo.n_shards)
-        unions = shard_unions(
-            topo,
-            lambda s: (
-                f"(SELECT `id`, `version`, `body`, {int(s)} FROM "
-                f"{quote(topo.dbs[s], 'entities')} WHERE `body` IS NOT NULL "
-                f"ORDER BY `added_id` DESC LIMIT {int(per_shard)})"
-            ),
-        )
-        entities = [
-            self.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
-            for rows in self.cluster.scatter(topo, unions, _bare).results.values()
-            for r in rows[0]
-        ]
+        entities = self.reader.newest(samples)
         if len(entities) < 100:
             raise InvalidEntity(
                 f"need at least 100 stored entities to train a dictionary, found {len(entities)}"
@@ -440,7 +426,7 @@ class DataStore:
         unions = shard_unions(
             topo, lambda s: f"(SELECT 1 FROM {quote(topo.dbs[s], 'entities')} LIMIT 1)", " LIMIT 1"
         )
-        found = self.cluster.scatter(topo, unions, _bare).results
+        found = self.cluster.scatter(topo, unions, bare).results
         return all(not rows[0] for rows in found.values())
 
     def query(
@@ -526,11 +512,6 @@ def _servers(specs: Sequence[str] | str, creds: Credentials) -> tuple[list[Addre
     if parsed:
         creds = parsed[0][1].merged(creds)
     return [address for address, _ in parsed], creds
-
-
-def _bare(sql: str) -> tuple[str, tuple[()]]:
-    """A statement without parameters."""
-    return sql, ()
 
 
 def _merge(where: Mapping[str, Any] | None, conditions: dict[str, Any]) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from schemaless.catalog import Topology, now_us
-from schemaless.connection import Batch, Rows, gather_partial
-from schemaless.errors import SchemalessError
+from schemaless.connection import Rows
 from schemaless.hashing import shard_of
 from schemaless.index import Index
+from schemaless.scatter import Statement, by_server, chunks, ids_by_server, rounds, row_bytes
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 from schemaless.unique import Owner
@@ -84,49 +84,21 @@ def placed(
     return IndexRow(index, shard_of(index.shard_key(values), n_shards), values, entity_id, version)
 
 
-def _fanout(
-    store: DataStore, topo: Topology, batches: Mapping[int, list[tuple[str, list[Any]]]]
+def _rounds(
+    store: DataStore, topo: Topology, batches: Mapping[int, Sequence[Statement]]
 ) -> dict[int, list[Rows]]:
-    """Send each server its batches in order, servers in parallel: one round of
-    ``gather`` per position; a server that failed gets no more, the first error is
-    raised at the end."""
-    servers = store.cluster.all_servers(topo)
-    out: dict[int, list[Rows]] = {sid: [] for sid, b in batches.items() if b}
-    errors: dict[int, SchemalessError] = {}
-    for n in range(max((len(b) for b in batches.values()), default=0)):
-        round_ = {
-            sid: Batch(servers[sid], *b[n])
-            for sid, b in batches.items()
-            if n < len(b) and sid not in errors
-        }
-        results, failed = gather_partial(round_)
-        errors.update(failed)
-        for sid, rows in results.items():
-            out[sid].append(rows)
-    for error in errors.values():
-        raise error
-    return out
+    return rounds(store.cluster.all_servers(topo).__getitem__, batches)
 
 
-def _row_bytes(index: Index) -> int:
-    """At most how many bytes of SQL one row of ``index`` takes (4 per byte of a
-    string: utf8mb4, escaped)."""
-    return 128 + sum(4 * t.key_bytes + 8 for t in index.types)
-
-
-def _chunks(items: Sequence[T], index: Callable[[T], Index]) -> list[Sequence[T]]:
+def _chunks(items: Sequence[T], index: Callable[[T], Index]) -> list[list[T]]:
     """Split ``items`` so that each chunk stays under ``_BATCH_BYTES`` of SQL."""
-    if not items:
-        return []
-    size = max(_row_bytes(i) for i in {index(item) for item in items})
-    step = max(1, _BATCH_BYTES // size)
-    return [items[i : i + step] for i in range(0, len(items), step)]
+    return list(chunks(list(items), lambda item: row_bytes(index(item)), _BATCH_BYTES))
 
 
 def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dict[bytes, Stored]:
     """The entity rows of some ids; an id without a row maps to ``exists=False``."""
     wanted = set(ids)
-    by_server = store.cluster.ids_by_server(topo, wanted)
+    by_server = ids_by_server(topo, wanted)
     shard_of = {
         key: shard
         for shards in by_server.values()
@@ -135,7 +107,7 @@ def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dic
     }
     batches = {sid: [entities_by_id_sql(topo.prefix, shards)] for sid, shards in by_server.items()}
     out: dict[bytes, Stored] = {}
-    for results in _fanout(store, topo, batches).values():
+    for results in _rounds(store, topo, batches).values():
         for key, version, body in results[0][0]:
             k = bytes(key)
             out[k] = Stored(k, shard_of[k], int(version), bytes(body) if body is not None else None)
@@ -162,7 +134,7 @@ def read_rows(
             for i in range(0, len(keys), step)
         ]
     out: list[Found] = []
-    for results in _fanout(store, topo, batches).values():
+    for results in _rounds(store, topo, batches).values():
         for result_sets in results:
             for index, rows in zip(indexes, result_sets, strict=True):
                 for row in rows:
@@ -177,14 +149,11 @@ def upsert_rows(store: DataStore, topo: Topology, rows: Sequence[IndexRow]) -> N
     if not rows:
         return
     dbs = [shard_db(topo.prefix, s) for s in range(topo.n_shards)]
-    by_server: dict[int, list[IndexRow]] = {}
-    for row in rows:
-        by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
     batches = {
         sid: [upsert_rows_sql(chunk, dbs) for chunk in _chunks(group, _row_index)]
-        for sid, group in by_server.items()
+        for sid, group in by_server(topo, rows, _row_shard).items()
     }
-    _fanout(store, topo, batches)
+    _rounds(store, topo, batches)
 
 
 def upsert_grouped(
@@ -195,7 +164,7 @@ def upsert_grouped(
 
     For a unique index, the owners are read back in the same round trips: the rows
     that another entity owns (or that are gone) are returned with that owner."""
-    step = max(1, _BATCH_BYTES // _row_bytes(index))
+    step = max(1, _BATCH_BYTES // row_bytes(index))
     by_server: dict[int, list[list[tuple[int, list[tuple[Any, ...]]]]]] = {}
     for shard in sorted(groups):
         rows = groups[shard]
@@ -209,7 +178,7 @@ def upsert_grouped(
         sid: [index_upserts_sql(topo.dbs, index, chunk) for chunk in chunks if chunk]
         for sid, chunks in by_server.items()
     }
-    results = _fanout(store, topo, batches)
+    results = _rounds(store, topo, batches)
     if not index.unique:
         return []
     n = len(index.columns)
@@ -242,21 +211,26 @@ def delete_rows(store: DataStore, topo: Topology, rows: Sequence[Guarded]) -> in
     """Delete rows where ``entity_version <= guard``; how many were deleted."""
     if not rows:
         return 0
-    by_server: dict[int, list[Guarded]] = {}
-    for row in rows:
-        by_server.setdefault(topo.shard_servers[row[1]], []).append(row)
     batches = {
         sid: [delete_guarded_sql(topo.prefix, chunk) for chunk in _chunks(group, _guarded_index)]
-        for sid, group in by_server.items()
+        for sid, group in by_server(topo, rows, _guarded_shard).items()
     }
     done = 0
-    for results in _fanout(store, topo, batches).values():
+    for results in _rounds(store, topo, batches).values():
         done += sum(int(r[0][0][0] or 0) for r in results)
     return done
 
 
 def _guarded_index(row: Guarded) -> Index:
     return row[0]
+
+
+def _guarded_shard(row: Guarded) -> int:
+    return row[1]
+
+
+def _row_shard(row: IndexRow) -> int:
+    return row.shard
 
 
 def fence(
@@ -267,17 +241,19 @@ def fence(
     if not fences:
         return {}
     now = now_us()
-    by_server: dict[int, list[tuple[int, bytes, int]]] = {}
-    for key, version in fences.items():
-        shard = store.cluster.shard_of_id(key)
-        by_server.setdefault(topo.shard_servers[shard], []).append((shard, key, version))
-    batches = {sid: [fence_sql(topo.prefix, group, now)] for sid, group in by_server.items()}
-    results = _fanout(store, topo, batches)
+    items = [(store.cluster.shard_of_id(key), key, version) for key, version in fences.items()]
+    groups = by_server(topo, items, _first)
+    batches = {sid: [fence_sql(topo.prefix, group, now)] for sid, group in groups.items()}
+    results = _rounds(store, topo, batches)
     out: dict[bytes, tuple[int, bool]] = {}
-    for sid, group in by_server.items():
+    for sid, group in groups.items():
         for (_, key, _), rows in zip(sorted(group), results[sid][0], strict=True):
             out[key] = (int(rows[0][0]), bool(rows[0][1]))
     return out
+
+
+def _first(item: tuple[int, bytes, int]) -> int:
+    return item[0]
 
 
 def bump(store: DataStore, topo: Topology, entity: Stored, version: int) -> bool:

@@ -22,7 +22,6 @@ from typing import Any
 
 from schemaless import failpoints
 from schemaless.catalog import IndexInfo, Topology, backfill_job
-from schemaless.connection import Batch, gather
 from schemaless.errors import (
     CatalogError,
     IndexDefinitionError,
@@ -30,14 +29,16 @@ from schemaless.errors import (
 )
 from schemaless.ids import id_hex
 from schemaless.index import Index
+from schemaless.scatter import by_server
 from schemaless.unique import Violation
 
 from .access import read_entities, read_rows, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
+from .estimate import max_added_ids
 from .repair import Repairer
 from .runtime import Runtime, Stopped, log
 from .scan import EntityRow, entity_batches
-from .sql import entity_versions_sql, max_added_sql
+from .sql import entity_versions_sql
 
 __all__ = ["Backfill", "grace_deadline"]
 
@@ -203,25 +204,13 @@ class Backfill:
 
     def _measure(self) -> None:
         topo = self.rt.store.cluster.current()
-        by_server: dict[int, list[int]] = {}
-        for s in self._shards.values():
-            if not s.done:
-                by_server.setdefault(topo.shard_servers[s.shard], []).append(s.shard)
-        servers = self.rt.store.cluster.all_servers(topo)
-        calls = {
-            sid: Batch(servers[sid], max_added_sql(topo.prefix, shards))
-            for sid, shards in by_server.items()
-        }
-        for rows in gather(calls).values():
-            for shard, end in rows[0]:
-                self._shards[int(shard)].end = int(end)
+        undone = [s.shard for s in self._shards.values() if not s.done]
+        for shard, end in max_added_ids(self.rt.store, topo, undone).items():
+            self._shards[shard].end = end
 
     def _run_lanes(self, topo: Topology, index: Index) -> None:
         """One lane per server, each running its shards in turn; this thread ticks."""
-        lanes: dict[int, list[int]] = {}
-        for s in self._shards.values():
-            if not s.done:
-                lanes.setdefault(topo.shard_servers[s.shard], []).append(s.shard)
+        lanes = by_server(topo, [s.shard for s in self._shards.values() if not s.done], int)
         if not lanes:
             return
         self.rt.halt.clear()

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemaless.catalog import Topology
-from schemaless.connection import Batch, gather
 from schemaless.errors import CorruptEntity, InvalidEntity
 from schemaless.ids import id_hex
 from schemaless.index import Index
+from schemaless.scatter import by_server
 from schemaless.store import DataStore
 
 from .scan import EntityRow, entity_batches
@@ -106,15 +107,16 @@ class Estimate:
         }
 
 
-def max_added_ids(store: DataStore, topo: Topology) -> dict[int, int]:
-    """``shard -> MAX(added_id)`` (0 for an empty shard), one statement per server."""
-    servers = store.cluster.all_servers(topo)
-    calls = {
-        sid: Batch(server, max_added_sql(topo.prefix, topo.shards_of(sid)))
-        for sid, server in servers.items()
-        if topo.shards_of(sid)
-    }
-    return {int(s): int(top) for rows in gather(calls).values() for s, top in rows[0]}
+def max_added_ids(
+    store: DataStore, topo: Topology, shards: Iterable[int] | None = None
+) -> dict[int, int]:
+    """``shard -> MAX(added_id)`` (0 for an empty shard) of ``shards`` (default all),
+    one statement per server."""
+    groups = by_server(topo, range(topo.n_shards) if shards is None else shards, int)
+    found = store.cluster.scatter(
+        topo, groups, lambda group: (max_added_sql(topo.prefix, group), ())
+    ).results
+    return {int(s): int(top) for rows in found.values() for s, top in rows[0]}
 
 
 def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
 
+from schemaless.catalog import Topology
 from schemaless.errors import ShardUnavailable, TableMissing
+from schemaless.follow import follow_map
 from schemaless.store import DataStore
 
 from .metrics import Figures
@@ -145,25 +147,25 @@ class Runtime:
         (``cluster.current()``)."""
         cluster = self.store.cluster
         moving = backoff_delays(base=0.05, cap=min(1.0, self.backoff_cap))
-        waiting = False
-        while True:
-            seen = cluster.topology
-            try:
-                return self._backoff(what, fn)
-            except TableMissing as exc:
-                topo = self._backoff("reading the catalog", cluster.refresh)
-                if topo.routing != seen.routing:
-                    log.info("%s: %s; the map changed, carrying on with the new one", what, exc)
-                    continue
-                if not topo.moves:
-                    raise
-                if not waiting:
-                    shards = ", ".join(map(str, sorted(topo.moves)))
-                    log.warning(
-                        "%s: %s; waiting for the move of logical shard(s) %s", what, exc, shards
-                    )
-                    waiting = True
-                self.sleep(next(moving))
+
+        def pause(topo: Topology, exc: TableMissing, attempt: int) -> None:
+            if not attempt:
+                shards = ", ".join(map(str, sorted(topo.moves)))
+                log.warning(
+                    "%s: %s; waiting for the move of logical shard(s) %s", what, exc, shards
+                )
+            self.sleep(next(moving))
+
+        def changed(exc: TableMissing) -> None:
+            log.info("%s: %s; the map changed, carrying on with the new one", what, exc)
+
+        return follow_map(
+            cluster,
+            lambda: self._backoff(what, fn),
+            pause,
+            refresh=lambda: self._backoff("reading the catalog", cluster.refresh),
+            changed=changed,
+        )
 
     def _backoff(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``, again and again while a server is unavailable (exponential backoff,

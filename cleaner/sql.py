@@ -13,7 +13,8 @@ from typing import Any
 from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.schema import shard_db
-from schemaless.writes import by_id_sql, in_transaction, owners_sql, upsert_sql
+from schemaless.tables import by_id_sql, union_all
+from schemaless.writes import in_transaction, owners_sql, upsert_sql
 
 __all__ = [
     "Guarded",
@@ -66,7 +67,7 @@ def rows_by_entity_sql(
                 f" WHERE `entity_id` IN ({marks})"
             )
             params.extend(ids)
-        stmts.append(" UNION ALL ".join(parts))
+        stmts.append(union_all(parts))
     return ";\n".join(stmts), params
 
 
@@ -201,8 +202,11 @@ def backlog_sql(prefix: str, since: Mapping[int, int]) -> tuple[str, list[Any]]:
 
 def max_added_sql(prefix: str, shards: Sequence[int]) -> str:
     """``(shard, MAX(added_id))`` of some shards, one ``UNION ALL`` statement."""
-    return " UNION ALL ".join(
-        f"SELECT {int(s)}, COALESCE(MAX(`added_id`), 0) FROM {_entities(prefix, s)}" for s in shards
+    return union_all(
+        [
+            f"SELECT {int(s)}, COALESCE(MAX(`added_id`), 0) FROM {_entities(prefix, s)}"
+            for s in shards
+        ]
     )
 
 

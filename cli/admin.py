@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from schemaless.catalog import Topology
 from schemaless.cluster import DEFAULT_SHARDS
 from schemaless.dsn import parse_address
 from schemaless.errors import CatalogError
@@ -103,53 +104,9 @@ def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool
     )
     live_head = "rows (estimate)" if estimate else "live"
     if per_shard:
-        rows = []
-        for f in figures:
-            for s in f.shards:
-                rows.append(
-                    [
-                        str(s),
-                        shard_db(topo.prefix, s),
-                        f.address,
-                        _n(f.live, s),
-                        "-" if estimate else _n(f.tombstones, s),
-                        human_bytes(f.sizes.get(s) if f.sizes else None),
-                    ]
-                )
-        echo_table(
-            ["shard", "database", "server", live_head, "tombstones", "size"],
-            rows,
-            right=["shard", live_head, "tombstones", "size"],
-        )
+        _echo_shards(topo, figures, live_head, estimate)
     else:
-        rows = []
-        for f in figures:
-            rows.append(
-                [
-                    str(f.server_id),
-                    f.address,
-                    str(len(f.shards)),
-                    _total(f.live),
-                    "-" if estimate else _total(f.tombstones),
-                    human_bytes(sum(f.sizes.values()) if f.sizes is not None else None),
-                ]
-            )
-        if len(figures) > 1:
-            rows.append(
-                [
-                    "total",
-                    "",
-                    str(topo.n_shards),
-                    _sum(f.live for f in figures),
-                    "-" if estimate else _sum(f.tombstones for f in figures),
-                    human_bytes(_sizes_total(figures)),
-                ]
-            )
-        echo_table(
-            ["server", "address", "shards", live_head, "tombstones", "size"],
-            rows,
-            right=["shards", live_head, "tombstones", "size"],
-        )
+        _echo_servers(topo, figures, live_head, estimate)
     for f in figures:
         if f.catalog_size is not None:
             click.echo(
@@ -158,6 +115,64 @@ def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool
     unreachable = [f.address for f in figures if f.live is None]
     if unreachable:
         click.echo(f"unreachable (figures unknown): {', '.join(unreachable)}")
+
+
+def _echo_shards(
+    topo: Topology, figures: list[ServerFigures], live_head: str, estimate: bool
+) -> None:
+    """One row a logical shard."""
+    rows = []
+    for f in figures:
+        for s in f.shards:
+            rows.append(
+                [
+                    str(s),
+                    shard_db(topo.prefix, s),
+                    f.address,
+                    _n(f.live, s),
+                    "-" if estimate else _n(f.tombstones, s),
+                    human_bytes(f.sizes.get(s) if f.sizes else None),
+                ]
+            )
+    echo_table(
+        ["shard", "database", "server", live_head, "tombstones", "size"],
+        rows,
+        right=["shard", live_head, "tombstones", "size"],
+    )
+
+
+def _echo_servers(
+    topo: Topology, figures: list[ServerFigures], live_head: str, estimate: bool
+) -> None:
+    """One row a server, and the totals."""
+    rows = []
+    for f in figures:
+        rows.append(
+            [
+                str(f.server_id),
+                f.address,
+                str(len(f.shards)),
+                _total(f.live),
+                "-" if estimate else _total(f.tombstones),
+                human_bytes(sum(f.sizes.values()) if f.sizes is not None else None),
+            ]
+        )
+    if len(figures) > 1:
+        rows.append(
+            [
+                "total",
+                "",
+                str(topo.n_shards),
+                _sum(f.live for f in figures),
+                "-" if estimate else _sum(f.tombstones for f in figures),
+                human_bytes(_sizes_total(figures)),
+            ]
+        )
+    echo_table(
+        ["server", "address", "shards", live_head, "tombstones", "size"],
+        rows,
+        right=["shards", live_head, "tombstones", "size"],
+    )
 
 
 def _n(values: dict[int, int] | None, shard: int) -> str:

@@ -142,17 +142,7 @@ def create(
         schemaless index create by_tag --property tags:'str(64)' --multi tags
         schemaless index create by_email --property email:'str(254)' --unique
     """
-    names = [p.partition(":")[0] for p in properties]
-    for option, value in (("--shard-on", shard_on), ("--multi", multi)):
-        if value is not None and value not in names:
-            raise BadOption(
-                f"{value!r} is not one of the --property names ({', '.join(names)})", option
-            )
-    try:
-        Index(name, ["x"])  # the name alone
-    except IndexDefinitionError as exc:
-        raise BadOption(str(exc), "NAME") from None
-    definition = Index(name, properties, shard_on, multi=multi, unique=unique)
+    definition = _definition(name, properties, shard_on, multi, unique)
     with conn.store() as ds:
         if dry_run:
             show_dry_run(ds, definition, as_json)
@@ -172,12 +162,35 @@ def create(
             )
         )
         return
+    _echo_created(definition, existed is not None, state, refresh)
+
+
+def _definition(
+    name: str, properties: list[str], shard_on: str | None, multi: str | None, unique: bool
+) -> Index:
+    """The index ``index create`` declares; a bad option is named."""
+    names = [p.partition(":")[0] for p in properties]
+    for option, value in (("--shard-on", shard_on), ("--multi", multi)):
+        if value is not None and value not in names:
+            raise BadOption(
+                f"{value!r} is not one of the --property names ({', '.join(names)})", option
+            )
+    try:
+        Index(name, ["x"])  # the name alone
+    except IndexDefinitionError as exc:
+        raise BadOption(str(exc), "NAME") from None
+    return Index(name, properties, shard_on, multi=multi, unique=unique)
+
+
+def _echo_created(definition: Index, existed: bool, state: str, refresh: float) -> None:
+    """What ``index create`` did, and what to run next."""
+    name, multi, unique = definition.name, definition.multi, definition.unique
     click.echo(
         f"index {name}: {describe(definition)}, shard on {definition.shard_on}"
         + (f", multi {multi}" if multi else "")
         + (", unique" if unique else "")
     )
-    if existed is not None:
+    if existed:
         click.echo(f"index {name} already exists and is {state}; nothing changed")
     elif state == "ready":
         click.echo(f"index {name} is ready (no entities to backfill): queries can use it now")
@@ -441,18 +454,9 @@ def _daemon(beat: Heartbeat, index: str) -> dict[str, Any]:
     }
 
 
-def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool) -> None:
-    d = report["definition"]
+def _echo_backfill(report: dict[str, Any], snap: Backfill | None, all_shards: bool) -> None:
+    """The backfill's progress, and its shards (the unfinished ones unless all)."""
     name, state = report["name"], report["state"]
-    click.echo(f"index {name}: {state}")
-    props = ", ".join(f"{p}:{t}" for p, t in d["properties"])
-    click.echo(f"  properties  {props}")
-    click.echo(f"  shard on    {d['shard_on']}")
-    click.echo(f"  multi       {d['multi'] or '-'}")
-    if d.get("unique"):
-        click.echo("  unique      yes")
-    click.echo(f"  declared    {_when(report['created_us'])}")
-    click.echo(f"  changed     {_when(report['changed_us'])}")
     bf = report["backfill"]
     if snap is None:
         click.echo("backfill: " + ("done" if state == "ready" else "none (dropped)"))
@@ -503,9 +507,10 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
         hidden = len(snap.shards) - len(rows)
         if hidden:
             click.echo(f"  ({hidden} more shards, finished or not shown: --all-shards lists all)")
-    if "duplicates" in report:
-        _echo_duplicates(report["duplicates"])
-    daemons = report["daemons"]
+
+
+def _echo_daemons(daemons: list[dict[str, Any]]) -> None:
+    """One line a Cleaner process whose heartbeat the catalog holds."""
     if not daemons:
         click.echo("cleaner: no heartbeat in the catalog (has `cleaner` run yet?)")
     for b in daemons:
@@ -524,6 +529,24 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
         if b["throttle"]:
             parts.append(str(b["throttle"]))
         click.echo(f"{b['name']}{doing}: " + ", ".join(parts))
+
+
+def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool) -> None:
+    d = report["definition"]
+    name, state = report["name"], report["state"]
+    click.echo(f"index {name}: {state}")
+    props = ", ".join(f"{p}:{t}" for p, t in d["properties"])
+    click.echo(f"  properties  {props}")
+    click.echo(f"  shard on    {d['shard_on']}")
+    click.echo(f"  multi       {d['multi'] or '-'}")
+    if d.get("unique"):
+        click.echo("  unique      yes")
+    click.echo(f"  declared    {_when(report['created_us'])}")
+    click.echo(f"  changed     {_when(report['changed_us'])}")
+    _echo_backfill(report, snap, all_shards)
+    if "duplicates" in report:
+        _echo_duplicates(report["duplicates"])
+    _echo_daemons(report["daemons"])
     if state == "building":
         click.echo("next: " + follow_up("cleaner", f"--index={name}"))
 

@@ -25,6 +25,7 @@ import click
 
 from schemaless.errors import InvalidEntity, InvalidId
 from schemaless.ids import parse_id, to_id
+from schemaless.jsonform import decode_special, from_json, to_jsonable
 
 __all__ = [
     "cell",
@@ -44,21 +45,6 @@ _MAX_CELL = 48
 # -- JSON ------------------------------------------------------------------------------
 
 
-def to_jsonable(value: Any) -> Any:
-    """``value`` with bytes, UUIDs and datetimes in the ``$`` convention."""
-    if isinstance(value, bytes):
-        return {"$bytes": value.hex()}
-    if isinstance(value, uuid.UUID):
-        return {"$uuid": str(value)}
-    if isinstance(value, datetime):
-        return {"$datetime": value.isoformat()}
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    return value
-
-
 def entity_to_json(entity: Mapping[str, Any]) -> dict[str, Any]:
     """A JSON-ready entity: ``id`` as 32 hex characters, other values by convention."""
     out = to_jsonable(entity)
@@ -75,45 +61,13 @@ def json_line(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
-def _decode_special(obj: dict[str, Any]) -> Any:
-    if len(obj) != 1:
-        return obj
-    ((key, text),) = obj.items()
-    if key not in ("$bytes", "$uuid", "$datetime"):
-        return obj
-    if not isinstance(text, str):
-        raise ValueError(f"{key} takes a string, got {type(text).__name__}")
-    if key == "$bytes":
-        try:
-            return bytes.fromhex(text)
-        except ValueError:
-            raise ValueError(f"$bytes takes hex digits, got {text[:40]!r}") from None
-    if key == "$uuid":
-        try:
-            return uuid.UUID(text)
-        except ValueError:
-            raise ValueError(f"$uuid takes a UUID, got {text[:40]!r}") from None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"$datetime takes ISO 8601, got {text[:40]!r}") from None
-    if moment.tzinfo is None:
-        raise ValueError(f"$datetime needs an offset (e.g. +00:00), got {text[:40]!r}")
-    return moment
-
-
-def from_json(text: str) -> Any:
-    """Parse JSON text written in the ``$`` convention (the inverse of ``to_jsonable``)."""
-    return json.loads(text, object_hook=_decode_special)
-
-
 def entity_from_json(text: str) -> dict[str, Any]:
     """Parse one entity (a JSON object) written in the ``$`` convention.
 
     ValueError says what is wrong; the ``id`` string is checked here.
     """
     try:
-        value = json.loads(text, object_hook=_decode_special)
+        value = json.loads(text, object_hook=decode_special)
     except json.JSONDecodeError as exc:
         raise ValueError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(value, dict):
@@ -143,7 +97,7 @@ def entities_from_text(text: str) -> Iterable[tuple[int, dict[str, Any]]]:
         return
     if stripped[0] in "{[":
         try:
-            whole = json.loads(stripped, object_hook=_decode_special)
+            whole = json.loads(stripped, object_hook=decode_special)
         except json.JSONDecodeError:
             whole = None  # JSON lines (or broken JSON: reported line by line below)
         except ValueError as exc:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemaless.catalog import Topology, backfill_job, now_us
-from schemaless.connection import Batch, gather_partial
 from schemaless.names import quote
+from schemaless.scatter import Statement, bare, by_server, shard_unions
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
@@ -34,14 +34,9 @@ def _per_server(
     ds: DataStore, topo: Topology, part: Callable[[int, str], str]
 ) -> dict[int, list[tuple[Any, ...]] | None]:
     """Run one ``UNION ALL`` of ``part(shard, db)`` per server; None where it failed."""
-    servers = ds.cluster.all_servers(topo)
-    calls: dict[int, Batch] = {}
-    for sid, server in servers.items():
-        parts = [part(s, shard_db(topo.prefix, s)) for s in topo.shards_of(sid)]
-        if parts:
-            calls[sid] = Batch(server, " UNION ALL ".join(parts))
-    results, _errors = gather_partial(calls)
-    return {sid: _rows(sid, calls, results) for sid in servers}
+    unions = shard_unions(topo, lambda s: part(s, shard_db(topo.prefix, s)))
+    results = ds.cluster.scatter(topo, unions, bare, partial=True).results
+    return {sid: _rows(sid, unions, results) for sid in topo.servers}
 
 
 def _rows(
@@ -292,42 +287,41 @@ def server_figures(ds: DataStore, *, estimate: bool = False) -> list[ServerFigur
 
 def _estimated_counts(ds: DataStore, topo: Topology) -> dict[int, list[tuple[Any, ...]] | None]:
     """InnoDB's row estimates (no split between live entities and tombstones)."""
-    servers = ds.cluster.all_servers(topo)
-    calls = {}
-    index = {}
-    for sid, server in servers.items():
-        dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
-        index.update({shard_db(topo.prefix, s): s for s in topo.shards_of(sid)})
-        if dbs:
-            marks = ", ".join(["%s"] * len(dbs))
-            calls[sid] = Batch(
-                server,
-                "SELECT table_schema, table_rows FROM information_schema.tables"
-                f" WHERE table_name = 'entities' AND table_schema IN ({marks})",
-                tuple(dbs),
-            )
-    results, _ = gather_partial(calls)
+    index = {shard_db(topo.prefix, s): s for s in range(topo.n_shards)}
+    groups = by_server(topo, range(topo.n_shards), int)
+
+    def build(shards: list[int]) -> Statement:
+        marks = ", ".join(["%s"] * len(shards))
+        return (
+            "SELECT table_schema, table_rows FROM information_schema.tables"
+            f" WHERE table_name = 'entities' AND table_schema IN ({marks})",
+            tuple(shard_db(topo.prefix, s) for s in shards),
+        )
+
+    results = ds.cluster.scatter(topo, groups, build, partial=True).results
     out: dict[int, list[tuple[Any, ...]] | None] = {}
-    for sid in servers:
-        rows = _rows(sid, calls, results)
+    for sid in topo.servers:
+        rows = _rows(sid, groups, results)
         out[sid] = None if rows is None else [(index[str(db)], int(n or 0), None) for db, n in rows]
     return out
 
 
 def _sizes(ds: DataStore, topo: Topology) -> dict[int, list[tuple[Any, ...]] | None]:
     """``(schema, data_length + index_length)`` of the prefix's databases per server."""
-    servers = ds.cluster.all_servers(topo)
-    calls = {}
-    for sid, server in servers.items():
+
+    def build(sid: int) -> Statement:
         dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
         dbs.append(ds.cluster.catalog.db)
         marks = ", ".join(["%s"] * len(dbs))
-        calls[sid] = Batch(
-            server,
+        return (
             "SELECT table_schema, SUM(data_length + index_length)"
             f" FROM information_schema.tables WHERE table_schema IN ({marks})"
             " GROUP BY table_schema",
             tuple(dbs),
         )
-    results, _ = gather_partial(calls)
-    return {sid: (list(results[sid][0]) if sid in results else None) for sid in servers}
+
+    results = ds.cluster.scatter(topo, {sid: sid for sid in topo.servers}, build, partial=True)
+    return {
+        sid: (list(results.results[sid][0]) if sid in results.results else None)
+        for sid in topo.servers
+    }

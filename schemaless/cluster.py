@@ -7,11 +7,12 @@ one connection pool per server (``connection.gather`` runs batches on several).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from . import forking
 from .catalog import Catalog, Topology
@@ -22,18 +23,20 @@ from .errors import (
     CatalogError,
     InvalidQuery,
     PermissionDenied,
-    SchemalessError,
     ShardUnavailable,
 )
 from .hashing import shard_of
 from .index import Index
 from .latency import LatencyReporter
 from .names import quote
+from .scatter import Scattered, Statement, by_server, scatter, unreachable_only
 from .schema import entities_table_sql, fence_epoch, fence_table, fence_table_sql
 
 __all__ = ["DEFAULT_SHARDS", "Cluster", "unreachable_only"]
 
 log = logging.getLogger(__name__)
+
+G = TypeVar("G")
 
 #: Logical shards created when a datastore is initialised without saying how many.
 DEFAULT_SHARDS = 64
@@ -198,16 +201,26 @@ class Cluster:
         """The logical shard that stores an entity."""
         return shard_of(entity_id, self.topology.n_shards)
 
-    def ids_by_server(
-        self, topo: Topology, ids: Iterable[bytes]
-    ) -> dict[int, dict[int, list[bytes]]]:
-        """Entity ids grouped by server id, then by logical shard."""
-        n_shards, shard_servers = topo.n_shards, topo.shard_servers
-        out: dict[int, dict[int, list[bytes]]] = {}
-        for key in ids:
-            shard = shard_of(key, n_shards)
-            out.setdefault(shard_servers[shard], {}).setdefault(shard, []).append(key)
-        return out
+    def scatter(
+        self,
+        topo: Topology,
+        groups: Mapping[int, G],
+        build: Callable[[G], Statement],
+        *,
+        consistency: str | None = None,
+        partial: bool = False,
+        commits: bool = False,
+        idempotent: bool = True,
+    ) -> Scattered:
+        """``scatter.scatter`` on the servers of ``topo`` (``groups`` by server id); reads
+        that name a ``consistency`` go where ``reader`` says."""
+        if consistency is None or consistency == "primary":
+            server: Callable[[int], Server] = self.all_servers(topo).__getitem__
+        else:
+            server = functools.partial(self.reader, topo, consistency=consistency)
+        return scatter(
+            server, groups, build, partial=partial, commits=commits, idempotent=idempotent
+        )
 
     def server_of_shard(self, topo: Topology, shard: int) -> Server:
         """The server a logical shard lives on."""
@@ -241,18 +254,18 @@ class Cluster:
 
     def fences(self, topo: Topology) -> dict[int, list[tuple[str, int]]]:
         """The fence tables on each server's logical shards: ``(database, epoch)``."""
-        calls = {}
-        for sid, server in self.all_servers(topo).items():
-            dbs = [topo.dbs[s] for s in topo.shards_of(sid)]
-            if dbs:
-                marks = ", ".join(["%s"] * len(dbs))
-                sql = (
-                    "SELECT table_schema, table_name FROM information_schema.tables"
-                    f" WHERE table_schema IN ({marks}) AND table_name LIKE 'fence\\_%%'"
-                )
-                calls[sid] = Batch(server, sql, dbs)
+
+        def build(shards: list[int]) -> Statement:
+            marks = ", ".join(["%s"] * len(shards))
+            sql = (
+                "SELECT table_schema, table_name FROM information_schema.tables"
+                f" WHERE table_schema IN ({marks}) AND table_name LIKE 'fence\\_%%'"
+            )
+            return sql, [topo.dbs[s] for s in shards]
+
+        groups = by_server(topo, range(topo.n_shards), int)
         out: dict[int, list[tuple[str, int]]] = {}
-        for sid, sets in gather(calls).items():
+        for sid, sets in self.scatter(topo, groups, build).results.items():
             for db, table in sets[0]:
                 epoch = fence_epoch(str(table))
                 if epoch is not None:
@@ -270,13 +283,12 @@ class Cluster:
         """Drop the fences of index epochs before ``topo``'s: each drop waits for the
         writes in flight that named it; later writes with an older map fail
         (``TableMissing``), refresh and write again with the new indexes."""
-        servers = self.all_servers(topo)
-        calls = {}
-        for sid, old in self.old_fences(topo).items():
+
+        def build(old: list[tuple[str, int]]) -> Statement:
             tables = ", ".join(quote(db, fence_table(e)) for db, e in old)
-            sql = f"SET SESSION lock_wait_timeout = 60; DROP TABLE IF EXISTS {tables}"
-            calls[sid] = Batch(servers[sid], sql)
-        gather(calls)
+            return f"SET SESSION lock_wait_timeout = 60; DROP TABLE IF EXISTS {tables}", ()
+
+        self.scatter(topo, self.old_fences(topo), build)
 
     def create_index_tables(self, topo: Topology, index: Index, *, fresh: bool = False) -> None:
         """Create an index's table on every logical shard (``fresh``: dropping any table
@@ -291,11 +303,11 @@ class Cluster:
 
     def _on_shards(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
         """Run the statements ``sql(db)`` of every logical shard, servers in parallel."""
-        by_server: dict[int, list[str]] = {}
-        for shard, sid in enumerate(topo.shard_servers):
-            by_server.setdefault(sid, []).extend(sql(topo.dbs[shard]))
-        servers = self.all_servers(topo)
-        gather({sid: Batch(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()})
+
+        def build(shards: list[int]) -> Statement:
+            return ";\n".join(stmt for s in shards for stmt in sql(topo.dbs[s])), ()
+
+        self.scatter(topo, by_server(topo, range(topo.n_shards), int), build)
 
     def drop_tables(self, topo: Topology, index: Index) -> None:
         """Remove an index's table from every logical shard."""
@@ -346,10 +358,3 @@ class Cluster:
         """Close every pool."""
         for server in self.servers():
             server.close()
-
-
-def unreachable_only(errors: Mapping[Any, SchemalessError]) -> None:
-    """For partial results: raise any error that is not an unreachable server."""
-    for error in errors.values():
-        if not isinstance(error, ShardUnavailable):
-            raise error

@@ -19,6 +19,7 @@ from .ids import id_hex, new_id
 from .index import Index
 from .local import LocalCluster
 from .names import quote
+from .scatter import bare, shard_unions
 from .store import DataStore
 
 __all__ = ["main"]
@@ -51,6 +52,20 @@ def step(what: str) -> Iterator[Callable[[str], None]]:
     yield notes.append
     ms = (time.perf_counter() - started) * 1000
     print(f"  {what:<48} {ms:9.1f} ms  {' '.join(notes)}")
+
+
+def _where_the_data_went(store: DataStore) -> None:
+    """How many entities each server and logical shard holds."""
+    print("where the data went")
+    topo = store.cluster.current()
+    unions = shard_unions(topo, lambda s: f"SELECT COUNT(*) FROM {quote(topo.dbs[s], 'entities')}")
+    found = store.cluster.scatter(topo, unions, bare).results
+    for sid, server in store.cluster.all_servers(topo).items():
+        counts = [int(r[0]) for r in found.get(sid, [[]])[0]]
+        print(
+            f"  server {sid} {server.name}: {len(counts)} logical shards, "
+            f"{sum(counts)} entities (per shard: {', '.join(map(str, counts))})"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,18 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         page = store.query("user_id", user_id=user, limit=10, order="desc")
         note(f"{len(page)} entries, cursor for more: {page.cursor is not None}")
 
-    print("where the data went")
-    topo = store.cluster.current()
-    for sid, server in store.cluster.all_servers(topo).items():
-        shards = topo.shards_of(sid)
-        sql = " UNION ALL ".join(
-            f"SELECT COUNT(*) FROM {quote(topo.dbs[s], 'entities')}" for s in shards
-        )
-        counts = [int(r[0]) for r in server.run(sql)[0]]
-        print(
-            f"  server {sid} {server.name}: {len(shards)} logical shards, "
-            f"{sum(counts)} entities (per shard: {', '.join(map(str, counts))})"
-        )
+    _where_the_data_went(store)
     print(
         f"the datastore {args.prefix!r} stays in the local cluster; "
         "stop the servers with `schemaless local down`"

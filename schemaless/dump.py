@@ -22,6 +22,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -36,16 +37,15 @@ import msgpack
 import MySQLdb
 
 from .catalog import Topology
-from .cli.output import from_json, to_jsonable
 from .codec import Codec
-from .connection import Batch, gather
 from .errors import CatalogError, CorruptEntity, InvalidEntity, SchemalessError, ServerError
 from .hashing import shard_of
 from .ids import id_hex, to_id
 from .index import Index
+from .jsonform import from_json, to_jsonable
 from .names import quote
+from .scatter import STATEMENT_BYTES, by_server, chunks, sql_bytes
 from .store import DataStore
-from .writes import chunks
 
 __all__ = ["ENCODINGS", "MANIFEST", "Record", "dump", "read_manifest", "restore"]
 
@@ -335,20 +335,19 @@ def _write(ds: DataStore, records: list[Record]) -> None:
     """Upsert entity rows, keeping the larger version: one batch per server, servers in
     parallel (in parts that fit the servers' max_allowed_packet)."""
     topo = ds.cluster.current()
-    servers = ds.cluster.all_servers(topo)
     for part in chunks(records, _record_bytes, ds.cluster.max_batch_bytes):
-        by_server: dict[int, dict[int, list[Record]]] = {}
-        for record in part:
-            shard = shard_of(record.id, topo.n_shards)
-            by_server.setdefault(topo.shard_servers[shard], {}).setdefault(shard, []).append(record)
-        gather({sid: Batch(servers[sid], *_upsert_sql(topo, g)) for sid, g in by_server.items()})
+        groups = by_server(topo, part, lambda record: shard_of(record.id, topo.n_shards))
+        ds.cluster.scatter(topo, groups, functools.partial(_upsert_sql, topo))
 
 
 def _record_bytes(record: Record) -> int:
-    return 256 + 2 * len(record.body)
+    return STATEMENT_BYTES + sql_bytes((record.id, record.body))
 
 
-def _upsert_sql(topo: Topology, groups: dict[int, list[Record]]) -> tuple[str, list[Any]]:
+def _upsert_sql(topo: Topology, part: list[Record]) -> tuple[str, list[Any]]:
+    groups: dict[int, list[Record]] = {}
+    for record in part:
+        groups.setdefault(shard_of(record.id, topo.n_shards), []).append(record)
     stmts, params = [], []
     for shard, records in sorted(groups.items()):
         stmts.append(

@@ -386,6 +386,61 @@ def _resolve_name(name: str | None, table: str | None) -> str:
     return _check_index_name(name)
 
 
+def _typed_properties(
+    where: str, specs: Sequence[tuple[Any, Any]]
+) -> tuple[list[str], list[ColumnType]]:
+    """An index's property names, checked, and their column types."""
+    props: list[str] = []
+    types: list[ColumnType] = []
+    seen: dict[str, str] = {}
+    for raw_prop, type_text in specs:
+        try:
+            prop = check_identifier(raw_prop, what="property name")
+        except IndexDefinitionError as exc:
+            raise IndexDefinitionError(f"{where}: {exc}") from None
+        if len(_COLUMN_PREFIX + prop) > 64:
+            raise IndexDefinitionError(
+                f"property name {prop!r} in {where} is too long (at most 62 characters)"
+            )
+        folded = prop.lower()
+        if folded in seen:
+            raise IndexDefinitionError(
+                f"{where} lists property {prop!r} twice"
+                if seen[folded] == prop
+                else f"{where}: properties {seen[folded]!r} and {prop!r} differ only in "
+                "case (column names are case-insensitive)"
+            )
+        seen[folded] = prop
+        if type_text is None:
+            ctype = AUTO
+        elif isinstance(type_text, ColumnType):
+            ctype = type_text
+        elif isinstance(type_text, str):
+            try:
+                ctype = parse_type(type_text)
+            except IndexDefinitionError as exc:
+                raise IndexDefinitionError(f"property {prop!r} of {where}: {exc}") from None
+        else:
+            raise IndexDefinitionError(
+                f"property {prop!r} of {where}: a type must be a str, got {_type_name(type_text)}"
+            )
+        props.append(prop)
+        types.append(ctype)
+    return props, types
+
+
+def _check_key_size(where: str, props: Sequence[str], types: Sequence[ColumnType]) -> None:
+    """Refuse an index whose key InnoDB would refuse."""
+    key_bytes = sum(t.key_bytes for t in types) + ENTITY_ID_BYTES
+    if key_bytes > MAX_KEY_BYTES:
+        detail = ", ".join(f"{p}:{t.name}={t.key_bytes}" for p, t in zip(props, types, strict=True))
+        raise IndexDefinitionError(
+            f"{where}: the key is {key_bytes} bytes ({detail}, entity_id=16), above "
+            f"InnoDB's {MAX_KEY_BYTES}; declare shorter str(N)/bytes(N) types "
+            "(an untyped property takes 767)"
+        )
+
+
 def _property_specs(
     properties: Sequence[str | tuple[str, str] | list[str]] | Mapping[str, str],
 ) -> list[tuple[object, object]]:
@@ -469,43 +524,7 @@ class Index:
             raise IndexDefinitionError(
                 f"{where} needs 1 to {MAX_PROPERTIES} properties, got {len(specs)}"
             )
-        props: list[str] = []
-        types: list[ColumnType] = []
-        seen: dict[str, str] = {}
-        for raw_prop, type_text in specs:
-            try:
-                prop = check_identifier(raw_prop, what="property name")
-            except IndexDefinitionError as exc:
-                raise IndexDefinitionError(f"{where}: {exc}") from None
-            if len(_COLUMN_PREFIX + prop) > 64:
-                raise IndexDefinitionError(
-                    f"property name {prop!r} in {where} is too long (at most 62 characters)"
-                )
-            folded = prop.lower()
-            if folded in seen:
-                raise IndexDefinitionError(
-                    f"{where} lists property {prop!r} twice"
-                    if seen[folded] == prop
-                    else f"{where}: properties {seen[folded]!r} and {prop!r} differ only in "
-                    "case (column names are case-insensitive)"
-                )
-            seen[folded] = prop
-            if type_text is None:
-                ctype = AUTO
-            elif isinstance(type_text, ColumnType):
-                ctype = type_text
-            elif isinstance(type_text, str):
-                try:
-                    ctype = parse_type(type_text)
-                except IndexDefinitionError as exc:
-                    raise IndexDefinitionError(f"property {prop!r} of {where}: {exc}") from None
-            else:
-                raise IndexDefinitionError(
-                    f"property {prop!r} of {where}: a type must be a str, "
-                    f"got {_type_name(type_text)}"
-                )
-            props.append(prop)
-            types.append(ctype)
+        props, types = _typed_properties(where, specs)
 
         self.properties = tuple(props)
         self.types = tuple(types)
@@ -532,16 +551,7 @@ class Index:
             raise IndexDefinitionError(f"unique of {where} must be True or False, got {unique!r}")
         self.unique = unique
 
-        key_bytes = sum(t.key_bytes for t in types) + ENTITY_ID_BYTES
-        if key_bytes > MAX_KEY_BYTES:
-            detail = ", ".join(
-                f"{p}:{t.name}={t.key_bytes}" for p, t in zip(props, types, strict=True)
-            )
-            raise IndexDefinitionError(
-                f"{where}: the key is {key_bytes} bytes ({detail}, entity_id=16), above "
-                f"InnoDB's {MAX_KEY_BYTES}; declare shorter str(N)/bytes(N) types "
-                "(an untyped property takes 767)"
-            )
+        _check_key_size(where, props, types)
 
         self._coercers = tuple(t._coerce for t in types)
         self._pairs = tuple(zip(self.properties, self._coercers, strict=True))

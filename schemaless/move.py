@@ -34,9 +34,9 @@ from .connection import Server
 from .errors import CatalogError, SchemalessError
 from .index import Index
 from .names import check_identifier, escape_wildcards, quote
+from .scatter import chunks, sql_bytes
 from .schema import entities_table_sql, fence_table_sql
 from .store import DataStore
-from .writes import chunks, sql_bytes
 
 __all__ = ["MoveReport", "ShardMover", "rebalance_plan"]
 

@@ -20,7 +20,6 @@ from .catalog import Topology
 from .clock import VersionClock
 from .cluster import Cluster
 from .codec import Codec
-from .connection import Batch, gather, gather_partial
 from .entity import Entity
 from .errors import (
     ConflictError,
@@ -32,7 +31,9 @@ from .errors import (
 from .hashing import shard_of
 from .ids import id_hex, new_id, to_id
 from .index import Index
+from .scatter import STATEMENT_BYTES, Statement, by_server, chunks, sql_bytes
 from .stale import StaleRows
+from .tables import by_id_sql
 from .unique import Claims, Violation
 from .writes import (
     BLIND,
@@ -40,12 +41,11 @@ from .writes import (
     NEW,
     EntityWrite,
     IndexRow,
-    by_id_sql,
-    chunks,
+    PreparedWrite,
+    WriteMode,
     delete_rows_sql,
     entity_batch_sql,
     release_sql,
-    sql_bytes,
     upsert_rows_sql,
 )
 
@@ -54,7 +54,7 @@ __all__ = ["Writer"]
 log = logging.getLogger(__name__)
 
 _BLIND_ATTEMPTS = 8
-_DELETE_BYTES = 1024  # at most the SQL of one tombstone's statements
+_DELETE_BYTES = 2 * STATEMENT_BYTES  # at most the SQL of one tombstone's statements
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,9 @@ class Outcome:
     alive: bool  # the row after the write is a live entity (not a tombstone)
 
 
-def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
+def _conflict(key: bytes, mode: WriteMode, out: Outcome) -> ConflictError:
     current = out.stored if out.alive else None
-    expected = 0 if mode == CREATE else mode
+    expected = mode.expected
     return ConflictError(
         f"entity {id_hex(key)}: expected version {expected}, stored version is "
         f"{current if current is not None else 'absent'}",
@@ -77,11 +77,15 @@ def _conflict(key: bytes, mode: str | int, out: Outcome) -> ConflictError:
     )
 
 
-def _write_bytes(prepared: tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]) -> int:
-    """At most the SQL of one entity's write: its statements, its body escaped (at most
-    twice as long) and its index rows."""
-    rows = [row for group in prepared[3].values() for row in group]
-    return 1024 + 2 * len(prepared[2]) + sum(512 + sql_bytes(row) for row in rows)
+def _write_bytes(prepared: PreparedWrite) -> int:
+    """At most the SQL of one entity's write: its statements, its body and its index
+    rows (a statement each)."""
+    rows = [row for group in prepared.rows.values() for row in group]
+    return (
+        2 * STATEMENT_BYTES
+        + sql_bytes((prepared.body,))
+        + sum(STATEMENT_BYTES + sql_bytes(row) for row in rows)
+    )
 
 
 def _shown(index: Index, values: tuple[Any, ...]) -> str:
@@ -100,21 +104,19 @@ def _violation(v: Violation) -> UniqueViolation:
     )
 
 
-def _check_unique(
-    indexes: list[Index], prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]
-) -> None:
+def _check_unique(indexes: list[Index], prepared: list[PreparedWrite]) -> None:
     """Refuse a batch in which two entities produce one value of a unique index."""
     for index in indexes:
         if not index.unique:
             continue
         owner: dict[tuple[Any, ...], bytes] = {}
-        for key, _, _, rows in prepared:
-            for values in rows[index.name]:
-                other = owner.setdefault(values, key)
-                if other != key:
+        for p in prepared:
+            for values in p.rows[index.name]:
+                other = owner.setdefault(values, p.entity_id)
+                if other != p.entity_id:
                     raise UniqueViolation(
                         f"unique index {index.name!r}: entities {id_hex(other)} and "
-                        f"{id_hex(key)} of one put_many both have {_shown(index, values)};"
+                        f"{id_hex(p.entity_id)} of one put_many both have {_shown(index, values)};"
                         " nothing was written",
                         index=index.name,
                         values=values,
@@ -138,13 +140,13 @@ class Writer:
         self.stale = StaleRows(self._remove_stale)
         self.claims = Claims(cluster, decode)
 
-    def write(self, entities: list[Mapping[str, Any]], mode: str | int) -> list[int]:
+    def write(self, entities: list[Mapping[str, Any]], mode: WriteMode) -> list[int]:
         """Validate everything, then run steps 1-3; return the versions."""
         if not entities:
             return []
         topo = self.cluster.current()
         indexes = topo.maintained()
-        prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]] = []
+        prepared: list[PreparedWrite] = []
         seen: set[bytes] = set()
         fresh: set[bytes] = set()  # ids made here: no live row before, nothing for step 3
         for entity in entities:
@@ -164,7 +166,7 @@ class Writer:
                 rows = {index.name: index.rows(entity) for index in indexes}
             except InvalidEntity as exc:
                 raise type(exc)(f"entity {id_hex(key)}: {exc}") from exc
-            prepared.append((key, self.cluster.shard_of_id(key), body, rows))
+            prepared.append(PreparedWrite(key, self.cluster.shard_of_id(key), body, rows))
         _check_unique(indexes, prepared)
         versions: dict[bytes, int] = {}
         for pending in chunks(prepared, _write_bytes, self.cluster.max_batch_bytes):
@@ -174,65 +176,29 @@ class Writer:
                     break
             else:
                 raise ConflictError(
-                    f"entity {id_hex(pending[0][0])}: stored version kept moving ahead "
+                    f"entity {id_hex(pending[0].entity_id)}: stored version kept moving ahead "
                     f"after {_BLIND_ATTEMPTS} attempts"
                 )
-        return [versions[p[0]] for p in prepared]
+        return [versions[p.entity_id] for p in prepared]
 
     def _attempt(
         self,
         topo: Topology,
         indexes: list[Index],
-        prepared: list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]],
-        mode: str | int,
+        prepared: list[PreparedWrite],
+        mode: WriteMode,
         versions: dict[bytes, int],
         fresh: set[bytes],
         first: bool,
-    ) -> list[tuple[bytes, int, bytes, dict[str, set[tuple[Any, ...]]]]]:
+    ) -> list[PreparedWrite]:
         """One pass of steps 1-3; return the entities to write again with a new V.
 
         An id made here is a plain INSERT the first time (``NEW``); if that met a row
         (the Cleaner's tombstone over rows that step 1 wrote ahead of it), it is written
         again only over a tombstone (``CREATE``), never over a live entity.
         """
-        dbs = topo.dbs
         by_name = {index.name: index for index in indexes}
-        now = self.clock.next()
-        writes: list[EntityWrite] = []
-        new_rows: list[IndexRow] = []  # step 1: rows on other servers than their entity
-        local: dict[int, list[IndexRow]] = {}  # the others join step 2 on their server
-        for key, shard, body, rows in prepared:
-            if mode == BLIND:
-                version = self.clock.next()
-            elif mode == CREATE:
-                version = max(versions.get(key, 0) + 1, 1)
-            else:
-                assert isinstance(mode, int)
-                version = mode + 1
-            versions[key] = version
-            writes.append(
-                EntityWrite(
-                    dbs[shard],
-                    shard,
-                    key,
-                    version,
-                    now,
-                    body,
-                    (NEW if first else CREATE) if key in fresh else mode,
-                    bool(indexes) and key not in fresh,
-                )
-            )
-            home = topo.shard_servers[shard]
-            for name, values in rows.items():
-                index = by_name[name]
-                for row in values:
-                    target = self._row_shard(topo, index, row)
-                    placed = IndexRow(index, target, row, key, version)
-                    # commits with its entity; a unique claim is settled before step 2
-                    if not index.unique and topo.shard_servers[target] == home:
-                        local.setdefault(home, []).append(placed)
-                    else:
-                        new_rows.append(placed)
+        writes, new_rows, local = self._place(topo, by_name, prepared, mode, versions, fresh, first)
         failpoints.hit("put.before_index_rows")
         self._claim(topo, new_rows, fresh)
         failpoints.hit("put.after_index_rows")
@@ -240,12 +206,13 @@ class Writer:
         failpoints.hit("put.after_entity")
         again = []
         stale_rows: list[IndexRow] = []
-        for key, shard, body, rows in prepared:
+        for p in prepared:
+            key = p.entity_id
             out = outcomes[key]
             if out.applied:
                 if out.old_body is not None:
                     stale_rows += self._stale_rows(
-                        topo, by_name, key, shard, out.old_body, rows, versions[key]
+                        topo, by_name, key, p.shard, out.old_body, p.rows, versions[key]
                     )
                 continue
             if out.stored is not None:
@@ -259,18 +226,62 @@ class Writer:
                     )
                 if out.stored is not None:
                     versions[key] = out.stored
-                again.append((key, shard, body, rows))
-            elif mode == BLIND:
-                again.append((key, shard, body, rows))
-            elif mode == CREATE and not out.alive and out.stored is not None:
+                again.append(p)
+            elif mode is BLIND:
+                again.append(p)
+            elif mode is CREATE and not out.alive and out.stored is not None:
                 versions[key] = out.stored  # a tombstone: create above its version
-                again.append((key, shard, body, rows))
+                again.append(p)
             else:
                 raise _conflict(key, mode, out)
         if stale_rows:
             self.stale.submit(stale_rows)
             failpoints.hit("put.after_stale_rows")
         return again
+
+    def _place(
+        self,
+        topo: Topology,
+        by_name: dict[str, Index],
+        prepared: list[PreparedWrite],
+        mode: WriteMode,
+        versions: dict[bytes, int],
+        fresh: set[bytes],
+        first: bool,
+    ) -> tuple[list[EntityWrite], list[IndexRow], dict[int, list[IndexRow]]]:
+        """Each entity's new version and step 2, and its index rows: those of step 1,
+        and (by server) those that commit with their entity in step 2."""
+        dbs = topo.dbs
+        now = self.clock.next()
+        writes: list[EntityWrite] = []
+        new_rows: list[IndexRow] = []  # step 1: rows on other servers than their entity
+        local: dict[int, list[IndexRow]] = {}  # the others join step 2 on their server
+        for p in prepared:
+            key, shard = p.entity_id, p.shard
+            if mode is BLIND:
+                version = self.clock.next()
+            elif mode is CREATE:
+                version = max(versions.get(key, 0) + 1, 1)
+            else:
+                version = mode.expected + 1
+            versions[key] = version
+            kind = (NEW if first else CREATE) if key in fresh else mode
+            want_body = bool(by_name) and key not in fresh
+            writes.append(
+                EntityWrite(dbs[shard], shard, key, version, now, p.body, kind, want_body)
+            )
+            home = topo.shard_servers[shard]
+            for name, values in p.rows.items():
+                index = by_name[name]
+                for row in values:
+                    target = self._row_shard(topo, index, row)
+                    placed = IndexRow(index, target, row, key, version)
+                    # commits with its entity; a unique claim is settled before step 2
+                    if not index.unique and topo.shard_servers[target] == home:
+                        local.setdefault(home, []).append(placed)
+                    else:
+                        new_rows.append(placed)
+        return writes, new_rows, local
 
     def _claim(self, topo: Topology, rows: list[IndexRow], fresh: set[bytes]) -> None:
         """Step 1; unique rows that another entity owns are settled before step 2 (a
@@ -326,12 +337,12 @@ class Writer:
                 out.append(IndexRow(index, self._row_shard(topo, index, row), row, key, version))
         return out
 
-    def delete(self, keys: list[bytes], mode: str | int) -> int:
+    def delete(self, keys: list[bytes], mode: WriteMode) -> int:
         """Write tombstones, then queue the old bodies' rows; return how many existed."""
         step = self.cluster.max_batch_bytes // _DELETE_BYTES
         return sum(self._delete(keys[i : i + step], mode) for i in range(0, len(keys), step))
 
-    def _delete(self, keys: list[bytes], mode: str | int) -> int:
+    def _delete(self, keys: list[bytes], mode: WriteMode) -> int:
         topo = self.cluster.current()
         indexes = topo.maintained()
         by_name = {index.name: index for index in indexes}
@@ -347,7 +358,7 @@ class Writer:
                     dbs[shards[key]],
                     shards[key],
                     key,
-                    self.clock.next() if mode == BLIND else int(mode) + 1,
+                    self.clock.next() if mode is BLIND else mode.expected + 1,
                     now,
                     None,
                     mode,
@@ -368,7 +379,7 @@ class Writer:
                         stale += self._stale_rows(
                             topo, by_name, key, shards[key], out.old_body, {}, out.stored
                         )
-                elif isinstance(mode, int):
+                elif mode is not BLIND:
                     raise _conflict(key, mode, out)
                 elif out.alive and out.stored is not None:
                     self.clock.observe(out.stored)  # a clock behind the stored version
@@ -396,13 +407,9 @@ class Writer:
         build: Callable[[Iterable[IndexRow], Sequence[str]], tuple[str, list[Any]]],
     ) -> None:
         """Steps 1 and 3: one idempotent batch per server, servers in parallel."""
-        if not rows:
-            return
-        by_server: dict[int, list[IndexRow]] = {}
-        for row in rows:
-            by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
-        servers = self.cluster.all_servers(topo)
-        gather({sid: Batch(servers[sid], *build(group, dbs)) for sid, group in by_server.items()})
+        if rows:
+            groups = by_server(topo, rows, _row_shard)
+            self.cluster.scatter(topo, groups, lambda group: build(group, dbs))
 
     def _run_entities(
         self,
@@ -419,29 +426,27 @@ class Writer:
         ended: the id was taken, in practice by the Cleaner's tombstone over the rows
         that step 1 wrote ahead of it, and the server rolled the whole batch back.
         """
-        by_server: dict[int, list[EntityWrite]] = {}
-        for w in writes:
-            by_server.setdefault(topo.shard_servers[w.shard], []).append(w)
-        servers = self.cluster.all_servers(topo)
-        batches: dict[int, Batch] = {}
+        groups = by_server(topo, writes, _write_shard)
         firsts: dict[int, int] = {}
-        for sid, group in by_server.items():
+
+        def build(sid: int) -> Statement:
             rows = local.get(sid, []) if local else []
-            sql, params, firsts[sid] = entity_batch_sql(group, rows, topo.dbs, topo.fence)
-            batches[sid] = Batch(
-                servers[sid], sql, params, commits=True, idempotent=False, counts=[]
-            )
-        results, errors = gather_partial(batches)
+            sql, params, firsts[sid] = entity_batch_sql(groups[sid], rows, topo.dbs, topo.fence)
+            return sql, params
+
+        results, errors, counts = self.cluster.scatter(
+            topo, {sid: sid for sid in groups}, build, partial=True, commits=True
+        )
         out: dict[bytes, Outcome] = {}
         refused: dict[int, dict[int, list[bytes]]] = {}
         for sid, error in errors.items():
-            if not isinstance(error, ConflictError) or all(w.mode != NEW for w in by_server[sid]):
+            if not isinstance(error, ConflictError) or all(w.mode is not NEW for w in groups[sid]):
                 raise error
-            for w in by_server.pop(sid):
+            for w in groups.pop(sid):
                 out[w.entity_id] = Outcome(False, None, None, False)
                 refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
-        for sid, group in by_server.items():
-            sets, counts, first = results[sid], batches[sid].counts or [], firsts[sid]
+        for sid, group in groups.items():
+            sets, done, first = results[sid], counts[sid], firsts[sid]
             ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
             pos = 0
             for n, w in enumerate(ordered):
@@ -449,7 +454,7 @@ class Writer:
                 if w.want_body:
                     before, pos = sets[pos], pos + 1
                     body = before[0][0] if before else None
-                applied = counts[first + n] > 0
+                applied = done[first + n] > 0
                 out[w.entity_id] = Outcome(
                     applied=applied,
                     old_body=bytes(body) if body is not None else None,
@@ -467,12 +472,16 @@ class Writer:
         """The stored ``(version, alive)`` of entities, by server and logical shard
         (absent ones omitted)."""
         topo = self.cluster.current()
-        servers = self.cluster.all_servers(topo)
         columns = "`id`, `version`, `body` IS NULL"
-        rows = gather(
-            {
-                sid: Batch(servers[sid], *by_id_sql(topo.prefix, by_shard, columns))
-                for sid, by_shard in keys.items()
-            }
-        )
+        rows = self.cluster.scatter(
+            topo, keys, lambda by_shard: by_id_sql(topo.prefix, by_shard, columns)
+        ).results
         return {bytes(r[0]): (int(r[1]), not r[2]) for sets in rows.values() for r in sets[0]}
+
+
+def _row_shard(row: IndexRow) -> int:
+    return row.shard
+
+
+def _write_shard(write: EntityWrite) -> int:
+    return write.shard

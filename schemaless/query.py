@@ -15,22 +15,24 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from .cluster import unreachable_only
-from .connection import Batch, gather, gather_partial
-from .errors import InvalidEntity, InvalidQuery
+from .cluster import Cluster
+from .errors import IndexNotReady, InvalidEntity, InvalidQuery
+from .follow import Calls
 from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
+from .reader import Reader
+from .scatter import Statement, by_server, unreachable_only
+from .tables import union_all
 
 if TYPE_CHECKING:
     from .entity import Entity
-    from .store import DataStore
 
 __all__ = ["Page", "Query", "QueryEngine"]
 
@@ -141,10 +143,36 @@ class Query:
 
 
 class QueryEngine:
-    """Runs queries for one datastore."""
+    """Runs queries for one datastore: index rows from the servers (``cluster``), the
+    entities they name from ``reader``, each page within a call of ``calls``."""
 
-    def __init__(self, store: DataStore) -> None:
-        self.store = store
+    def __init__(self, cluster: Cluster, reader: Reader, calls: Calls) -> None:
+        self.cluster = cluster
+        self.reader = reader
+        self.calls = calls
+
+    def resolve(self, index: Index | str, include_building: bool) -> Index:
+        """The catalog's definition of an index usable by a query."""
+        name = index.name if isinstance(index, Index) else index
+        if not isinstance(name, str):
+            raise InvalidQuery(f"expected an Index or an index name, got {type(name).__name__}")
+        info = self.cluster.current().indexes.get(name)
+        if info is None:
+            info = self.cluster.refresh().indexes.get(name)
+        if info is None:
+            raise InvalidQuery(f"no index named {name!r}")
+        if isinstance(index, Index) and index != info.index:
+            raise InvalidQuery(f"index {name!r} in the catalog differs from the one given")
+        if info.state == "dropped" or (info.state == "building" and not include_building):
+            raise IndexNotReady(
+                f"index {name!r} is {info.state}"
+                + (
+                    "; run `cleaner --index=" + name + "` or pass include_building=True"
+                    if info.state == "building"
+                    else ""
+                )
+            )
+        return info.index
 
     # -- planning ------------------------------------------------------------------------
 
@@ -159,69 +187,17 @@ class QueryEngine:
         consistency: str = "primary",
     ) -> Query:
         """Check the conditions against the index and coerce their values."""
-        idx = self.store.resolve_index(index, include_building)
+        idx = self.resolve(index, include_building)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
             raise InvalidQuery(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
-        eq: dict[str, Any] = {}
-        ranges: dict[str, dict[str, Any]] = {}
-        in_prop: str | None = None
-        for key, value in conditions.items():
-            prop, _, op = key.partition("__")
-            if prop not in idx.properties:
-                raise InvalidQuery(
-                    f"index {idx.name!r} has no property {prop!r} "
-                    f"(its properties: {', '.join(idx.properties)})"
-                )
-            if op in ("", "in") and prop in eq:
-                raise InvalidQuery(f"two equality conditions on {prop!r}")
-            if not op:
-                eq[prop] = idx.coerce_query_value(prop, value)
-            elif op == "in":
-                if in_prop is not None:
-                    raise InvalidQuery("at most one __in condition per query")
-                if not isinstance(value, (list, tuple, set, frozenset)) or not (
-                    1 <= len(value) <= MAX_IN
-                ):
-                    raise InvalidQuery(f"{key} takes a list of 1 to {MAX_IN} values")
-                in_prop = prop
-                eq[prop] = list(dict.fromkeys(idx.coerce_query_value(prop, v) for v in value))
-            elif op == "between":
-                if not isinstance(value, (tuple, list)) or len(value) != 2:
-                    raise InvalidQuery(f"{key} takes a pair (low, high)")
-                _bound(ranges, prop, "gte", idx.coerce_query_value(prop, value[0]))
-                _bound(ranges, prop, "lte", idx.coerce_query_value(prop, value[1]))
-            elif op in _OPS:
-                _bound(ranges, prop, op, idx.coerce_query_value(prop, value))
-            else:
-                raise InvalidQuery(
-                    f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte or between"
-                )
+        eq, ranges, in_prop = _conditions(idx, conditions)
         k = len(eq)
         if set(eq) != set(idx.properties[:k]):
             raise InvalidQuery(
                 f"equality conditions must fix a prefix of index {idx.name!r} "
                 f"({', '.join(idx.properties)}); got {', '.join(eq) or 'none'}"
             )
-        lower = upper = bounds = None
-        if ranges:
-            (prop, ops), *others = ranges.items()
-            if others or k >= len(idx.properties) or prop != idx.properties[k]:
-                after = idx.properties[k] if k < len(idx.properties) else "none"
-                raise InvalidQuery(
-                    "a range is allowed only on the property after the equality prefix "
-                    f"of index {idx.name!r} ({after})"
-                )
-            for op in ("gt", "gte"):
-                if op in ops:
-                    lower = (ops[op], _OPS[op][1])
-            for op in ("lt", "lte"):
-                if op in ops:
-                    upper = (ops[op], _OPS[op][1])
-            some = lower or upper
-            assert some is not None
-            bounds = idx.types[k].tag_bounds(some[0])
-            if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
-                raise InvalidQuery(f"range bounds on {prop!r} are of different types")
+        lower, upper, bounds = _range(idx, k, ranges)
         descending = self._direction(idx, k, order)
         if consistency not in ("primary", "replica"):
             raise InvalidQuery(f"consistency must be 'primary' or 'replica', got {consistency!r}")
@@ -270,7 +246,7 @@ class QueryEngine:
             while done < len(batch):  # fetch only as many candidates as the page needs
                 chunk = batch[done : done + q.limit - len(out)]
                 done += len(chunk)
-                entities, gone = self.store.fetch(
+                entities, gone = self.reader.fetch(
                     {row[-1] for row in chunk}, q.consistency, partial=q.partial
                 )
                 missing |= gone
@@ -293,7 +269,7 @@ class QueryEngine:
         """Every matching entity, page by page (each within ``timeout``)."""
         cursor: str | None = None
         while True:
-            page = self.store.call(functools.partial(self.page, q, cursor), timeout)
+            page = self.calls.call(functools.partial(self.page, q, cursor), timeout)
             yield from page
             if page.cursor is None:
                 return
@@ -323,13 +299,34 @@ class QueryEngine:
         Returns (rows as (values..., entity_id), whether the index is exhausted, shards
         that did not answer).
         """
-        cluster = self.store.cluster
-        topo = cluster.current()
-        by_server: dict[int, list[tuple[int, tuple[Any, ...]]]] = {}
+        topo = self.cluster.current()
+        parts = []  # (logical shard, equality prefix)
         for eq in q.eqs:
             only = q.shard(eq, topo.n_shards)
-            for shard in [only] if only is not None else range(topo.n_shards):
-                by_server.setdefault(topo.shard_servers[shard], []).append((shard, eq))
+            parts += [(s, eq) for s in ([only] if only is not None else range(topo.n_shards))]
+        groups = by_server(topo, parts, _first)
+        build = self._scan_sql(q, topo.dbs, after, n)
+        results, errors, _ = self.cluster.scatter(
+            topo, groups, build, consistency=q.consistency, partial=q.partial
+        )
+        unreachable_only(errors)
+        gone = {shard for sid in errors for shard, _ in groups[sid]}
+        rows: list[tuple[Any, ...]] = []
+        exhausted = True
+        for result in results.values():
+            rows += result[0]
+            if len(result[0]) >= n:
+                exhausted = False  # that server may hold more
+        rows.sort(key=q.order_key, reverse=q.descending)
+        if len(rows) > n:
+            rows, exhausted = rows[:n], False
+        return rows, exhausted, gone
+
+    def _scan_sql(
+        self, q: Query, dbs: Sequence[str], after: tuple[Any, ...] | None, n: int
+    ) -> Callable[[list[tuple[int, tuple[Any, ...]]]], Statement]:
+        """How to scan one server's ``(shard, prefix)`` parts: one statement whose
+        parts the server merges (n rows come back, not n each)."""
         columns = q.index.columns
         cols = ", ".join(quote(c) for c in columns)
         k = q.k
@@ -343,39 +340,21 @@ class QueryEngine:
         where, rest = self._where(q, after)
         tails = [f" WHERE {w} ORDER BY {order} LIMIT {int(n)}" for w in where]
         table = q.index.table
-        batches: dict[int, Batch] = {}
-        for sid, group in by_server.items():
+        tail = f" ORDER BY {merged} LIMIT {int(n)}"
+
+        def build(group: list[tuple[int, tuple[Any, ...]]]) -> Statement:
             parts = []
             params: list[Any] = []
             for shard, eq in group:
-                tail = tails[after is not None and len(q.eqs) > 1 and q.follows(eq, after)]
-                parts.append(
-                    f"SELECT {cols}, `entity_id` FROM {quote(topo.dbs[shard], table)}{tail}"
-                )
+                end = tails[after is not None and len(q.eqs) > 1 and q.follows(eq, after)]
+                parts.append(f"SELECT {cols}, `entity_id` FROM {quote(dbs[shard], table)}{end}")
                 params += eq
                 params += rest
             if len(parts) == 1:  # bare: in parentheses it costs the server about 7 µs more
-                sql = parts[0]
-            else:  # the server merges its parts: n rows come back, not n each
-                sql = " UNION ALL ".join(f"({part})" for part in parts)
-                sql += f" ORDER BY {merged} LIMIT {int(n)}"
-            batches[sid] = Batch(cluster.reader(topo, sid, q.consistency), sql, params)
-        if q.partial:
-            results, errors = gather_partial(batches)
-            unreachable_only(errors)
-            gone = {shard for sid in errors for shard, _ in by_server[sid]}
-        else:
-            results, gone = gather(batches), set()
-        rows: list[tuple[Any, ...]] = []
-        exhausted = True
-        for result in results.values():
-            rows += result[0]
-            if len(result[0]) >= n:
-                exhausted = False  # that server may hold more
-        rows.sort(key=q.order_key, reverse=q.descending)
-        if len(rows) > n:
-            rows, exhausted = rows[:n], False
-        return rows, exhausted, gone
+                return parts[0], params
+            return union_all([f"({part})" for part in parts], tail), params
+
+        return build
 
     @staticmethod
     def _where(q: Query, after: tuple[Any, ...] | None) -> tuple[tuple[str, str], list[Any]]:
@@ -470,6 +449,90 @@ def _where_sql(
             ors.append("(" + " AND ".join(ands) + ")")
         clauses.append("(" + " OR ".join(ors) + ")")
     return " AND ".join(clauses)
+
+
+def _conditions(
+    idx: Index, conditions: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], str | None]:
+    """A query's conditions, checked and coerced: equalities by property (a list for
+    the ``__in`` one), range bounds by property and operator, the ``__in`` property."""
+    eq: dict[str, Any] = {}
+    ranges: dict[str, dict[str, Any]] = {}
+    in_prop: str | None = None
+    for key, value in conditions.items():
+        prop, op = _split(key, idx.properties)
+        if prop not in idx.properties:
+            raise InvalidQuery(
+                f"index {idx.name!r} has no property {prop!r} "
+                f"(its properties: {', '.join(idx.properties)})"
+            )
+        if op in ("", "in") and prop in eq:
+            raise InvalidQuery(f"two equality conditions on {prop!r}")
+        if not op:
+            eq[prop] = idx.coerce_query_value(prop, value)
+        elif op == "in":
+            if in_prop is not None:
+                raise InvalidQuery("at most one __in condition per query")
+            if not isinstance(value, (list, tuple, set, frozenset)) or not (
+                1 <= len(value) <= MAX_IN
+            ):
+                raise InvalidQuery(f"{key} takes a list of 1 to {MAX_IN} values")
+            in_prop = prop
+            eq[prop] = list(dict.fromkeys(idx.coerce_query_value(prop, v) for v in value))
+        elif op == "between":
+            if not isinstance(value, (tuple, list)) or len(value) != 2:
+                raise InvalidQuery(f"{key} takes a pair (low, high)")
+            _bound(ranges, prop, "gte", idx.coerce_query_value(prop, value[0]))
+            _bound(ranges, prop, "lte", idx.coerce_query_value(prop, value[1]))
+        elif op in _OPS:
+            _bound(ranges, prop, op, idx.coerce_query_value(prop, value))
+        else:
+            raise InvalidQuery(
+                f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte or between"
+            )
+    return eq, ranges, in_prop
+
+
+def _split(key: str, properties: tuple[str, ...]) -> tuple[str, str]:
+    """A condition's ``prop__op`` as ``(prop, op)``: a property named with ``__`` is
+    matched whole first (then ``prop__gte`` splits at its last ``__``)."""
+    if key in properties or "__" not in key:
+        return key, ""
+    prop, _, op = key.rpartition("__")
+    return prop, op
+
+
+def _range(
+    idx: Index, k: int, ranges: dict[str, dict[str, Any]]
+) -> tuple[tuple[Any, bool] | None, tuple[Any, bool] | None, tuple[bytes, bytes] | None]:
+    """The range on the property after the equality prefix: ``(lower, upper, bounds)``
+    (bounds: an auto column's range stays within one type)."""
+    if not ranges:
+        return None, None, None
+    (prop, ops), *others = ranges.items()
+    if others or k >= len(idx.properties) or prop != idx.properties[k]:
+        after = idx.properties[k] if k < len(idx.properties) else "none"
+        raise InvalidQuery(
+            "a range is allowed only on the property after the equality prefix "
+            f"of index {idx.name!r} ({after})"
+        )
+    lower = upper = None
+    for op in ("gt", "gte"):
+        if op in ops:
+            lower = (ops[op], _OPS[op][1])
+    for op in ("lt", "lte"):
+        if op in ops:
+            upper = (ops[op], _OPS[op][1])
+    some = lower or upper
+    assert some is not None
+    bounds = idx.types[k].tag_bounds(some[0])
+    if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
+        raise InvalidQuery(f"range bounds on {prop!r} are of different types")
+    return lower, upper, bounds
+
+
+def _first(part: tuple[int, tuple[Any, ...]]) -> int:
+    return part[0]
 
 
 def _bound(ranges: dict[str, dict[str, Any]], prop: str, op: str, value: Any) -> None:

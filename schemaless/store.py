@@ -4,51 +4,41 @@ queries.  Writes run the protocol of ``schemaless.protocol``."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from . import failpoints
 from .catalog import IndexInfo, Topology
 from .clock import VersionClock
-from .cluster import Cluster, unreachable_only
+from .cluster import Cluster
 from .codec import Codec, train_dictionary
-from .connection import Batch, ConnectOptions, Retry, Tracer, gather, gather_partial
-from .deadline import current as current_deadline
-from .deadline import within
+from .connection import ConnectOptions, Retry, Tracer
 from .dsn import Address, Credentials, parse_address
 from .entity import Entity
 from .errors import (
     CatalogError,
     ConflictError,
-    CorruptEntity,
     IndexDefinitionError,
-    IndexNotReady,
     InvalidEntity,
     InvalidQuery,
     PermissionDenied,
-    TableMissing,
     UniqueViolation,
 )
+from .follow import Calls
 from .health import HealthState
 from .ids import id_hex, to_id
 from .index import Index
 from .names import quote
 from .protocol import Writer
 from .query import Page, QueryEngine
-from .schema import shard_db
-from .writes import (
-    BLIND,
-    CREATE,
-    by_id_sql,
-)
+from .reader import Reader
+from .scatter import bare, shard_unions
+from .writes import BLIND, CREATE, WriteMode
 
 __all__ = ["DataStore"]
 
 log = logging.getLogger(__name__)
-_ID_BYTES = 40  # at most the SQL of one id in a fetch's IN (...) list, escaped
 
 T = TypeVar("T")
 
@@ -91,15 +81,7 @@ class DataStore:
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        #: Every call returns or raises within this many seconds (plus a small margin):
-        #: by default read_timeout.  Most calls take their own ``timeout=`` too.
-        self.timeout: float = read_timeout if timeout is None else timeout
-        if isinstance(mysql_shards, str):
-            mysql_shards = [mysql_shards]
-        parsed = [parse_address(spec) for spec in mysql_shards]
-        creds = Credentials.resolve(user, password, option_file)
-        if parsed:
-            creds = parsed[0][1].merged(creds)
+        addresses, creds = _servers(mysql_shards, Credentials.resolve(user, password, option_file))
         options = ConnectOptions(
             credentials=creds,
             connect_timeout=connect_timeout,
@@ -109,7 +91,6 @@ class DataStore:
             ssl=ssl,
             retry=retry or Retry(),
         )
-        addresses: list[Address] = [address for address, _ in parsed]
         self.cluster = Cluster(
             addresses,
             options,
@@ -123,13 +104,26 @@ class DataStore:
         )
         self.codec = self.cluster.codec
         self.clock = VersionClock()
-        self.move_wait = move_wait
-        self._writer = Writer(self.cluster, self.codec, self.clock, self.decode)
+        #: The deadline of each call (by default read_timeout) and the map it follows.
+        self.calls = Calls(self.cluster, read_timeout if timeout is None else timeout, move_wait)
+        self.reader = Reader(self.cluster, self.codec, self.calls)
+        self._writer = Writer(self.cluster, self.codec, self.clock, self.reader.decode)
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
         self.claims.wait = claim_wait
-        self._query = QueryEngine(self)
+        self._query = QueryEngine(self.cluster, self.reader, self.calls)
         for index in indexes:
             self.declare_index(index)
+
+    @property
+    def timeout(self) -> float:
+        """Every call returns or raises within this many seconds (plus a small margin):
+        by default read_timeout.  Most calls take their own ``timeout=`` too."""
+        return self.calls.timeout
+
+    @property
+    def move_wait(self) -> float:
+        """How long a call waits for a move under way before it fails."""
+        return self.calls.move_wait
 
     def __repr__(self) -> str:
         topo = self.cluster.topology
@@ -180,16 +174,7 @@ class DataStore:
         ``timeout``: this call's deadline in seconds (default: the datastore's).
         """
         key = to_id(entity_id)
-        return self.call(lambda: self._get_one(key, consistency), timeout)
-
-    def _get_one(self, key: bytes, consistency: str) -> Entity | None:
-        topo = self.cluster.current()
-        shard = self.cluster.shard_of_id(key)
-        server = self.cluster.reader(topo, topo.shard_servers[shard], consistency)
-        rows = server.run(_get_sql(topo.dbs[shard]), (key,))[0]
-        if not rows or rows[0][1] is None:  # absent, or a tombstone
-            return None
-        return self.decode(key, shard, rows[0][0], rows[0][1])
+        return self.calls.call(lambda: self.reader.get(key, consistency), timeout)
 
     def get_many(
         self,
@@ -204,64 +189,18 @@ class DataStore:
         in the servers' max_allowed_packet).
         """
         keys = [to_id(i) for i in ids]
-        unique = list(set(keys))
-        step = self.cluster.max_batch_bytes // _ID_BYTES  # ids one statement can carry
-        found: dict[bytes, Entity] = {}
-        with self.deadline(timeout):
-            for start in range(0, len(unique), step):
-                part = set(unique[start : start + step])
-                found.update(self.rerouted(functools.partial(self.fetch, part, consistency))[0])
-        return [found.get(k) for k in keys]
+        with self.calls.deadline(timeout):
+            return self.reader.get_many(keys, consistency)
 
     def fetch(
         self, ids: set[bytes], consistency: str = "primary", *, partial: bool = False
     ) -> tuple[dict[bytes, Entity], set[int]]:
-        """Internal: live entities by id, one statement per server; with ``partial``,
-        the logical shards whose server did not answer instead of an error."""
-        if not ids:
-            return {}, set()
-        topo = self.cluster.current()
-        by_server = self.cluster.ids_by_server(topo, ids)
-        batches = {
-            sid: Batch(
-                self.cluster.reader(topo, sid, consistency),
-                *by_id_sql(topo.prefix, shards, "`id`, `version`, `body`"),
-            )
-            for sid, shards in by_server.items()
-        }
-        missing: set[int] = set()
-        if partial:
-            results, errors = gather_partial(batches)
-            unreachable_only(errors)
-            missing = {shard for sid in errors for shard in by_server[sid]}
-        else:
-            results = gather(batches)
-        out: dict[bytes, Entity] = {}
-        for sets in results.values():
-            for key, version, body in sets[0]:
-                if body is not None:  # a tombstone otherwise
-                    out[key] = self.decode(key, None, version, body)
-        return out, missing
+        """Internal: ``Reader.fetch``."""
+        return self.reader.fetch(ids, consistency, partial=partial)
 
     def decode(self, entity_id: bytes, shard: int | None, version: int, body: bytes) -> Entity:
-        """Internal: decode a stored body, naming the entity and its shard (found from
-        the id when None) on failure."""
-        try:
-            try:
-                return Entity(self.codec.decode(body), int(version))
-            except CorruptEntity:
-                dict_id = self.codec.dictionary_id(body)
-                if dict_id is None or self.codec.has_dictionary(dict_id):
-                    raise
-                self.cluster.refresh()  # a dictionary trained since the last refresh
-                return Entity(self.codec.decode(body), int(version))
-        except CorruptEntity as exc:
-            if shard is None:
-                shard = self.cluster.shard_of_id(entity_id)
-            raise CorruptEntity(
-                f"entity {id_hex(entity_id)} on logical shard {shard} "
-                f"({shard_db(self.cluster.topology.prefix, shard)}): {exc}"
-            ) from exc
+        """Internal: ``Reader.decode``."""
+        return self.reader.decode(entity_id, shard, version, body)
 
     # -- writes --------------------------------------------------------------------------
 
@@ -283,8 +222,10 @@ class DataStore:
             not isinstance(expect_version, int) or expect_version < 0
         ):
             raise InvalidEntity(f"expect_version must be an int >= 0, got {expect_version!r}")
-        mode: str | int = BLIND if expect_version is None else expect_version or CREATE
-        return self.call(lambda: self._writer.write([entity], mode), timeout)[0]
+        mode = CREATE if expect_version == 0 else BLIND
+        if expect_version:
+            mode = WriteMode.expect(expect_version)
+        return self.calls.call(lambda: self._writer.write([entity], mode), timeout)[0]
 
     def put_many(
         self, entities: Iterable[Mapping[str, Any]], *, timeout: float | None = None
@@ -295,7 +236,7 @@ class DataStore:
         would not fit in the servers' max_allowed_packet is written in parts, in turn.
         """
         batch = list(entities)
-        return self.call(lambda: self._writer.write(batch, BLIND), timeout)
+        return self.calls.call(lambda: self._writer.write(batch, BLIND), timeout)
 
     def delete(
         self,
@@ -310,14 +251,14 @@ class DataStore:
             not isinstance(expect_version, int) or expect_version < 1
         ):
             raise InvalidEntity(f"expect_version must be an int >= 1, got {expect_version!r}")
-        mode: str | int = BLIND if expect_version is None else expect_version
+        mode = BLIND if expect_version is None else WriteMode.expect(expect_version)
         key = to_id(entity_id)
-        return self.call(lambda: self._writer.delete([key], mode), timeout) == 1
+        return self.calls.call(lambda: self._writer.delete([key], mode), timeout) == 1
 
     def delete_many(self, ids: Iterable[bytes | Any], *, timeout: float | None = None) -> int:
         """Delete many entities; return how many existed."""
         keys = list(dict.fromkeys(to_id(i) for i in ids))
-        return self.call(lambda: self._writer.delete(keys, BLIND), timeout) if keys else 0
+        return self.calls.call(lambda: self._writer.delete(keys, BLIND), timeout) if keys else 0
 
     def update(
         self,
@@ -334,7 +275,7 @@ class DataStore:
         ``UniqueViolation`` is raised at once.  ``timeout``: the deadline of the whole
         call, every attempt included.
         """
-        with self.deadline(timeout):
+        with self.calls.deadline(timeout):
             return self._update(to_id(entity_id), fn, retries)
 
     def _update(
@@ -356,60 +297,18 @@ class DataStore:
             return Entity(new, stored)
         raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
 
-    def deadline(self, timeout: float | None = None) -> contextlib.AbstractContextManager[None]:
-        """Internal: the deadline of one call (``timeout`` seconds, default the
-        datastore's), which every server call in it keeps (``schemaless.deadline``)."""
-        return within(self.timeout if timeout is None else timeout)
-
     def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
-        """Internal: ``rerouted(fn)`` within one call's deadline."""
-        with self.deadline(timeout):
-            return self.rerouted(fn)
+        """Internal: ``Calls.call``: ``fn`` within one call's deadline, following the map."""
+        return self.calls.call(fn, timeout)
 
     def rerouted(self, fn: Callable[[], T]) -> T:
-        """Internal: run ``fn``; when its tables are gone because the map changed (a
-        logical shard moved, an index was declared and the old fence dropped, or an
-        index was dropped and purged), refresh the map and run it again; while a move is
-        under way, wait for it (up to ``move_wait``, and never past the call's
-        deadline): writers pause, they do not fail."""
-        until = time.monotonic() + self.move_wait
-        at = current_deadline()
-        if at is not None:
-            until = min(until, at)
-        delay = 0.01
-        while True:
-            seen = self.cluster.topology
-            try:
-                return fn()
-            except TableMissing:
-                topo = self.cluster.refresh()
-                if topo.routing != seen.routing:
-                    continue
-                if not topo.moves or time.monotonic() + delay >= until:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.25)
+        """Internal: ``Calls.rerouted``: ``fn``, following the map after a move."""
+        return self.calls.rerouted(fn)
 
     def train_dictionary(self, samples: int = 5000, size: int = 16384) -> int:
         """Train a zstd dictionary on stored entities, store it in the catalog and use it
         for new bodies (old bodies name their own dictionary); return its id."""
-        topo = self.cluster.refresh()
-        per_shard = max(1, samples // topo.n_shards)
-        calls = {}
-        for sid, server in self.cluster.all_servers(topo).items():
-            parts = [
-                f"(SELECT `id`, `version`, `body`, {int(s)} FROM "
-                f"{quote(topo.dbs[s], 'entities')} WHERE `body` IS NOT NULL "
-                f"ORDER BY `added_id` DESC LIMIT {int(per_shard)})"
-                for s in topo.shards_of(sid)
-            ]
-            if parts:
-                calls[sid] = Batch(server, " UNION ALL ".join(parts))
-        entities = [
-            self.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
-            for rows in gather(calls).values()
-            for r in rows[0]
-        ]
+        entities = self.reader.newest(samples)
         if len(entities) < 100:
             raise InvalidEntity(
                 f"need at least 100 stored entities to train a dictionary, found {len(entities)}"
@@ -524,17 +423,11 @@ class DataStore:
 
     def _empty(self, topo: Topology) -> bool:
         """Whether no logical shard holds any entity row (tombstones included)."""
-        servers = self.cluster.all_servers(topo)
-        calls = {}
-        for sid, server in servers.items():
-            parts = [
-                f"(SELECT 1 FROM {quote(topo.dbs[s], 'entities')} LIMIT 1)"
-                for s in topo.shards_of(sid)
-            ]
-            if parts:
-                sql = " UNION ALL ".join(parts) + " LIMIT 1"
-                calls[sid] = Batch(server, sql)
-        return all(not rows[0] for rows in gather(calls).values())
+        unions = shard_unions(
+            topo, lambda s: f"(SELECT 1 FROM {quote(topo.dbs[s], 'entities')} LIMIT 1)", " LIMIT 1"
+        )
+        found = self.cluster.scatter(topo, unions, bare).results
+        return all(not rows[0] for rows in found.values())
 
     def query(
         self,
@@ -568,14 +461,14 @@ class DataStore:
         q = self._query.plan(
             index, _merge(where, conditions), order, limit, include_building, partial, consistency
         )
-        return self.call(lambda: self._query.page(q, cursor), timeout)
+        return self.calls.call(lambda: self._query.page(q, cursor), timeout)
 
     def get_by(
         self, index: Index | str, *, consistency: str = "primary", **values: Any
     ) -> Entity | None:
         """The one entity of a unique index with these values (every property of the
         index, by equality), or None: ``get_by("by_email", email="ada@example.com")``."""
-        resolved = self.resolve_index(index, include_building=False)
+        resolved = self._query.resolve(index, include_building=False)
         if not resolved.unique:
             raise InvalidQuery(f"index {resolved.name!r} is not unique: use query()")
         missing = [p for p in resolved.properties if p not in values]
@@ -611,35 +504,14 @@ class DataStore:
         )
         return self._query.iterate(q, timeout)
 
-    def resolve_index(self, index: Index | str, include_building: bool) -> Index:
-        """Internal: the catalog's definition of an index usable by a query."""
-        name = index.name if isinstance(index, Index) else index
-        if not isinstance(name, str):
-            raise InvalidQuery(f"expected an Index or an index name, got {type(name).__name__}")
-        info = self.cluster.current().indexes.get(name)
-        if info is None:
-            info = self.cluster.refresh().indexes.get(name)
-        if info is None:
-            raise InvalidQuery(f"no index named {name!r}")
-        if isinstance(index, Index) and index != info.index:
-            raise InvalidQuery(f"index {name!r} in the catalog differs from the one given")
-        if info.state == "dropped" or (info.state == "building" and not include_building):
-            raise IndexNotReady(
-                f"index {name!r} is {info.state}"
-                + (
-                    "; run `cleaner --index=" + name + "` or pass include_building=True"
-                    if info.state == "building"
-                    else ""
-                )
-            )
-        return info.index
 
-
-@functools.lru_cache(maxsize=65536)
-def _get_sql(db: str) -> str:
-    # Tombstones are skipped by the caller: `AND body IS NOT NULL` here cost the
-    # server 8-20 µs per call (measured against the same SELECT without it).
-    return f"SELECT `version`, `body` FROM {quote(db, 'entities')} WHERE `id` = %s"
+def _servers(specs: Sequence[str] | str, creds: Credentials) -> tuple[list[Address], Credentials]:
+    """The servers' addresses, and the credentials (those of the first address, where
+    it names any, over ``creds``)."""
+    parsed = [parse_address(spec) for spec in ([specs] if isinstance(specs, str) else specs)]
+    if parsed:
+        creds = parsed[0][1].merged(creds)
+    return [address for address, _ in parsed], creds
 
 
 def _merge(where: Mapping[str, Any] | None, conditions: dict[str, Any]) -> dict[str, Any]:

@@ -19,13 +19,13 @@ from typing import Any
 from . import failpoints
 from .catalog import Topology, now_us
 from .cluster import Cluster
-from .connection import Batch, gather
 from .entity import Entity
 from .errors import ConflictError, CorruptEntity, InvalidEntity
 from .ids import id_hex
+from .scatter import Statement, by_server, ids_by_server
+from .tables import by_id_sql
 from .writes import (
     IndexRow,
-    by_id_sql,
     fence_owner_sql,
     in_transaction,
     owners_sql,
@@ -72,18 +72,17 @@ class Claims:
         the unique rows that another entity owns (or that are gone), with that owner."""
         if not rows:
             return []
-        by_server: dict[int, list[IndexRow]] = {}
-        for row in rows:
-            by_server.setdefault(topo.shard_servers[row.shard], []).append(row)
-        servers = self.cluster.all_servers(topo)
-        batches: dict[int, Batch] = {}
         reads: dict[int, list[list[IndexRow]]] = {}
-        for sid, group in by_server.items():
+
+        def build(sid: int) -> Statement:
+            group = groups[sid]
             sql, params = upsert_rows_sql(group, topo.dbs)
             selects, more, reads[sid] = _owner_reads([r for r in group if r.index.unique], topo)
-            batches[sid] = Batch(servers[sid], ";\n".join([sql, *selects]), [*params, *more])
-        results = gather(batches)
-        return [c for sid, groups in reads.items() for c in _contested(groups, results[sid])]
+            return ";\n".join([sql, *selects]), [*params, *more]
+
+        groups = by_server(topo, rows, _row_shard)
+        results = self.cluster.scatter(topo, {sid: sid for sid in groups}, build).results
+        return [c for sid, groups_ in reads.items() for c in _contested(groups_, results[sid])]
 
     def settle(self, topo: Topology, contested: list[_Contested]) -> list[Violation]:
         """Resolve contested claims until each is held or violated; the violations."""
@@ -145,13 +144,14 @@ class Claims:
         """``id -> (version, body or None for a tombstone)``; absent ids omitted."""
         if not ids:
             return {}
-        servers = self.cluster.all_servers(topo)
-        batches = {
-            sid: Batch(servers[sid], *by_id_sql(topo.prefix, shards, "`id`, `version`, `body`"))
-            for sid, shards in self.cluster.ids_by_server(topo, ids).items()
-        }
+        columns = "`id`, `version`, `body`"
+        found = self.cluster.scatter(
+            topo,
+            ids_by_server(topo, ids),
+            lambda shards: by_id_sql(topo.prefix, shards, columns),
+        ).results
         out: dict[bytes, tuple[int, bytes | None]] = {}
-        for sets in gather(batches).values():
+        for sets in found.values():
             for key, version, body in sets[0]:
                 out[bytes(key)] = (int(version), bytes(body) if body is not None else None)
         return out
@@ -159,39 +159,27 @@ class Claims:
     def _fence(self, topo: Topology, fences: dict[bytes, tuple[int | None, int]]) -> set[bytes]:
         """Raise each owner to its version if it is still as read; the owners raised."""
         now = now_us()
-        stmts: dict[int, list[tuple[bytes, str, list[Any]]]] = {}
+        stmts: list[tuple[int, bytes, str, list[Any]]] = []
         for owner, (seen, version) in sorted(fences.items()):
             shard = self.cluster.shard_of_id(owner)
             sql, params = fence_owner_sql(topo.dbs[shard], owner, seen, version, now)
-            stmts.setdefault(topo.shard_servers[shard], []).append((owner, sql, params))
-        servers = self.cluster.all_servers(topo)
-        batches = {
-            sid: Batch(
-                servers[sid],
-                ";\n".join(s for _, s, _ in group),
-                [p for _, _, params in group for p in params],
-                idempotent=False,
-            )
-            for sid, group in stmts.items()
-        }
-        results = gather(batches)
+            stmts.append((shard, owner, sql, params))
+        groups = by_server(topo, stmts, _first)
+        results = self.cluster.scatter(topo, groups, _joined, idempotent=False).results
         return {
             owner
-            for sid, group in stmts.items()
-            for (owner, _, _), rows in zip(group, results[sid], strict=True)
+            for sid, group in groups.items()
+            for (_, owner, _, _), rows in zip(group, results[sid], strict=True)
             if rows[0][0]
         }
 
     def _act(self, topo: Topology, act: list[tuple[IndexRow, Owner]]) -> list[_Contested]:
         """Claim rows again (no row was there) or take them over (guarded), then read
         their owners back; the rows still held by another."""
-        by_server: dict[int, list[tuple[IndexRow, Owner]]] = {}
-        for item in act:
-            by_server.setdefault(topo.shard_servers[item[0].shard], []).append(item)
-        servers = self.cluster.all_servers(topo)
-        batches: dict[int, Batch] = {}
         reads: dict[int, list[list[IndexRow]]] = {}
-        for sid, group in by_server.items():
+
+        def build(sid: int) -> Statement:
+            group = groups[sid]
             stmts: list[str] = []
             params: list[Any] = []
             claims = [row for row, owner in group if owner is None]
@@ -205,10 +193,30 @@ class Claims:
                     stmts.append(sql)
                     params += more
             selects, more, reads[sid] = _owner_reads([row for row, _ in group], topo)
-            sql = ";\n".join([in_transaction(stmts), *selects])
-            batches[sid] = Batch(servers[sid], sql, params + more, idempotent=False)
-        results = gather(batches)
-        return [c for sid, groups in reads.items() for c in _contested(groups, results[sid])]
+            return ";\n".join([in_transaction(stmts), *selects]), params + more
+
+        groups = by_server(topo, act, _item_shard)
+        results = self.cluster.scatter(
+            topo, {sid: sid for sid in groups}, build, idempotent=False
+        ).results
+        return [c for sid, groups_ in reads.items() for c in _contested(groups_, results[sid])]
+
+
+def _row_shard(row: IndexRow) -> int:
+    return row.shard
+
+
+def _item_shard(item: _Contested) -> int:
+    return item[0].shard
+
+
+def _first(stmt: tuple[int, bytes, str, list[Any]]) -> int:
+    return stmt[0]
+
+
+def _joined(group: list[tuple[int, bytes, str, list[Any]]]) -> Statement:
+    """The fences of one server: one round trip, one result set each."""
+    return ";\n".join(s for _, _, s, _ in group), [p for _, _, _, params in group for p in params]
 
 
 def _owner_reads(

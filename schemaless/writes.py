@@ -13,13 +13,12 @@ shard's fence table; step 3 deletes the old body's rows only where
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from .index import Index
 from .names import quote
-from .schema import shard_db
 
 __all__ = [
     "BLIND",
@@ -27,25 +26,40 @@ __all__ = [
     "NEW",
     "EntityWrite",
     "IndexRow",
-    "by_id_sql",
-    "chunks",
+    "PreparedWrite",
+    "WriteMode",
     "delete_rows_sql",
     "entity_batch_sql",
     "fence_owner_sql",
     "in_transaction",
     "owners_sql",
     "release_sql",
-    "sql_bytes",
     "takeover_sql",
     "upsert_rows_sql",
     "upsert_sql",
 ]
 
-T = TypeVar("T")
 
-BLIND = "blind"  # last writer wins; refused only if the stored version is already >= V
-CREATE = "create"  # expect_version=0: the entity must be absent (or a tombstone)
-NEW = "new"  # an id this process just made: no row can exist, a plain INSERT
+@dataclass(frozen=True, slots=True)
+class WriteMode:
+    """What a write of an entity expects of the stored one: ``BLIND`` (last writer
+    wins; refused only if the stored version is already >= V), ``CREATE``
+    (``expect_version=0``: absent, or a tombstone), ``NEW`` (an id this process just
+    made: no row can exist, a plain INSERT) or ``WriteMode.expect(v)`` (compare and
+    set: the stored version is ``v``)."""
+
+    kind: str
+    expected: int = 0  # the stored version a compare-and-set expects (CREATE: 0)
+
+    @classmethod
+    def expect(cls, version: int) -> WriteMode:
+        """Compare and set: the stored version must be ``version`` (>= 1)."""
+        return cls("cas", version)
+
+
+BLIND = WriteMode("blind")
+CREATE = WriteMode("create")
+NEW = WriteMode("new")
 
 
 @dataclass(slots=True)
@@ -60,8 +74,18 @@ class IndexRow:
 
 
 @dataclass(slots=True)
+class PreparedWrite:
+    """An entity checked and encoded for a put: its body, and its rows by index name."""
+
+    entity_id: bytes
+    shard: int
+    body: bytes
+    rows: dict[str, set[tuple[Any, ...]]]
+
+
+@dataclass(slots=True)
 class EntityWrite:
-    """Step 2 for one entity: ``mode`` is BLIND, CREATE, NEW or the expected version."""
+    """Step 2 for one entity."""
 
     db: str
     shard: int
@@ -69,7 +93,7 @@ class EntityWrite:
     version: int
     updated: int
     body: bytes | None  # None: delete (write a tombstone)
-    mode: str | int
+    mode: WriteMode
     want_body: bool  # return the old body (needed when indexes are maintained)
 
 
@@ -240,11 +264,11 @@ def entity_batch_sql(
         if kind in ("blind", "create", "new"):
             params += [w.entity_id, w.version, w.updated, w.body]
         elif kind == "cas":
-            params += [w.body, w.updated, w.version, w.entity_id, w.mode]
+            params += [w.body, w.updated, w.version, w.entity_id, w.mode.expected]
         elif kind == "delete":
             params += [w.updated, w.version, w.entity_id, w.version]
         else:
-            params += [w.updated, w.version, w.entity_id, w.mode]
+            params += [w.updated, w.version, w.entity_id, w.mode.expected]
     if len(stmts) > 1:
         return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1 + upserts
     return ";\n".join(stmts), params, 0
@@ -252,12 +276,8 @@ def entity_batch_sql(
 
 def _kind(w: EntityWrite) -> str:
     if w.body is None:
-        return "delete" if w.mode == BLIND else "delete_cas"
-    if w.mode == NEW:
-        return "new"
-    if w.mode == BLIND:
-        return "blind"
-    return "create" if w.mode == CREATE else "cas"
+        return "delete" if w.mode is BLIND else "delete_cas"
+    return w.mode.kind
 
 
 @functools.lru_cache(maxsize=4096)
@@ -305,55 +325,8 @@ def _entity_sql(db: str, kind: str, want_body: bool, fence: str | None = None) -
     return ";\n".join(stmts)
 
 
-def by_id_sql(
-    prefix: str, ids: Mapping[int, Sequence[bytes]], columns: str
-) -> tuple[str, list[Any]]:
-    """``SELECT <columns>`` of entities by id (``shard -> ids``), tombstones included,
-    in one ``UNION ALL`` statement.  (Filtering tombstones, or naming each row's
-    shard, in the SQL costs the server more than doing it in the client.)"""
-    parts = []
-    params: list[Any] = []
-    for shard, keys in sorted(ids.items()):
-        parts.append(_by_id_head(prefix, shard, columns) + _marks(len(keys)))
-        params += keys
-    return " UNION ALL ".join(parts), params
-
-
-@functools.lru_cache(maxsize=4096)
-def _by_id_head(prefix: str, shard: int, columns: str) -> str:
-    return f"SELECT {columns} FROM {quote(shard_db(prefix, shard), 'entities')} WHERE `id` IN ("
-
-
-@functools.lru_cache(maxsize=1024)
-def _marks(n: int) -> str:
-    return ", ".join(["%s"] * n) + ")"
-
-
 def in_transaction(stmts: list[str]) -> str:
     """Several idempotent statements share one commit (one redo-log flush)."""
     if len(stmts) > 1:
         stmts = ["START TRANSACTION", *stmts, "COMMIT"]
     return ";\n".join(stmts)
-
-
-def chunks(items: list[T], size: Callable[[T], int], budget: int) -> Iterator[list[T]]:
-    """Consecutive runs of ``items`` whose ``size`` adds up to at most ``budget`` bytes
-    (an item above it goes alone): batches that fit the servers' max_allowed_packet."""
-    start, total = 0, 0
-    for i, item in enumerate(items):
-        n = size(item)
-        if i > start and total + n > budget:
-            yield items[start:i]
-            start, total = i, 0
-        total += n
-    if start < len(items):
-        yield items[start:]
-
-
-def sql_bytes(values: Iterable[Any]) -> int:
-    """At most the bytes of SQL that a row of these values takes as literals (a
-    character is up to 4 bytes, and escaping at most doubles them)."""
-    return 64 + sum(
-        8 * len(v) if isinstance(v, str) else 2 * len(v) if isinstance(v, bytes) else 32
-        for v in values
-    )

@@ -551,3 +551,17 @@ def test_in_asks_each_server_once_and_pages_in_index_order(make_store: Any) -> N
         store.query(BY_USER, user__in=[])
     with pytest.raises(InvalidQuery, match="another query"):
         store.query(BY_USER, user__in=followed[:2], cursor=page.cursor)
+
+
+def test_properties_named_with_double_underscores_can_be_queried(make_store: Any) -> None:
+    """A property named ``__`` or ``a__b`` is matched whole before ``__`` means an
+    operator (found by test_security's fuzzing: such a query was refused)."""
+    odd = Index("odd", {"__": "int", "a__b": "int", "_": "int"})
+    store = make_store(indexes=[odd])
+    first = {"__": 1, "a__b": 2, "_": 3}
+    second = {"__": 1, "a__b": 5, "_": 3}
+    store.put_many([first, second])
+    page = store.query("odd", where={"__": 1, "a__b": 2, "___gte": 3})
+    assert [e["id"] for e in page] == [first["id"]]
+    assert len(store.query("odd", where={"__": 1, "a__b__in": [2, 5]})) == 2
+    assert [e["id"] for e in store.query("odd", where={"__": 1, "a__b__gt": 2})] == [second["id"]]

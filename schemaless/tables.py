@@ -1,0 +1,44 @@
+"""Reads of the per-shard tables: entity rows by id (shared by the read path, the
+write path and the Cleaner), and the ``UNION ALL`` of per-shard parts that every
+multi-shard statement is (the SQL of writes is in ``schemaless.writes``)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .names import quote
+from .schema import shard_db
+
+__all__ = ["by_id_sql", "union_all"]
+
+
+def by_id_sql(
+    prefix: str, ids: Mapping[int, Sequence[bytes]], columns: str
+) -> tuple[str, list[Any]]:
+    """``SELECT <columns>`` of entities by id (``shard -> ids``), tombstones included,
+    in one ``UNION ALL`` statement.  (Filtering tombstones, or naming each row's
+    shard, in the SQL costs the server more than doing it in the client.)"""
+    parts = []
+    params: list[Any] = []
+    for shard, keys in sorted(ids.items()):
+        parts.append(_by_id_head(prefix, shard, columns) + _marks(len(keys)))
+        params += keys
+    return union_all(parts), params
+
+
+@functools.lru_cache(maxsize=4096)
+def _by_id_head(prefix: str, shard: int, columns: str) -> str:
+    return f"SELECT {columns} FROM {quote(shard_db(prefix, shard), 'entities')} WHERE `id` IN ("
+
+
+@functools.lru_cache(maxsize=1024)
+def _marks(n: int) -> str:
+    return ", ".join(["%s"] * n) + ")"
+
+
+def union_all(parts: Sequence[str], tail: str = "") -> str:
+    """One statement of several ``SELECT`` parts (put in parentheses those with their own
+    ``ORDER BY`` or ``LIMIT``); ``tail`` applies to the whole."""
+    return " UNION ALL ".join(parts) + tail

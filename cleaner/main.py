@@ -13,8 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from schemaless.connect import DEFAULT_PREFIX, open_store
-from schemaless.errors import SchemalessError
-from schemaless.local import LocalClusterError
+from schemaless.errors import LocalClusterError, SchemalessError
 from schemaless.store import DataStore
 
 from .daemon import Cleaner, backfill_name

@@ -24,8 +24,7 @@ import click
 
 from schemaless.connect import DEFAULT_PREFIX, open_store
 from schemaless.dsn import parse_address
-from schemaless.errors import CatalogError, SchemalessError
-from schemaless.local import LocalClusterError
+from schemaless.errors import CatalogError, LocalClusterError, SchemalessError
 from schemaless.schema import check_prefix
 from schemaless.store import DataStore
 

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidEntity",
     "InvalidId",
     "InvalidQuery",
+    "LocalClusterError",
     "OutcomeUnknown",
     "PermissionDenied",
     "SchemalessError",
@@ -124,3 +125,11 @@ class ShardTimeout(ShardUnavailable):
 class OutcomeUnknown(ShardUnavailable):
     """The connection was lost after a commit was sent: the write may or may not have
     happened.  Read the entity back, or retry with the same ``expect_version``."""
+
+
+# -- development tooling ----------------------------------------------------------------
+
+
+class LocalClusterError(Exception):
+    """The local cluster (:mod:`schemaless.local`) could not be set up, started or
+    stopped."""

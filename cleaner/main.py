@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
+from schemaless.catalog import IndexState
 from schemaless.connect import DEFAULT_PREFIX, open_store
 from schemaless.errors import LocalClusterError, SchemalessError
 from schemaless.store import DataStore
@@ -306,7 +307,7 @@ def main(
         click.echo(cleaner.summary())
         if cleaner.shutdown.requested:
             click.echo("stopped on request; checkpoints saved: run the same command to resume")
-        elif index is not None and state != "ready":
+        elif index is not None and state != IndexState.READY:
             if not cleaner.part_done:
                 raise click.ClickException(f"index {index!r} is {state}, not ready")
             click.echo(f"part {part[0] + 1}/{part[1]} done; the index is ready when every part is")
@@ -359,7 +360,7 @@ def _supervise(ctx: click.Context, store: DataStore, index: str, jobs: int) -> N
             f"{'; '.join(supervisor.failed)}; index {index!r} is {state}: run the same "
             "command to resume"
         )
-    elif state != "ready":
+    elif state != IndexState.READY:
         raise click.ClickException(f"index {index!r} is {state}, not ready")
 
 

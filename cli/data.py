@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from schemaless.catalog import IndexState
 from schemaless.entity import Entity
 from schemaless.errors import InvalidId, SchemalessError
 from schemaless.ids import id_hex, parse_id
@@ -247,10 +248,12 @@ def query(
         if info is None:
             known = ", ".join(sorted(ds.indexes())) or "none"
             raise BadOption(f"no index named {index_name!r} (indexes: {known})", "INDEX")
-        if info.state == "dropped" or (info.state == "building" and not include_building):
+        if info.state == IndexState.DROPPED or (
+            info.state == IndexState.BUILDING and not include_building
+        ):
             raise CliError(
                 f"index {index_name!r} is dropped"
-                if info.state == "dropped"
+                if info.state == IndexState.DROPPED
                 else f"index {index_name!r} is building: backfill it with `cleaner "
                 f"--index={index_name}` (--include-building shows what it holds so far)"
             )

@@ -9,6 +9,7 @@
 
 __version__ = "0.1.0"
 
+from .catalog import IndexState
 from .entity import Entity
 from .errors import (
     CatalogError,
@@ -45,6 +46,7 @@ __all__ = [
     "Index",
     "IndexDefinitionError",
     "IndexNotReady",
+    "IndexState",
     "InvalidEntity",
     "InvalidId",
     "InvalidQuery",

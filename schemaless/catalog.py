@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
@@ -25,9 +26,9 @@ from .names import quote
 from .schema import CATALOG_TABLES, check_prefix, fence_table, shard_db
 
 __all__ = [
-    "STATES",
     "Catalog",
     "IndexInfo",
+    "IndexState",
     "Topology",
     "backfill_job",
     "now_us",
@@ -35,8 +36,16 @@ __all__ = [
     "unique_job",
 ]
 
-#: The index lifecycle: writers maintain ``building`` and ``ready``; queries use ``ready``.
-STATES = ("building", "ready", "dropped")
+
+class IndexState(StrEnum):
+    """The index lifecycle: writers maintain ``building`` and ``ready`` indexes, queries
+    use ``ready`` ones; the value is what the catalog stores."""
+
+    BUILDING = "building"
+    READY = "ready"
+    DROPPED = "dropped"
+
+
 #: A daemon whose last heartbeat is older than this is forgotten (7 days).
 HEARTBEAT_RETENTION_US = 7 * 24 * 3600 * 10**6
 #: A client whose last latency report is older than this is forgotten (one minute).
@@ -67,6 +76,14 @@ def unique_job(index: str) -> str:
 _SERVER_US = "(UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6)))"  # one instant, no time zone
 
 
+def _known(state: str) -> IndexState:
+    """``state`` as an :class:`IndexState`; a ``CatalogError`` if it is none."""
+    try:
+        return IndexState(state)
+    except ValueError:
+        raise CatalogError(f"unknown index state {state!r}") from None
+
+
 def now_us() -> int:
     """Wall-clock microseconds since the epoch."""
     return time.time_ns() // 1000
@@ -77,7 +94,7 @@ class IndexInfo:
     """An index definition with its lifecycle state."""
 
     index: Index
-    state: str
+    state: IndexState
     created: int
     changed: int
 
@@ -122,7 +139,7 @@ class Topology:
 
     def maintained(self) -> list[Index]:
         """Indexes that writers keep up to date (building or ready)."""
-        return [i.index for i in self.indexes.values() if i.state != "dropped"]
+        return [i.index for i in self.indexes.values() if i.state != IndexState.DROPPED]
 
 
 class Catalog:
@@ -245,7 +262,7 @@ class Catalog:
         indexes = {}
         for definition, state, created, changed in out[3]:
             index = Index.from_dict(json.loads(definition))
-            indexes[index.name] = IndexInfo(index, str(state), int(created), int(changed))
+            indexes[index.name] = IndexInfo(index, IndexState(state), int(created), int(changed))
         active = meta.get("active_dictionary")
         return Topology(
             prefix=self.prefix,
@@ -264,7 +281,7 @@ class Catalog:
 
     # -- indexes ------------------------------------------------------------------------
 
-    def record_index(self, index: Index, state: str, epoch: int) -> IndexInfo | None:
+    def record_index(self, index: Index, state: IndexState, epoch: int) -> IndexInfo | None:
         """Record a new index in ``state`` and move the index epoch on from ``epoch``
         (whose successor's fence tables the caller created); an identical existing
         index is returned as is.  None if the epoch is no longer ``epoch`` (another
@@ -272,8 +289,7 @@ class Catalog:
 
         A different definition under the same name is an ``IndexDefinitionError``.
         """
-        if state not in STATES:
-            raise CatalogError(f"unknown index state {state!r}")
+        state = _known(state)
         definition = json.dumps(index.to_dict(), sort_keys=True)
         meta = self._t("meta")
         out = self.server.run(
@@ -285,7 +301,7 @@ class Catalog:
             f" UPDATE {meta} SET value = value + 1 WHERE name = 'index_epoch' AND @added > 0;"
             f" SELECT definition, state, created, changed FROM {self._t('indexes')}"
             " WHERE name = %s; COMMIT",
-            (index.name, definition, state, str(epoch), index.name),
+            (index.name, definition, state.value, str(epoch), index.name),
             commits=True,
         )
         if not out[1]:
@@ -297,26 +313,27 @@ class Catalog:
                 f"index {index.name!r} already exists with a different definition: "
                 f"{existing!r}; drop and purge it first"
             )
-        return IndexInfo(existing, str(stored_state), int(created), int(changed))
+        return IndexInfo(existing, IndexState(stored_state), int(created), int(changed))
 
-    def set_index_state(self, name: str, state: str, *, expect: str | None = None) -> bool:
+    def set_index_state(
+        self, name: str, state: IndexState, *, expect: IndexState | None = None
+    ) -> bool:
         """Move an index to ``state`` (only from ``expect`` if given); True if changed."""
-        if state not in STATES:
-            raise CatalogError(f"unknown index state {state!r}")
+        state = _known(state)
         sql = f"UPDATE {self._t('indexes')} SET state = %s, changed = {_SERVER_US} WHERE name = %s"
-        params: list[Any] = [state, name]
+        params: list[Any] = [state.value, name]
         if expect is not None:
             sql += " AND state = %s"
-            params.append(expect)
+            params.append(_known(expect).value)
         out = self.server.run(sql + "; SELECT ROW_COUNT()", params)
         return bool(out[0][0][0])
 
     def forget_index(self, name: str) -> None:
         """Remove a dropped index from the catalog (after its tables are gone)."""
         self.server.run(
-            f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = 'dropped';"
+            f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = %s;"
             f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s)",
-            (name, backfill_job(name), sweep_job(name), unique_job(name)),
+            (name, IndexState.DROPPED.value, backfill_job(name), sweep_job(name), unique_job(name)),
         )
 
     # -- checkpoints, heartbeats and dictionaries -----------------------------------------

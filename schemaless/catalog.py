@@ -23,6 +23,7 @@ from .dsn import Address
 from .errors import CatalogError, IndexDefinitionError
 from .index import Index
 from .names import quote
+from .results import one, scalar
 from .schema import CATALOG_TABLES, check_prefix, fence_table, shard_db
 
 __all__ = [
@@ -161,7 +162,7 @@ class Catalog:
 
     def server_now_us(self) -> int:
         """The catalog server's clock, in microseconds since the epoch."""
-        return int(self.server.run(f"SELECT {_SERVER_US}")[0][0][0])
+        return int(scalar(self.server.run(f"SELECT {_SERVER_US}")[0]))
 
     # -- creation -----------------------------------------------------------------------
 
@@ -172,7 +173,7 @@ class Catalog:
             " WHERE table_schema = %s AND table_name = 'meta'",
             (self.db,),
         )
-        if not rows[0][0][0]:
+        if not scalar(rows[0]):
             return False
         return bool(self.server.run(f"SELECT 1 FROM {self._t('meta')} WHERE name = 'shards'")[0])
 
@@ -223,7 +224,7 @@ class Catalog:
             params += [value for row in rows for value in row]
         stmts.append("COMMIT")
         out = self.server.run(";\n".join(stmts), params, commits=True)
-        return bool(out[0][0][0] == 1)
+        return bool(scalar(out[0]) == 1)
 
     def start_epochs(self) -> None:
         """Give a catalog from before fences its first index epoch (its shards' fence
@@ -304,9 +305,10 @@ class Catalog:
             (index.name, definition, state.value, str(epoch), index.name),
             commits=True,
         )
-        if not out[1]:
+        row = one(out[1])
+        if row is None:
             return None
-        stored, stored_state, created, changed = out[1][0]
+        stored, stored_state, created, changed = row
         existing = Index.from_dict(json.loads(stored))
         if existing != index:
             raise IndexDefinitionError(
@@ -326,7 +328,7 @@ class Catalog:
             sql += " AND state = %s"
             params.append(_known(expect).value)
         out = self.server.run(sql + "; SELECT ROW_COUNT()", params)
-        return bool(out[0][0][0])
+        return bool(scalar(out[0]))
 
     def forget_index(self, name: str) -> None:
         """Remove a dropped index from the catalog (after its tables are gone)."""
@@ -431,9 +433,10 @@ class Catalog:
         out = self.server.run(
             f"SELECT data FROM {self._t('dictionaries')} WHERE dict_id = %s", (dict_id,)
         )
-        if not out[0]:
+        row = one(out[0])
+        if row is None:
             raise CatalogError(f"codec dictionary {dict_id} is not in the catalog")
-        return bytes(out[0][0][0])
+        return bytes(row[0])
 
     def add_dictionary(self, data: bytes, *, activate: bool = True) -> int:
         """Store a trained dictionary (ids are never reused) and make it the active one."""
@@ -454,7 +457,7 @@ class Catalog:
             commits=True,
             idempotent=False,
         )
-        return int(out[0][0][0])
+        return int(scalar(out[0]))
 
     # -- cleaner support ----------------------------------------------------------------
 
@@ -504,7 +507,7 @@ class Catalog:
             commits=True,
             idempotent=False,
         )
-        return int(out[0][0][0])
+        return int(scalar(out[0]))
 
     def record_move(self, shard: int, source: int, target: int, phase: str) -> None:
         """Create or advance the record of a shard move."""
@@ -540,13 +543,14 @@ class Catalog:
             commits=True,
             idempotent=False,
         )
-        if out[1][0][0] != copied:
-            now = str(out[1][0][0]).replace("@", " at index epoch ")
+        names = scalar(out[1])
+        if names != copied:
+            now = str(names).replace("@", " at index epoch ")
             raise CatalogError(
                 f"the indexes changed during the move of shard {shard} (now: {now}; "
                 f"copied: {copied.replace('@', ' at index epoch ')}): move it again"
             )
-        return int(out[-1][0][0])
+        return int(scalar(out[-1]))
 
     def add_replica(self, server_id: int, address: Address) -> None:
         """Record a read replica of a server (replication is set up by the operator)."""

@@ -8,13 +8,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from schemaless.catalog import IndexState
-from schemaless.connect import DEFAULT_PREFIX, open_store
-from schemaless.errors import LocalClusterError, SchemalessError
+from schemaless.connect import open_store
 from schemaless.store import DataStore
 
 from .daemon import Cleaner, backfill_name
@@ -27,29 +26,22 @@ from .runtime import Stopped
 from .throttler import ThrottleSettings, parse_load
 from .verify import diff_indexes
 
+if TYPE_CHECKING:  # mypy checks cli/ as the top-level package it is in the tree
+    from cli.options import CliError, Connection, Group, connection_options, inherited_connection
+else:  # the CLI's option stack: the same options, errors and redaction
+    from schemaless.cli.options import (
+        CliError,
+        Connection,
+        Group,
+        connection_options,
+        inherited_connection,
+    )
+
 __all__ = ["main"]
 
 log = logging.getLogger("schemaless.cleaner")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def common_options(fn: F) -> F:
-    """``--url`` and ``--prefix`` (from the environment by default)."""
-    fn = click.option(
-        "--prefix",
-        envvar="SCHEMALESS_PREFIX",
-        help=f"Datastore prefix (names its databases). Env: SCHEMALESS_PREFIX. "
-        f"Default: {DEFAULT_PREFIX}.",
-    )(fn)
-    fn = click.option(
-        "--url",
-        envvar="SCHEMALESS_URL",
-        metavar="URL",
-        help="Catalog server, mysql://host:port (user and password from SCHEMALESS_USER "
-        "and SCHEMALESS_PASSWORD). Env: SCHEMALESS_URL. Default: the local cluster.",
-    )(fn)
-    return fn
 
 
 def fence_option(fn: F) -> F:
@@ -150,18 +142,17 @@ def _console(quiet: bool, verbose: bool) -> Iterator[None]:
         logger.setLevel(previous)
 
 
-def _open(url: str | None, prefix: str | None) -> DataStore:
-    try:
-        return open_store(url, prefix=prefix or DEFAULT_PREFIX)
-    except (SchemalessError, LocalClusterError) as exc:
-        raise click.ClickException(str(exc)) from exc
+def _open(conn: Connection) -> DataStore:
+    """The datastore (the caller closes it); the group turns errors into one line."""
+    return open_store(conn.url, prefix=conn.prefix)
 
 
 @click.group(
+    cls=Group,
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@common_options
+@connection_options
 @click.option("--index", metavar="NAME", help="Backfill this building index, then exit.")
 @click.option(
     "--part",
@@ -234,7 +225,7 @@ def _open(url: str | None, prefix: str | None) -> DataStore:
 def main(
     ctx: click.Context,
     url: str | None,
-    prefix: str | None,
+    prefix: str,
     index: str | None,
     part: tuple[int, int] | None,
     jobs: int,
@@ -265,7 +256,7 @@ def main(
     the current batch, checkpoints and exits 0; a second one stops at once.
     """
     ctx.ensure_object(dict)
-    ctx.obj.update(url=url, prefix=prefix, quiet=quiet, verbose=verbose)
+    ctx.obj.update(quiet=quiet, verbose=verbose)
     if ctx.invoked_subcommand is not None:
         return
     if part is not None and index is None:
@@ -274,7 +265,7 @@ def main(
         index = _check_jobs(index, part, metrics_port)
         os.nice(nice)  # the workers inherit it
         with _console(quiet, verbose):
-            store = _open(url, prefix)
+            store = _open(Connection(url or None, prefix))
             try:
                 _supervise(ctx, store, index, jobs)
             finally:
@@ -283,7 +274,7 @@ def main(
     part = part or (0, 1)
     os.nice(nice)
     with _console(quiet, verbose):
-        store = _open(url, prefix)
+        store = _open(Connection(url or None, prefix))
         cleaner = Cleaner(
             store,
             batch=batch,
@@ -309,7 +300,7 @@ def main(
             click.echo("stopped on request; checkpoints saved: run the same command to resume")
         elif index is not None and state != IndexState.READY:
             if not cleaner.part_done:
-                raise click.ClickException(f"index {index!r} is {state}, not ready")
+                raise CliError(f"index {index!r} is {state}, not ready")
             click.echo(f"part {part[0] + 1}/{part[1]} done; the index is ready when every part is")
 
 
@@ -348,20 +339,18 @@ def _supervise(ctx: click.Context, store: DataStore, index: str, jobs: int) -> N
     try:
         supervisor.shutdown.install()
         state = supervisor.run()
-    except SchemalessError as exc:
-        raise click.ClickException(str(exc)) from exc
     finally:
         supervisor.shutdown.restore()
     click.echo(supervisor.summary())
     if supervisor.shutdown.requested:
         click.echo("stopped on request; checkpoints saved: run the same command to resume")
     elif supervisor.failed:
-        raise click.ClickException(
+        raise CliError(
             f"{'; '.join(supervisor.failed)}; index {index!r} is {state}: run the same "
             "command to resume"
         )
     elif state != IndexState.READY:
-        raise click.ClickException(f"index {index!r} is {state}, not ready")
+        raise CliError(f"index {index!r} is {state}, not ready")
 
 
 def _parse_part(value: str | None) -> tuple[int, int] | None:
@@ -402,13 +391,11 @@ def _run(
             cleaner.run_forever()
     except Stopped:
         cleaner.figures.set(state="stopped")
-    except SchemalessError as exc:
-        raise click.ClickException(str(exc)) from exc
     return None
 
 
 @main.command()
-@common_options
+@connection_options
 @click.option(
     "--index", "names", multiple=True, metavar="NAME", help="Only this index (repeatable)."
 )
@@ -425,7 +412,7 @@ def _run(
 def verify(
     ctx: click.Context,
     url: str | None,
-    prefix: str | None,
+    prefix: str,
     names: tuple[str, ...],
     repair: bool,
     examples: int,
@@ -445,11 +432,9 @@ def verify(
     """
     parent = ctx.obj or {}
     with _console(parent.get("quiet", False), parent.get("verbose", False)):
-        store = _open(url or parent.get("url"), prefix or parent.get("prefix"))
+        store = _open(inherited_connection(ctx))
         try:
             dirty = _verify(store, names, repair, examples, fence_after)
-        except SchemalessError as exc:
-            raise click.ClickException(str(exc)) from exc
         finally:
             store.close()
     if dirty:

@@ -1,4 +1,5 @@
-"""Shared options, the connection, and error handling for every command.
+"""Shared options, the connection, and error handling for every command of
+``schemaless`` and of ``cleaner``.
 
 Connection: ``--url`` (or ``$SCHEMALESS_URL``), the DSN of the catalog server (the
 first server of the datastore), and ``--prefix`` (or ``$SCHEMALESS_PREFIX``).  User and
@@ -35,6 +36,7 @@ __all__ = [
     "Group",
     "connection_options",
     "follow_up",
+    "inherited_connection",
     "one_line",
     "pass_connection",
 ]
@@ -182,6 +184,20 @@ def pass_connection(f: F) -> F:
         return f(*args, conn=Connection(url or None, prefix), **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def inherited_connection(ctx: click.Context) -> Connection:
+    """The connection of a subcommand that repeats its group's connection options
+    (``cleaner verify``): an option left at its default takes the group's value."""
+    parent = ctx.parent.params if ctx.parent is not None else {}
+    default = click.core.ParameterSource.DEFAULT
+
+    def value(name: str) -> Any:
+        if ctx.get_parameter_source(name) in (None, default) and name in parent:
+            return parent[name]
+        return ctx.params.get(name)
+
+    return Connection(value("url") or None, value("prefix"))
 
 
 def follow_up(program: str, *args: str) -> str:

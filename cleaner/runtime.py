@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
 
-from schemaless.errors import ShardUnavailable, TableMissing
+from schemaless.errors import TableMissing, TransientError
 from schemaless.store import DataStore
 
 from .metrics import Figures
@@ -173,7 +173,7 @@ class Runtime:
         while True:
             try:
                 result = fn()
-            except ShardUnavailable as exc:
+            except TransientError as exc:  # OutcomeUnknown too: every batch is idempotent
                 delay = next(delays)
                 self.figures.add(backoffs=1)
                 log.warning("%s: %s; retrying in %.3gs", what, exc, delay)

@@ -7,7 +7,7 @@ password come from the DSN or ``$SCHEMALESS_USER``/``$SCHEMALESS_PASSWORD`` (or
 ``$SCHEMALESS_OPTION_FILE``); with neither a URL nor servers, the local cluster
 (``$SCHEMALESS_LOCAL_DIR``) and its option file.  A password is never printed.
 
-Errors: a ``SchemalessError`` (or a local cluster error) becomes one line on stderr and
+Errors: a ``SchemalessError`` (a local cluster's error too) becomes one line on stderr and
 exit status 1; a bad option value is a :class:`BadOption` that names the option.
 """
 
@@ -25,7 +25,7 @@ import click
 
 from schemaless.connect import DEFAULT_PREFIX, open_store
 from schemaless.dsn import parse_address
-from schemaless.errors import CatalogError, LocalClusterError, SchemalessError
+from schemaless.errors import CatalogError, SchemalessError
 from schemaless.schema import check_prefix
 from schemaless.store import DataStore
 
@@ -119,7 +119,7 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (SchemalessError, LocalClusterError) as exc:
+        except SchemalessError as exc:
             raise CliError(str(exc)) from exc
 
 

@@ -29,6 +29,7 @@ from .errors import (
     ShardUnavailable,
     StorageFull,
     TableMissing,
+    TransientError,
     UniqueViolation,
 )
 from .ids import new_id
@@ -59,6 +60,7 @@ __all__ = [
     "ShardUnavailable",
     "StorageFull",
     "TableMissing",
+    "TransientError",
     "UniqueViolation",
     "__version__",
     "new_id",

@@ -571,7 +571,8 @@ class Catalog:
         """Hold the named lock ``name`` of this datastore, so that one process at a time
         does what it guards; ``CatalogError(busy)`` after ``wait`` seconds.  A named lock
         on the catalog server: the server also releases it when the holder's connection
-        ends, so a process that dies frees it."""
+        ends, so a process that dies frees it.  Driver errors are translated (by
+        ``Server.connection``)."""
         full = f"schemaless:{self.prefix}:{name}".encode()
         if len(full) > 64:  # the server's limit for a lock name
             full = b"schemaless:" + hashlib.blake2b(full, digest_size=16).hexdigest().encode()

@@ -268,7 +268,7 @@ def query(
                 order=order,
                 page_size=limit,
                 include_building=include_building,
-                **conditions,
+                where=conditions,  # a property may be named like a parameter (order...)
             )
             if as_json:
                 for entity in found:
@@ -283,7 +283,7 @@ def query(
                 limit=limit,
                 cursor=cursor,
                 include_building=include_building,
-                **conditions,
+                where=conditions,
             )
             page, next_cursor = list(result), result.cursor
     if as_json:

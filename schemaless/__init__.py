@@ -1,10 +1,13 @@
 """schemaless: a FriendFeed-style schemaless datastore on sharded MySQL/MariaDB.
 
->>> from schemaless import DataStore, Index
+>>> from schemaless import DataStore, Index, new_id
 >>> by_user = Index(table="index_user_id", properties=["user_id"], shard_on="user_id")
 >>> ds = DataStore(mysql_shards=["127.0.0.1:3306", "127.0.0.1:3307"], indexes=[by_user])
->>> ds.put({"id": new_id(), "user_id": user, "title": "hello"})
->>> by_user.get_all(ds, user_id=user)
+>>> user = new_id()
+>>> version = ds.put({"id": new_id(), "user_id": user, "title": "hello"})
+>>> [entity["title"] for entity in by_user.get_all(ds, user_id=user)]
+['hello']
+>>> ds.close()
 """
 
 __version__ = "0.1.0"

@@ -23,7 +23,8 @@ The package's layers, each on the one below: :mod:`.server` (one server's files 
 probes), :mod:`.state` (the state file and the lock), :mod:`.process` (install, start,
 stop), :mod:`.users` (the application user), :mod:`.replicas` and :mod:`.cluster`
 (:class:`LocalCluster`, the public API); :mod:`.tls` makes certificates.  Development
-tooling: nothing in the datastore's runtime imports it.
+tooling: the runtime imports it only when used (``open_store``'s local fallback,
+``schemaless local``), never when ``schemaless``, the CLI or the Cleaner start.
 """
 
 from __future__ import annotations

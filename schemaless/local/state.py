@@ -17,8 +17,8 @@ from .server import LocalServer, free_ports, write_atomic
 
 __all__ = ["ClusterState"]
 
-STATE_VERSION = 1
-MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes; keep a margin
+_STATE_VERSION = 1
+_MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes; keep a margin
 
 
 class ClusterState:
@@ -92,7 +92,7 @@ class ClusterState:
 
     def _save_state(self) -> None:
         state = {
-            "version": STATE_VERSION,
+            "version": _STATE_VERSION,
             "durable": self.durable,
             "servers": [{"index": s.index, "port": s.port} for s in self.servers],
             "replicas": [
@@ -121,7 +121,7 @@ class ClusterState:
         kind = "server" if replica_of is None else "replica"
         sdir = self.base_dir / f"{kind}{i}"
         sock = sdir / "mysqld.sock"
-        if len(os.fsencode(str(sock))) > MAX_SOCKET_PATH:
+        if len(os.fsencode(str(sock))) > _MAX_SOCKET_PATH:
             # Deep base directories (pytest's tmp_path) overflow AF_UNIX's limit.
             digest = hashlib.sha256(os.fsencode(str(self.base_dir))).hexdigest()[:16]
             sock = Path(tempfile.gettempdir()) / f"schemaless-{digest}" / f"{kind}{i}.sock"

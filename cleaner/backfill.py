@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 
 from schemaless import failpoints
-from schemaless.catalog import IndexInfo, Topology, backfill_job
+from schemaless.catalog import IndexInfo, IndexState, Topology, backfill_job
 from schemaless.errors import (
     CatalogError,
     IndexDefinitionError,
@@ -85,7 +85,7 @@ class Backfill:
 
     # -- the whole job -------------------------------------------------------------------
 
-    def run(self) -> str:
+    def run(self) -> IndexState:
         """Backfill until every shard is done (then ``ready``) or a stop is requested."""
         rt = self.rt
         cluster = rt.store.cluster
@@ -93,10 +93,10 @@ class Backfill:
         info = topo.indexes.get(self.name)
         if info is None:
             raise IndexDefinitionError(f"no index named {self.name!r}")
-        if info.state == "ready":
+        if info.state == IndexState.READY:
             log.info("index %r is already ready: nothing to backfill", self.name)
-            return "ready"
-        if info.state != "building":
+            return IndexState.READY
+        if info.state != IndexState.BUILDING:
             raise CatalogError(
                 f"index {self.name!r} is {info.state}: only a building index can be backfilled"
             )
@@ -120,20 +120,22 @@ class Backfill:
             self.seconds = time.monotonic() - started
             self._report(force=True)
         if not all(s.done for s in self._shards.values()):
-            return "building"
+            return IndexState.BUILDING
         if self.part[1] > 1 and not self._all_parts_done(topo):
             log.info("index %r: part %d/%d done; other parts still running", self.name, k + 1, n)
-            return "building"
+            return IndexState.BUILDING
         self._check_fences(rt.retry("reading the catalog", cluster.refresh))
         if info.index.unique and self._duplicates_left():
             self.duplicates_left = True
-            return "building"
+            return IndexState.BUILDING
         if rt.retry(
             "marking ready",
-            lambda: cluster.catalog.set_index_state(self.name, "ready", expect="building"),
+            lambda: cluster.catalog.set_index_state(
+                self.name, IndexState.READY, expect=IndexState.BUILDING
+            ),
         ):
             log.info("index %r backfilled: now ready", self.name)
-            return "ready"
+            return IndexState.READY
         state = rt.retry("reading the catalog", cluster.refresh).indexes[self.name].state
         log.warning("index %r was %s when the backfill ended", self.name, state)
         return state

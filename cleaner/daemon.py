@@ -16,7 +16,7 @@ import socket
 import time
 from typing import Any
 
-from schemaless.catalog import backfill_job, now_us
+from schemaless.catalog import IndexState, backfill_job, now_us
 from schemaless.errors import SchemalessError
 from schemaless.store import DataStore
 
@@ -108,7 +108,7 @@ class Cleaner:
 
     # -- jobs ----------------------------------------------------------------------------
 
-    def backfill(self, index: str, part: tuple[int, int] = (0, 1)) -> str:
+    def backfill(self, index: str, part: tuple[int, int] = (0, 1)) -> IndexState:
         """Backfill a building index; its state at the end (``ready`` when done).
 
         ``part=(k, n)``: only the logical shards with ``shard % n == k``, so that n
@@ -131,10 +131,10 @@ class Cleaner:
                 self._start_throttle()
                 state = job.run()
         except Stopped:
-            state = "building"
+            state = IndexState.BUILDING
         self.part_done = job.part_done
         self._work_seconds = job.seconds
-        done = state == "ready" or job.part_done
+        done = state == IndexState.READY or job.part_done
         self.figures.set(state="done" if done else "stopped", last_pass=now_us())
         return state
 

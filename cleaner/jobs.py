@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from schemaless.catalog import backfill_job
+from schemaless.catalog import IndexState, backfill_job
 from schemaless.errors import CatalogError, IndexDefinitionError, SchemalessError
 from schemaless.store import DataStore
 
@@ -120,7 +120,7 @@ class Supervisor:
         self.restart_delay = restart_delay
         self.poll = poll
         self.workers = [_Worker(k) for k in range(jobs)]
-        self.state: str | None = None
+        self.state: IndexState | None = None
         self._tops: dict[int, int] = {}  # shard -> MAX(added_id) at the start
         self._started = time.monotonic()
         self._stopping = False
@@ -129,17 +129,17 @@ class Supervisor:
 
     # -- the run -------------------------------------------------------------------------
 
-    def run(self) -> str:
+    def run(self) -> IndexState:
         """Run every part to its end; the index state afterwards."""
         topo = self.store.cluster.refresh()
         info = topo.indexes.get(self.index)
         if info is None:
             raise IndexDefinitionError(f"no index named {self.index!r}")
-        if info.state == "ready":
+        if info.state == IndexState.READY:
             log.info("index %r is already ready: nothing to backfill", self.index)
-            self.state = "ready"
+            self.state = IndexState.READY
             return self.state
-        if info.state != "building":
+        if info.state != IndexState.BUILDING:
             raise CatalogError(
                 f"index {self.index!r} is {info.state}: only a building index can be backfilled"
             )

@@ -8,13 +8,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from schemaless.connect import DEFAULT_PREFIX, open_store
-from schemaless.errors import SchemalessError
-from schemaless.local import LocalClusterError
+from schemaless.catalog import IndexState
+from schemaless.connect import open_store
 from schemaless.store import DataStore
 
 from .daemon import Cleaner, backfill_name
@@ -27,29 +26,22 @@ from .runtime import Stopped
 from .throttler import ThrottleSettings, parse_load
 from .verify import diff_indexes
 
+if TYPE_CHECKING:  # mypy checks cli/ as the top-level package it is in the tree
+    from cli.options import CliError, Connection, Group, connection_options, inherited_connection
+else:  # the CLI's option stack: the same options, errors and redaction
+    from schemaless.cli.options import (
+        CliError,
+        Connection,
+        Group,
+        connection_options,
+        inherited_connection,
+    )
+
 __all__ = ["main"]
 
 log = logging.getLogger("schemaless.cleaner")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def common_options(fn: F) -> F:
-    """``--url`` and ``--prefix`` (from the environment by default)."""
-    fn = click.option(
-        "--prefix",
-        envvar="SCHEMALESS_PREFIX",
-        help=f"Datastore prefix (names its databases). Env: SCHEMALESS_PREFIX. "
-        f"Default: {DEFAULT_PREFIX}.",
-    )(fn)
-    fn = click.option(
-        "--url",
-        envvar="SCHEMALESS_URL",
-        metavar="URL",
-        help="Catalog server, mysql://host:port (user and password from SCHEMALESS_USER "
-        "and SCHEMALESS_PASSWORD). Env: SCHEMALESS_URL. Default: the local cluster.",
-    )(fn)
-    return fn
 
 
 def fence_option(fn: F) -> F:
@@ -63,6 +55,52 @@ def fence_option(fn: F) -> F:
         help="Index rows whose version is above their live entity's are removed only "
         "when seen again this much later (0: at once, when no writer is running).",
     )(fn)
+
+
+def _load(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, int]:
+    try:
+        return parse_load(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+_THROTTLE_OPTIONS = [
+    click.option(
+        "--no-throttle",
+        is_flag=True,
+        help="No adaptive throttle (--rate still caps the rate).",
+    ),
+    click.option(
+        "--max-lag",
+        type=click.FloatRange(min=0, min_open=True),
+        metavar="SECONDS",
+        help="Slow down while a replica lags more (default: the store's max_replica_lag, 5 s).",
+    ),
+    click.option(
+        "--critical-load",
+        default="Threads_running=50",
+        show_default=True,
+        callback=_load,
+        metavar="VAR=N[,...]",
+        help="Pause (not abort) while a server's status variable is at or over N; "
+        "resume when under.",
+    ),
+    click.option(
+        "--max-load",
+        default="Threads_running=25",
+        show_default=True,
+        callback=_load,
+        metavar="VAR=N[,...]",
+        help="Slow down while a server's status variable is at or over N.",
+    ),
+    click.option(
+        "--max-latency-ms",
+        type=click.FloatRange(min=0, min_open=True),
+        metavar="MS",
+        help="Slow down while a server's canary p90, or its clients' reported write "
+        "p99, is over this (default: 2x the baseline taken at start, at least 8 ms).",
+    ),
+]
 
 
 def throttle_options(fn: F) -> F:
@@ -86,50 +124,7 @@ def throttle_options(fn: F) -> F:
         )
         return fn(*args, **kwargs)
 
-    def load(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, int]:
-        try:
-            return parse_load(value)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from exc
-
-    options = [
-        click.option(
-            "--no-throttle",
-            is_flag=True,
-            help="No adaptive throttle (--rate still caps the rate).",
-        ),
-        click.option(
-            "--max-lag",
-            type=click.FloatRange(min=0, min_open=True),
-            metavar="SECONDS",
-            help="Slow down while a replica lags more (default: the store's max_replica_lag, 5 s).",
-        ),
-        click.option(
-            "--critical-load",
-            default="Threads_running=50",
-            show_default=True,
-            callback=load,
-            metavar="VAR=N[,...]",
-            help="Pause (not abort) while a server's status variable is at or over N; "
-            "resume when under.",
-        ),
-        click.option(
-            "--max-load",
-            default="Threads_running=25",
-            show_default=True,
-            callback=load,
-            metavar="VAR=N[,...]",
-            help="Slow down while a server's status variable is at or over N.",
-        ),
-        click.option(
-            "--max-latency-ms",
-            type=click.FloatRange(min=0, min_open=True),
-            metavar="MS",
-            help="Slow down while a server's canary p90, or its clients' reported write "
-            "p99, is over this (default: 2x the baseline taken at start, at least 8 ms).",
-        ),
-    ]
-    for option in options:
+    for option in _THROTTLE_OPTIONS:
         command = option(command)
     return command  # type: ignore[return-value]
 
@@ -150,18 +145,17 @@ def _console(quiet: bool, verbose: bool) -> Iterator[None]:
         logger.setLevel(previous)
 
 
-def _open(url: str | None, prefix: str | None) -> DataStore:
-    try:
-        return open_store(url, prefix=prefix or DEFAULT_PREFIX)
-    except (SchemalessError, LocalClusterError) as exc:
-        raise click.ClickException(str(exc)) from exc
+def _open(conn: Connection) -> DataStore:
+    """The datastore (the caller closes it); the group turns errors into one line."""
+    return open_store(conn.url, prefix=conn.prefix)
 
 
 @click.group(
+    cls=Group,
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@common_options
+@connection_options
 @click.option("--index", metavar="NAME", help="Backfill this building index, then exit.")
 @click.option(
     "--part",
@@ -234,7 +228,7 @@ def _open(url: str | None, prefix: str | None) -> DataStore:
 def main(
     ctx: click.Context,
     url: str | None,
-    prefix: str | None,
+    prefix: str,
     index: str | None,
     part: tuple[int, int] | None,
     jobs: int,
@@ -265,7 +259,7 @@ def main(
     the current batch, checkpoints and exits 0; a second one stops at once.
     """
     ctx.ensure_object(dict)
-    ctx.obj.update(url=url, prefix=prefix, quiet=quiet, verbose=verbose)
+    ctx.obj.update(quiet=quiet, verbose=verbose)
     if ctx.invoked_subcommand is not None:
         return
     if part is not None and index is None:
@@ -274,43 +268,50 @@ def main(
         index = _check_jobs(index, part, metrics_port)
         os.nice(nice)  # the workers inherit it
         with _console(quiet, verbose):
-            store = _open(url, prefix)
+            store = _open(Connection(url or None, prefix))
             try:
                 _supervise(ctx, store, index, jobs)
             finally:
                 store.close()
         return
-    part = part or (0, 1)
     os.nice(nice)
     with _console(quiet, verbose):
-        store = _open(url, prefix)
-        cleaner = Cleaner(
-            store,
-            batch=batch,
-            rate=rate,
-            interval=interval,
-            tombstone_retention=tombstone_retention,
-            fence_after=fence_after,
-            progress=Progress(sys.stderr, quiet=quiet),
-            name=backfill_name(index, part) if index is not None else None,
-            throttle=throttle,
-        )
+        _clean(Connection(url or None, prefix), ctx.params, part or (0, 1), throttle)
+
+
+def _clean(
+    conn: Connection, p: dict[str, Any], part: tuple[int, int], throttle: ThrottleSettings | None
+) -> None:
+    """The Cleaner in this process (one part of a backfill, one pass, or the daemon)."""
+    index = p["index"]
+    store = _open(conn)
+    cleaner = Cleaner(
+        store,
+        batch=p["batch"],
+        rate=p["rate"],
+        interval=p["interval"],
+        tombstone_retention=p["tombstone_retention"],
+        fence_after=p["fence_after"],
+        progress=Progress(sys.stderr, quiet=p["quiet"]),
+        name=backfill_name(index, part) if index is not None else None,
+        throttle=throttle,
+    )
+    try:
+        cleaner.shutdown.install()
+        state = _run(cleaner, index, part, p["once"], p["metrics_port"], p["metrics_host"])
+    finally:
+        cleaner.shutdown.restore()
         try:
-            cleaner.shutdown.install()
-            state = _run(cleaner, index, part, once, metrics_port, metrics_host)
+            cleaner.close()
         finally:
-            cleaner.shutdown.restore()
-            try:
-                cleaner.close()
-            finally:
-                store.close()
-        click.echo(cleaner.summary())
-        if cleaner.shutdown.requested:
-            click.echo("stopped on request; checkpoints saved: run the same command to resume")
-        elif index is not None and state != "ready":
-            if not cleaner.part_done:
-                raise click.ClickException(f"index {index!r} is {state}, not ready")
-            click.echo(f"part {part[0] + 1}/{part[1]} done; the index is ready when every part is")
+            store.close()
+    click.echo(cleaner.summary())
+    if cleaner.shutdown.requested:
+        click.echo("stopped on request; checkpoints saved: run the same command to resume")
+    elif index is not None and state != IndexState.READY:
+        if not cleaner.part_done:
+            raise CliError(f"index {index!r} is {state}, not ready")
+        click.echo(f"part {part[0] + 1}/{part[1]} done; the index is ready when every part is")
 
 
 def _check_jobs(index: str | None, part: object, metrics_port: int | None) -> str:
@@ -348,20 +349,18 @@ def _supervise(ctx: click.Context, store: DataStore, index: str, jobs: int) -> N
     try:
         supervisor.shutdown.install()
         state = supervisor.run()
-    except SchemalessError as exc:
-        raise click.ClickException(str(exc)) from exc
     finally:
         supervisor.shutdown.restore()
     click.echo(supervisor.summary())
     if supervisor.shutdown.requested:
         click.echo("stopped on request; checkpoints saved: run the same command to resume")
     elif supervisor.failed:
-        raise click.ClickException(
+        raise CliError(
             f"{'; '.join(supervisor.failed)}; index {index!r} is {state}: run the same "
             "command to resume"
         )
-    elif state != "ready":
-        raise click.ClickException(f"index {index!r} is {state}, not ready")
+    elif state != IndexState.READY:
+        raise CliError(f"index {index!r} is {state}, not ready")
 
 
 def _parse_part(value: str | None) -> tuple[int, int] | None:
@@ -402,13 +401,11 @@ def _run(
             cleaner.run_forever()
     except Stopped:
         cleaner.figures.set(state="stopped")
-    except SchemalessError as exc:
-        raise click.ClickException(str(exc)) from exc
     return None
 
 
 @main.command()
-@common_options
+@connection_options
 @click.option(
     "--index", "names", multiple=True, metavar="NAME", help="Only this index (repeatable)."
 )
@@ -425,7 +422,7 @@ def _run(
 def verify(
     ctx: click.Context,
     url: str | None,
-    prefix: str | None,
+    prefix: str,
     names: tuple[str, ...],
     repair: bool,
     examples: int,
@@ -445,11 +442,9 @@ def verify(
     """
     parent = ctx.obj or {}
     with _console(parent.get("quiet", False), parent.get("verbose", False)):
-        store = _open(url or parent.get("url"), prefix or parent.get("prefix"))
+        store = _open(inherited_connection(ctx))
         try:
             dirty = _verify(store, names, repair, examples, fence_after)
-        except SchemalessError as exc:
-            raise click.ClickException(str(exc)) from exc
         finally:
             store.close()
     if dirty:

@@ -18,6 +18,7 @@ from typing import Any
 from schemaless.catalog import Topology
 from schemaless.connection import Rows
 from schemaless.errors import PermissionDenied
+from schemaless.results import scalar
 
 from .runtime import Runtime, log
 from .sql import purge_sql
@@ -38,7 +39,7 @@ def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
             except PermissionDenied as exc:
                 _skipped(rt, exc)
                 return total
-            n = int(out[0][0][0])
+            n = int(scalar(out[0]))
             total += n
             rt.figures.add(purged=n)
             rt.tick()

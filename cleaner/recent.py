@@ -15,6 +15,7 @@ from functools import partial
 from schemaless import failpoints
 from schemaless.catalog import Topology
 from schemaless.index import Index
+from schemaless.results import scalar
 
 from .access import Stored, read_rows
 from .repair import Repairer
@@ -53,7 +54,7 @@ class RecentPass:
             mine = {s: marks[s] for s in topo.shards_of(sid)}
             if mine:
                 sql, params = backlog_sql(topo.prefix, mine)
-                total += int(server.run(sql, params)[0][0][0])
+                total += int(scalar(server.run(sql, params)[0]))
         return total
 
     def run(self, topo: Topology, indexes: Sequence[Index], now_us: int) -> int:

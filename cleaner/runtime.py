@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from schemaless.catalog import Topology
-from schemaless.errors import ShardUnavailable, TableMissing
+from schemaless.errors import TableMissing, TransientError
 from schemaless.follow import follow_map
 from schemaless.store import DataStore
 
@@ -175,7 +175,7 @@ class Runtime:
         while True:
             try:
                 result = fn()
-            except ShardUnavailable as exc:
+            except TransientError as exc:  # OutcomeUnknown too: every batch is idempotent
                 delay = next(delays)
                 self.figures.add(backoffs=1)
                 log.warning("%s: %s; retrying in %.3gs", what, exc, delay)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemaless.catalog import IndexState
 from schemaless.errors import CorruptEntity, InvalidEntity
 from schemaless.hashing import shard_of
 from schemaless.index import Index
@@ -95,7 +96,7 @@ def _diff_indexes(store: DataStore, wanted: set[str] | None) -> dict[str, Diff]:
     indexes = [
         info.index
         for name, info in topo.indexes.items()
-        if info.state != "dropped" and (wanted is None or name in wanted)
+        if info.state != IndexState.DROPPED and (wanted is None or name in wanted)
     ]
     expected, unindexable, _ = expected_rows(store, indexes)
     out: dict[str, Diff] = {}

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from schemaless.catalog import IndexState
 from schemaless.entity import Entity
 from schemaless.errors import InvalidId, SchemalessError
 from schemaless.ids import id_hex, parse_id
@@ -243,18 +244,7 @@ def query(
         schemaless query by_link --where link=https://example.com/a --json
     """
     with conn.store() as ds:
-        info = ds.indexes().get(index_name)
-        if info is None:
-            known = ", ".join(sorted(ds.indexes())) or "none"
-            raise BadOption(f"no index named {index_name!r} (indexes: {known})", "INDEX")
-        if info.state == "dropped" or (info.state == "building" and not include_building):
-            raise CliError(
-                f"index {index_name!r} is dropped"
-                if info.state == "dropped"
-                else f"index {index_name!r} is building: backfill it with `cleaner "
-                f"--index={index_name}` (--include-building shows what it holds so far)"
-            )
-        index = info.index
+        index = _queryable(ds, index_name, include_building)
         conditions = parse_where(wheres, index)
         order = _check_order(index, order)
         if cursor is not None and everything:
@@ -265,7 +255,7 @@ def query(
                 order=order,
                 page_size=limit,
                 include_building=include_building,
-                **conditions,
+                where=conditions,  # a property may be named like a parameter (order...)
             )
             if as_json:
                 for entity in found:
@@ -280,9 +270,34 @@ def query(
                 limit=limit,
                 cursor=cursor,
                 include_building=include_building,
-                **conditions,
+                where=conditions,
             )
             page, next_cursor = list(result), result.cursor
+    _echo_page(index, page, next_cursor, columns, as_json)
+
+
+def _queryable(ds: DataStore, index_name: str, include_building: bool) -> Index:
+    """The index a query may read, or the error that says why not."""
+    info = ds.indexes().get(index_name)
+    if info is None:
+        known = ", ".join(sorted(ds.indexes())) or "none"
+        raise BadOption(f"no index named {index_name!r} (indexes: {known})", "INDEX")
+    if info.state == IndexState.DROPPED or (
+        info.state == IndexState.BUILDING and not include_building
+    ):
+        raise CliError(
+            f"index {index_name!r} is dropped"
+            if info.state == IndexState.DROPPED
+            else f"index {index_name!r} is building: backfill it with `cleaner "
+            f"--index={index_name}` (--include-building shows what it holds so far)"
+        )
+    return info.index
+
+
+def _echo_page(
+    index: Index, page: list[Entity], next_cursor: str | None, columns: str | None, as_json: bool
+) -> None:
+    """A page as JSON lines (the cursor on stderr) or as a table."""
     if as_json:
         for entity in page:
             click.echo(json_line(entity_to_json(entity)))

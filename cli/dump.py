@@ -11,6 +11,7 @@ import click
 
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.dump import ENCODINGS, dump, read_manifest, restore
+from schemaless.results import scalar
 from schemaless.store import DataStore
 
 from .options import Connection, follow_up, pass_connection
@@ -119,5 +120,5 @@ def _estimate(ds: DataStore) -> int:
                 + ")",
                 dbs,
             )
-            total += int(rows[0][0][0])
+            total += int(scalar(rows[0]))
     return total

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from schemaless.catalog import IndexInfo, backfill_job, now_us
+from schemaless.catalog import IndexInfo, IndexState, backfill_job, now_us
 from schemaless.errors import IndexDefinitionError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
@@ -192,14 +192,14 @@ def _echo_created(definition: Index, existed: bool, state: str, refresh: float) 
     )
     if existed:
         click.echo(f"index {name} already exists and is {state}; nothing changed")
-    elif state == "ready":
+    elif state == IndexState.READY:
         click.echo(f"index {name} is ready (no entities to backfill): queries can use it now")
     else:
         click.echo(
             f"index {name} is building: writers maintain it within {refresh:g}s; "
             "queries refuse it until it is backfilled"
         )
-    if state == "building":
+    if state == IndexState.BUILDING:
         click.echo("next: backfill it with the Cleaner, then watch it:")
         click.echo("  " + follow_up("cleaner", f"--index={name}"))
         click.echo("  " + follow_up("schemaless index status", name))
@@ -217,14 +217,14 @@ def list_(conn: Connection, as_json: bool) -> None:
     """
     with conn.store() as ds:
         infos = sorted(ds.indexes().values(), key=lambda i: i.index.name)
-        progress = _overall(ds, [i for i in infos if i.state == "building"])
+        progress = _overall(ds, [i for i in infos if i.state == IndexState.BUILDING])
     if as_json:
         for info in infos:
             out = _info_json(info)
             out["backfill"] = (
                 progress.get(info.index.name)
-                if info.state == "building"
-                else (1.0 if info.state == "ready" else None)
+                if info.state == IndexState.BUILDING
+                else (1.0 if info.state == IndexState.READY else None)
             )
             click.echo(json_line(out))
         return
@@ -234,10 +234,10 @@ def list_(conn: Connection, as_json: bool) -> None:
     rows = []
     for info in infos:
         idx = info.index
-        if info.state == "building":
+        if info.state == IndexState.BUILDING:
             done = _percent(progress.get(info.index.name))
         else:
-            done = "100%" if info.state == "ready" else "-"
+            done = "100%" if info.state == IndexState.READY else "-"
         rows.append([idx.name, info.state, done, describe(idx), idx.shard_on, idx.multi or "-"])
     echo_table(["name", "state", "backfill", "properties", "shard on", "multi"], rows)
 
@@ -294,7 +294,7 @@ def status(
             if info is None:
                 known = ", ".join(sorted(ds.indexes())) or "none"
                 raise BadOption(f"no index named {name!r} (indexes: {known})", "NAME")
-            snap = backfill(ds, name) if info.state == "building" else None
+            snap = backfill(ds, name) if info.state == IndexState.BUILDING else None
             beats = heartbeats(ds)
             first = first or snap
             report = _report(info, snap, first, beats)
@@ -309,7 +309,7 @@ def status(
                     else:
                         click.echo()
                 _echo_report(report, snap, all_shards)
-            if not watch or info.state != "building":
+            if not watch or info.state != IndexState.BUILDING:
                 return
             time.sleep(watch)
 
@@ -385,7 +385,7 @@ def _report(
             ],
         }
     else:
-        out["backfill"] = {"fraction": 1.0 if info.state == "ready" else None}
+        out["backfill"] = {"fraction": 1.0 if info.state == IndexState.READY else None}
     out["daemons"] = [_daemon(b, name) for b in beats if _concerns(b, name)]
     return out
 
@@ -459,7 +459,7 @@ def _echo_backfill(report: dict[str, Any], snap: Backfill | None, all_shards: bo
     name, state = report["name"], report["state"]
     bf = report["backfill"]
     if snap is None:
-        click.echo("backfill: " + ("done" if state == "ready" else "none (dropped)"))
+        click.echo("backfill: " + ("done" if state == IndexState.READY else "none (dropped)"))
     else:
         rate = bf["rows_per_s"]
         rate_text = "unknown" if rate is None else f"{rate:,.0f} rows/s ({bf['rate_source']})"
@@ -547,7 +547,7 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
     if "duplicates" in report:
         _echo_duplicates(report["duplicates"])
     _echo_daemons(report["daemons"])
-    if state == "building":
+    if state == IndexState.BUILDING:
         click.echo("next: " + follow_up("cleaner", f"--index={name}"))
 
 
@@ -572,7 +572,7 @@ def drop(conn: Connection, name: str, purge: bool) -> None:
         if info is None:
             known = ", ".join(sorted(ds.indexes())) or "none"
             raise BadOption(f"no index named {name!r} (indexes: {known})", "NAME")
-        if info.state != "dropped":
+        if info.state != IndexState.DROPPED:
             ds.drop_index(name)
             click.echo(f"index {name} dropped: writers stop maintaining it at their next refresh")
         elif not purge:

@@ -1,17 +1,22 @@
-"""``schemaless local``: the local cluster of real mariadbd processes."""
+"""``schemaless local``: the local cluster of real mariadbd processes.
+
+:mod:`schemaless.local` is imported by the commands that use it, not when the CLI
+starts (it is development tooling).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from schemaless.local import LocalCluster, default_base_dir
-
 from .options import Group
 from .output import echo_table
+
+if TYPE_CHECKING:
+    from schemaless.local import LocalCluster
 
 __all__ = ["local"]
 
@@ -26,6 +31,8 @@ dir_option = click.option(
 
 
 def _cluster(base_dir: Path | None, servers: int = 2, durable: bool = True) -> LocalCluster:
+    from schemaless.local import LocalCluster
+
     return LocalCluster(base_dir, servers=servers, durable=durable)
 
 
@@ -86,6 +93,8 @@ def up(base_dir: Path | None, servers: int, durable: bool) -> None:
     click.echo(f"local cluster in {cluster.base_dir}: {len(cluster.servers)} servers running")
     _echo_servers(cluster)
     click.echo()
+    from schemaless.local import default_base_dir
+
     if cluster.base_dir == default_base_dir():
         click.echo("schemaless commands run here use it by default, e.g.:")
     else:

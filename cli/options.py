@@ -1,4 +1,5 @@
-"""Shared options, the connection, and error handling for every command.
+"""Shared options, the connection, and error handling for every command of
+``schemaless`` and of ``cleaner``.
 
 Connection: ``--url`` (or ``$SCHEMALESS_URL``), the DSN of the catalog server (the
 first server of the datastore), and ``--prefix`` (or ``$SCHEMALESS_PREFIX``).  User and
@@ -6,7 +7,7 @@ password come from the DSN or ``$SCHEMALESS_USER``/``$SCHEMALESS_PASSWORD`` (or
 ``$SCHEMALESS_OPTION_FILE``); with neither a URL nor servers, the local cluster
 (``$SCHEMALESS_LOCAL_DIR``) and its option file.  A password is never printed.
 
-Errors: a ``SchemalessError`` (or a local cluster error) becomes one line on stderr and
+Errors: a ``SchemalessError`` (a local cluster's error too) becomes one line on stderr and
 exit status 1; a bad option value is a :class:`BadOption` that names the option.
 """
 
@@ -25,7 +26,6 @@ import click
 from schemaless.connect import DEFAULT_PREFIX, open_store
 from schemaless.dsn import parse_address
 from schemaless.errors import CatalogError, SchemalessError
-from schemaless.local import LocalClusterError
 from schemaless.schema import check_prefix
 from schemaless.store import DataStore
 
@@ -36,6 +36,7 @@ __all__ = [
     "Group",
     "connection_options",
     "follow_up",
+    "inherited_connection",
     "one_line",
     "pass_connection",
 ]
@@ -118,7 +119,7 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (SchemalessError, LocalClusterError) as exc:
+        except SchemalessError as exc:
             raise CliError(str(exc)) from exc
 
 
@@ -183,6 +184,20 @@ def pass_connection(f: F) -> F:
         return f(*args, conn=Connection(url or None, prefix), **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def inherited_connection(ctx: click.Context) -> Connection:
+    """The connection of a subcommand that repeats its group's connection options
+    (``cleaner verify``): an option left at its default takes the group's value."""
+    parent = ctx.parent.params if ctx.parent is not None else {}
+    default = click.core.ParameterSource.DEFAULT
+
+    def value(name: str) -> Any:
+        if ctx.get_parameter_source(name) in (None, default) and name in parent:
+            return parent[name]
+        return ctx.params.get(name)
+
+    return Connection(value("url") or None, value("prefix"))
 
 
 def follow_up(program: str, *args: str) -> str:

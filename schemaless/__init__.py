@@ -1,14 +1,18 @@
 """schemaless: a FriendFeed-style schemaless datastore on sharded MySQL/MariaDB.
 
->>> from schemaless import DataStore, Index
+>>> from schemaless import DataStore, Index, new_id
 >>> by_user = Index(table="index_user_id", properties=["user_id"], shard_on="user_id")
 >>> ds = DataStore(mysql_shards=["127.0.0.1:3306", "127.0.0.1:3307"], indexes=[by_user])
->>> ds.put({"id": new_id(), "user_id": user, "title": "hello"})
->>> by_user.get_all(ds, user_id=user)
+>>> user = new_id()
+>>> version = ds.put({"id": new_id(), "user_id": user, "title": "hello"})
+>>> [entity["title"] for entity in by_user.get_all(ds, user_id=user)]
+['hello']
+>>> ds.close()
 """
 
 __version__ = "0.1.0"
 
+from .catalog import IndexState
 from .entity import Entity
 from .errors import (
     CatalogError,
@@ -28,6 +32,7 @@ from .errors import (
     ShardUnavailable,
     StorageFull,
     TableMissing,
+    TransientError,
     UniqueViolation,
 )
 from .ids import new_id
@@ -45,6 +50,7 @@ __all__ = [
     "Index",
     "IndexDefinitionError",
     "IndexNotReady",
+    "IndexState",
     "InvalidEntity",
     "InvalidId",
     "InvalidQuery",
@@ -57,6 +63,7 @@ __all__ = [
     "ShardUnavailable",
     "StorageFull",
     "TableMissing",
+    "TransientError",
     "UniqueViolation",
     "__version__",
     "new_id",

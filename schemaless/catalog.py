@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
@@ -22,12 +23,13 @@ from .dsn import Address
 from .errors import CatalogError, IndexDefinitionError
 from .index import Index
 from .names import quote
+from .results import one, scalar
 from .schema import CATALOG_TABLES, check_prefix, fence_table, shard_db
 
 __all__ = [
-    "STATES",
     "Catalog",
     "IndexInfo",
+    "IndexState",
     "Topology",
     "backfill_job",
     "now_us",
@@ -35,8 +37,16 @@ __all__ = [
     "unique_job",
 ]
 
-#: The index lifecycle: writers maintain ``building`` and ``ready``; queries use ``ready``.
-STATES = ("building", "ready", "dropped")
+
+class IndexState(StrEnum):
+    """The index lifecycle: writers maintain ``building`` and ``ready`` indexes, queries
+    use ``ready`` ones; the value is what the catalog stores."""
+
+    BUILDING = "building"
+    READY = "ready"
+    DROPPED = "dropped"
+
+
 #: A daemon whose last heartbeat is older than this is forgotten (7 days).
 HEARTBEAT_RETENTION_US = 7 * 24 * 3600 * 10**6
 #: A client whose last latency report is older than this is forgotten (one minute).
@@ -67,6 +77,14 @@ def unique_job(index: str) -> str:
 _SERVER_US = "(UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6)))"  # one instant, no time zone
 
 
+def _known(state: str) -> IndexState:
+    """``state`` as an :class:`IndexState`; a ``CatalogError`` if it is none."""
+    try:
+        return IndexState(state)
+    except ValueError:
+        raise CatalogError(f"unknown index state {state!r}") from None
+
+
 def now_us() -> int:
     """Wall-clock microseconds since the epoch."""
     return time.time_ns() // 1000
@@ -77,7 +95,7 @@ class IndexInfo:
     """An index definition with its lifecycle state."""
 
     index: Index
-    state: str
+    state: IndexState
     created: int
     changed: int
 
@@ -122,7 +140,7 @@ class Topology:
 
     def maintained(self) -> list[Index]:
         """Indexes that writers keep up to date (building or ready)."""
-        return [i.index for i in self.indexes.values() if i.state != "dropped"]
+        return [i.index for i in self.indexes.values() if i.state != IndexState.DROPPED]
 
 
 class Catalog:
@@ -144,7 +162,7 @@ class Catalog:
 
     def server_now_us(self) -> int:
         """The catalog server's clock, in microseconds since the epoch."""
-        return int(self.server.run(f"SELECT {_SERVER_US}")[0][0][0])
+        return int(scalar(self.server.run(f"SELECT {_SERVER_US}")[0]))
 
     # -- creation -----------------------------------------------------------------------
 
@@ -155,7 +173,7 @@ class Catalog:
             " WHERE table_schema = %s AND table_name = 'meta'",
             (self.db,),
         )
-        if not rows[0][0][0]:
+        if not scalar(rows[0]):
             return False
         return bool(self.server.run(f"SELECT 1 FROM {self._t('meta')} WHERE name = 'shards'")[0])
 
@@ -206,7 +224,7 @@ class Catalog:
             params += [value for row in rows for value in row]
         stmts.append("COMMIT")
         out = self.server.run(";\n".join(stmts), params, commits=True)
-        return bool(out[0][0][0] == 1)
+        return bool(scalar(out[0]) == 1)
 
     def start_epochs(self) -> None:
         """Give a catalog from before fences its first index epoch (its shards' fence
@@ -245,7 +263,7 @@ class Catalog:
         indexes = {}
         for definition, state, created, changed in out[3]:
             index = Index.from_dict(json.loads(definition))
-            indexes[index.name] = IndexInfo(index, str(state), int(created), int(changed))
+            indexes[index.name] = IndexInfo(index, IndexState(state), int(created), int(changed))
         active = meta.get("active_dictionary")
         return Topology(
             prefix=self.prefix,
@@ -264,7 +282,7 @@ class Catalog:
 
     # -- indexes ------------------------------------------------------------------------
 
-    def record_index(self, index: Index, state: str, epoch: int) -> IndexInfo | None:
+    def record_index(self, index: Index, state: IndexState, epoch: int) -> IndexInfo | None:
         """Record a new index in ``state`` and move the index epoch on from ``epoch``
         (whose successor's fence tables the caller created); an identical existing
         index is returned as is.  None if the epoch is no longer ``epoch`` (another
@@ -272,8 +290,7 @@ class Catalog:
 
         A different definition under the same name is an ``IndexDefinitionError``.
         """
-        if state not in STATES:
-            raise CatalogError(f"unknown index state {state!r}")
+        state = _known(state)
         definition = json.dumps(index.to_dict(), sort_keys=True)
         meta = self._t("meta")
         out = self.server.run(
@@ -285,38 +302,40 @@ class Catalog:
             f" UPDATE {meta} SET value = value + 1 WHERE name = 'index_epoch' AND @added > 0;"
             f" SELECT definition, state, created, changed FROM {self._t('indexes')}"
             " WHERE name = %s; COMMIT",
-            (index.name, definition, state, str(epoch), index.name),
+            (index.name, definition, state.value, str(epoch), index.name),
             commits=True,
         )
-        if not out[1]:
+        row = one(out[1])
+        if row is None:
             return None
-        stored, stored_state, created, changed = out[1][0]
+        stored, stored_state, created, changed = row
         existing = Index.from_dict(json.loads(stored))
         if existing != index:
             raise IndexDefinitionError(
                 f"index {index.name!r} already exists with a different definition: "
                 f"{existing!r}; drop and purge it first"
             )
-        return IndexInfo(existing, str(stored_state), int(created), int(changed))
+        return IndexInfo(existing, IndexState(stored_state), int(created), int(changed))
 
-    def set_index_state(self, name: str, state: str, *, expect: str | None = None) -> bool:
+    def set_index_state(
+        self, name: str, state: IndexState, *, expect: IndexState | None = None
+    ) -> bool:
         """Move an index to ``state`` (only from ``expect`` if given); True if changed."""
-        if state not in STATES:
-            raise CatalogError(f"unknown index state {state!r}")
+        state = _known(state)
         sql = f"UPDATE {self._t('indexes')} SET state = %s, changed = {_SERVER_US} WHERE name = %s"
-        params: list[Any] = [state, name]
+        params: list[Any] = [state.value, name]
         if expect is not None:
             sql += " AND state = %s"
-            params.append(expect)
+            params.append(_known(expect).value)
         out = self.server.run(sql + "; SELECT ROW_COUNT()", params)
-        return bool(out[0][0][0])
+        return bool(scalar(out[0]))
 
     def forget_index(self, name: str) -> None:
         """Remove a dropped index from the catalog (after its tables are gone)."""
         self.server.run(
-            f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = 'dropped';"
+            f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = %s;"
             f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s)",
-            (name, backfill_job(name), sweep_job(name), unique_job(name)),
+            (name, IndexState.DROPPED.value, backfill_job(name), sweep_job(name), unique_job(name)),
         )
 
     # -- checkpoints, heartbeats and dictionaries -----------------------------------------
@@ -414,9 +433,10 @@ class Catalog:
         out = self.server.run(
             f"SELECT data FROM {self._t('dictionaries')} WHERE dict_id = %s", (dict_id,)
         )
-        if not out[0]:
+        row = one(out[0])
+        if row is None:
             raise CatalogError(f"codec dictionary {dict_id} is not in the catalog")
-        return bytes(out[0][0][0])
+        return bytes(row[0])
 
     def add_dictionary(self, data: bytes, *, activate: bool = True) -> int:
         """Store a trained dictionary (ids are never reused) and make it the active one."""
@@ -437,7 +457,7 @@ class Catalog:
             commits=True,
             idempotent=False,
         )
-        return int(out[0][0][0])
+        return int(scalar(out[0]))
 
     # -- cleaner support ----------------------------------------------------------------
 
@@ -487,7 +507,7 @@ class Catalog:
             commits=True,
             idempotent=False,
         )
-        return int(out[0][0][0])
+        return int(scalar(out[0]))
 
     def record_move(self, shard: int, source: int, target: int, phase: str) -> None:
         """Create or advance the record of a shard move."""
@@ -523,13 +543,14 @@ class Catalog:
             commits=True,
             idempotent=False,
         )
-        if out[1][0][0] != copied:
-            now = str(out[1][0][0]).replace("@", " at index epoch ")
+        names = scalar(out[1])
+        if names != copied:
+            now = str(names).replace("@", " at index epoch ")
             raise CatalogError(
                 f"the indexes changed during the move of shard {shard} (now: {now}; "
                 f"copied: {copied.replace('@', ' at index epoch ')}): move it again"
             )
-        return int(out[-1][0][0])
+        return int(scalar(out[-1]))
 
     def add_replica(self, server_id: int, address: Address) -> None:
         """Record a read replica of a server (replication is set up by the operator)."""
@@ -550,7 +571,8 @@ class Catalog:
         """Hold the named lock ``name`` of this datastore, so that one process at a time
         does what it guards; ``CatalogError(busy)`` after ``wait`` seconds.  A named lock
         on the catalog server: the server also releases it when the holder's connection
-        ends, so a process that dies frees it."""
+        ends, so a process that dies frees it.  Driver errors are translated (by
+        ``Server.connection``)."""
         full = f"schemaless:{self.prefix}:{name}".encode()
         if len(full) > 64:  # the server's limit for a lock name
             full = b"schemaless:" + hashlib.blake2b(full, digest_size=16).hexdigest().encode()

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import CatalogError
-from .local import LocalCluster
 from .store import DataStore
 
 __all__ = ["DEFAULT_PREFIX", "open_store"]
@@ -36,6 +35,8 @@ def open_store(
         return DataStore(list(servers), prefix=prefix, create=create, **kwargs)
     if url:
         return DataStore([url], prefix=prefix, create=create, **kwargs)
+    from .local import LocalCluster  # development tooling: loaded only when used
+
     cluster = LocalCluster(local_dir)
     if not cluster.servers or not all(s.running() for s in cluster.servers):
         raise CatalogError(

@@ -41,6 +41,7 @@ from .errors import (
     ShardUnavailable,
     StorageFull,
     TableMissing,
+    TransientError,
 )
 from .health import DOWN, Health
 from .latency import LatencySample
@@ -247,10 +248,14 @@ class Server:
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
-        """A healthy connection for this thread; discarded if the block raises."""
+        """A healthy connection for this thread; discarded if the block raises.  A
+        driver error that leaves the block is translated, as for ``run``."""
         conn = self._acquire(deadline.current())
         try:
             yield conn.db
+        except MySQLdb.Error as exc:
+            self._release(conn, healthy=False)
+            raise self._translate(exc, sent=True, commits=False) from exc
         except BaseException:
             self._release(conn, healthy=False)
             raise
@@ -497,7 +502,7 @@ class Server:
     def _cut(self, batch: Batch, owed: bool) -> Exception:
         """The error of a reply the watchdog cut at the call's deadline (never retried);
         a server that kept the caller waiting until then (``owed``) is marked down."""
-        error: ShardUnavailable = (
+        error: TransientError = (
             OutcomeUnknown(f"commit outcome unknown, no reply by the call's deadline: {self.name}")
             if batch.commits
             else ShardTimeout(f"server did not answer by the call's deadline: {self.name}")
@@ -536,15 +541,12 @@ class Server:
     def replica_lag(self) -> float | None:
         """Seconds this server (a replica) is behind its primary; None if it is not
         replicating (stopped, broken, or not a replica)."""
-        try:
-            with self.connection() as db:
-                db.query("SHOW REPLICA STATUS")
-                result = db.store_result()
-                names = [d[0] for d in result.describe()] if result is not None else []
-                rows = result.fetch_row(maxrows=0) if result is not None else ()
-                del result
-        except MySQLdb.Error as exc:
-            raise self._translate(exc, sent=True, commits=False) from exc
+        with self.connection() as db:
+            db.query("SHOW REPLICA STATUS")
+            result = db.store_result()
+            names = [d[0] for d in result.describe()] if result is not None else []
+            rows = result.fetch_row(maxrows=0) if result is not None else ()
+            del result
         if not rows or "Seconds_Behind_Master" not in names:
             return None
         lag = rows[0][names.index("Seconds_Behind_Master")]

@@ -36,7 +36,7 @@ from typing import Any, BinaryIO
 import msgpack
 import MySQLdb
 
-from .catalog import Topology
+from .catalog import IndexState, Topology
 from .codec import Codec
 from .errors import CatalogError, CorruptEntity, InvalidEntity, SchemalessError, ServerError
 from .hashing import shard_of
@@ -96,7 +96,9 @@ def dump(
     topo = ds.cluster.refresh()
     if topo.moves:
         raise CatalogError("logical shards are being moved: dump once the moves have finished")
-    indexes = [info.index.to_dict() for info in topo.indexes.values() if info.state != "dropped"]
+    indexes = [
+        info.index.to_dict() for info in topo.indexes.values() if info.state != IndexState.DROPPED
+    ]
 
     def one(shard: int) -> tuple[int, set[int]]:
         return _dump_shard(ds, topo, shard, out / f"shard-{shard:04d}.{encoding}", progress)
@@ -225,7 +227,7 @@ def restore(
 
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="schemaless-restore") as pool:
         list(pool.map(one, sorted(manifest["files"])))
-    return [index.name for index in indexes if ds.declare_index(index) == "building"]
+    return [index.name for index in indexes if ds.declare_index(index) == IndexState.BUILDING]
 
 
 def _check_target(

@@ -1,5 +1,10 @@
 """The error hierarchy: one root, retryable failures apart from permanent ones.
 
+The retryable ones share :class:`TransientError`, which promises nothing about what
+was committed; :class:`ShardUnavailable` (nothing was) and :class:`OutcomeUnknown`
+(it may have been) are siblings under it, so a handler of the first never mistakes
+the second for it.
+
 Every driver error is translated into one of these in ``schemaless.connection``;
 the original is kept as ``__cause__``.  Messages say what was wrong and where, and
 never contain credentials.
@@ -17,6 +22,7 @@ __all__ = [
     "InvalidEntity",
     "InvalidId",
     "InvalidQuery",
+    "LocalClusterError",
     "OutcomeUnknown",
     "PermissionDenied",
     "SchemalessError",
@@ -25,6 +31,7 @@ __all__ = [
     "ShardUnavailable",
     "StorageFull",
     "TableMissing",
+    "TransientError",
     "UniqueViolation",
 ]
 
@@ -111,16 +118,31 @@ class StorageFull(ServerError):
 # -- transient: the same call may succeed later --------------------------------------
 
 
-class ShardUnavailable(SchemalessError):
-    """A server could not be reached or stopped answering; nothing was committed."""
+class TransientError(SchemalessError):
+    """A server could not be reached, did not answer, or was lost during the call: the
+    same call may succeed later.  Whether anything was committed depends on the
+    subclass: nothing for :class:`ShardUnavailable`, perhaps for :class:`OutcomeUnknown`."""
 
     retryable = True
+
+
+class ShardUnavailable(TransientError):
+    """A server could not be reached or stopped answering; nothing was committed."""
 
 
 class ShardTimeout(ShardUnavailable):
     """A server did not answer within the configured timeout."""
 
 
-class OutcomeUnknown(ShardUnavailable):
+class OutcomeUnknown(TransientError):
     """The connection was lost after a commit was sent: the write may or may not have
-    happened.  Read the entity back, or retry with the same ``expect_version``."""
+    happened.  Read the entity back, or retry with the same ``expect_version``.  Not a
+    :class:`ShardUnavailable`: that one promises nothing was committed."""
+
+
+# -- development tooling ----------------------------------------------------------------
+
+
+class LocalClusterError(SchemalessError):
+    """The local cluster (:mod:`schemaless.local`) could not be set up, started or
+    stopped."""

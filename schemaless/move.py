@@ -34,6 +34,7 @@ from .connection import Server
 from .errors import CatalogError, SchemalessError
 from .index import Index
 from .names import check_identifier, escape_wildcards, quote
+from .results import scalar
 from .scatter import chunks, sql_bytes
 from .schema import entities_table_sql, fence_table_sql
 from .store import DataStore
@@ -292,12 +293,14 @@ class ShardMover:
         if not replicas:
             return
         dst = self.cluster.server(topo.servers[dest])
-        position = dst.run("SELECT @@gtid_binlog_pos")[0][0][0]
+        position = scalar(dst.run("SELECT @@gtid_binlog_pos")[0])
         for address in replicas:
             try:
-                done = self.cluster.server(address).run(
-                    "SELECT MASTER_GTID_WAIT(%s, %s)", (position, float(timeout))
-                )[0][0][0]
+                done = scalar(
+                    self.cluster.server(address).run(
+                        "SELECT MASTER_GTID_WAIT(%s, %s)", (position, float(timeout))
+                    )[0]
+                )
             except SchemalessError as exc:
                 done = exc
             if done != 0:
@@ -434,7 +437,7 @@ class ShardMover:
             for server, db in ((src, src_db), (dst, dst_db)):
                 t = quote(db, table.name)
                 got = server.run(f"SELECT COUNT(*) FROM {t}; CHECKSUM TABLE {t}")
-                sums.append((int(got[0][0][0]), int(got[1][0][1] or 0)))
+                sums.append((int(scalar(got[0])), int(got[1][0][1] or 0)))
             if sums[0] != sums[1]:
                 raise CatalogError(
                     f"verification failed for {table.name}: source {sums[0]} != target {sums[1]}"

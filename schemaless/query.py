@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from .catalog import IndexState
 from .cluster import Cluster
 from .errors import IndexNotReady, InvalidEntity, InvalidQuery
 from .follow import Calls
@@ -163,12 +164,14 @@ class QueryEngine:
             raise InvalidQuery(f"no index named {name!r}")
         if isinstance(index, Index) and index != info.index:
             raise InvalidQuery(f"index {name!r} in the catalog differs from the one given")
-        if info.state == "dropped" or (info.state == "building" and not include_building):
+        if info.state == IndexState.DROPPED or (
+            info.state == IndexState.BUILDING and not include_building
+        ):
             raise IndexNotReady(
                 f"index {name!r} is {info.state}"
                 + (
                     "; run `cleaner --index=" + name + "` or pass include_building=True"
-                    if info.state == "building"
+                    if info.state == IndexState.BUILDING
                     else ""
                 )
             )

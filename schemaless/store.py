@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from . import failpoints
-from .catalog import IndexInfo, Topology
+from .catalog import IndexInfo, IndexState, Topology
 from .clock import VersionClock
 from .cluster import Cluster
 from .codec import Codec, train_dictionary
@@ -352,11 +352,11 @@ class DataStore:
                 f"index {index.name!r} already exists with a different definition: "
                 f"{existing.index!r}; drop and purge it first"
             )
-        if existing.state == "dropped":
+        if existing.state == IndexState.DROPPED:
             raise IndexDefinitionError(
                 f"index {index.name!r} was dropped; purge it before declaring it again"
             )
-        if existing.state == "building":  # finish a declaration that died
+        if existing.state == IndexState.BUILDING:  # finish a declaration that died
             with contextlib.suppress(PermissionDenied):  # an admin's to finish
                 self.cluster.retire_fences(topo)
         return existing.state
@@ -382,7 +382,7 @@ class DataStore:
             # before recording it, perhaps with another definition; nobody writes it.
             self.cluster.create_index_tables(topo, index, fresh=True)
             self.cluster.create_fences(topo, topo.index_epoch + 1)
-            info = self.cluster.catalog.record_index(index, "building", topo.index_epoch)
+            info = self.cluster.catalog.record_index(index, IndexState.BUILDING, topo.index_epoch)
             if info is not None:
                 break
         else:
@@ -392,20 +392,22 @@ class DataStore:
             self.cluster.create_index_tables(now, index)
             self.cluster.create_fences(now, now.index_epoch)
         self.cluster.retire_fences(now)
-        if info.state == "building" and self._empty(now):
-            self.cluster.catalog.set_index_state(index.name, "ready", expect="building")
+        if info.state == IndexState.BUILDING and self._empty(now):
+            self.cluster.catalog.set_index_state(
+                index.name, IndexState.READY, expect=IndexState.BUILDING
+            )
         return self.cluster.refresh().indexes[index.name].state
 
     def drop_index(self, name: str) -> None:
         """Stop maintaining an index (writers stop after their next catalog refresh)."""
         self._index_info(name)
-        self.cluster.catalog.set_index_state(name, "dropped")
+        self.cluster.catalog.set_index_state(name, IndexState.DROPPED)
         self.cluster.refresh()
 
     def purge_index(self, name: str) -> None:
         """Remove a dropped index's tables from every shard and forget it."""
         info = self._index_info(name)
-        if info.state != "dropped":
+        if info.state != IndexState.DROPPED:
             raise IndexDefinitionError(f"index {name!r} is {info.state}: drop it before purging")
         self.cluster.drop_tables(self.cluster.current(), info.index)
         self.cluster.catalog.forget_index(name)

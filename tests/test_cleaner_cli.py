@@ -97,6 +97,27 @@ def test_errors_are_one_clear_line(make_store: Any, local_cluster: LocalCluster)
     assert env["SCHEMALESS_PASSWORD"] not in result.output
 
 
+def test_connection_options_are_the_clis(make_store: Any, local_cluster: LocalCluster) -> None:
+    env = cluster_env(local_cluster, make_store())
+    for args, extra in (
+        (["--prefix", "Bad-Prefix", "--once"], {}),
+        (["verify", "--prefix", "x;y"], {}),
+        (["--once"], {"SCHEMALESS_PREFIX": "Bad-Prefix"}),
+    ):
+        result = CliRunner().invoke(main, args, env={**env, **extra})
+        assert result.exit_code == 1, result.output
+        assert "Error: Invalid value for '--prefix'" in result.output
+        assert "Traceback" not in result.output
+    url = "mysql://someone:s3cret-pw@127.0.0.1:1"  # nothing listens on port 1
+    result = CliRunner().invoke(main, ["--url", url, "--once"], env={**env, "SCHEMALESS_URL": None})
+    assert result.exit_code == 1 and "Error:" in result.output
+    assert "s3cret-pw" not in result.output
+    (error,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert error.startswith("Error: server unavailable: 127.0.0.1:1: ")
+    help_text = CliRunner().invoke(main, ["--help"]).output
+    assert "SCHEMALESS_URL" in help_text and "SCHEMALESS_PREFIX" in help_text
+
+
 # -- verify ----------------------------------------------------------------------------
 
 

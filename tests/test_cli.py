@@ -282,6 +282,19 @@ def test_query_ranges_and_multi_valued(run: Cli) -> None:
     assert tagged and all("t1" in e["tags"] for e in tagged)
 
 
+def test_query_on_properties_named_like_parameters(run: Cli) -> None:
+    """Properties named like DataStore.query's parameters are conditions (a TypeError
+    traceback before)."""
+    props = ["--property", "order:int", "--property", "limit:int", "--property", "cursor:int"]
+    run.ok("index", "create", "by_order", *props)
+    entities = [{"order": 3, "limit": 5, "cursor": c, "title": f"c{c}"} for c in (1, 2)]
+    run.ok("put", input="".join(json.dumps(e) + "\n" for e in entities))
+    wheres = ["--where", "order=3", "--where", "limit=5", "--where", "cursor=2"]
+    for extra in ([], ["--all"]):
+        result = run.ok("query", "by_order", *wheres, "--include-building", "--json", *extra)
+        assert [e["title"] for e in json_lines(result.stdout)] == ["c2"]
+
+
 def test_where_converts_values_by_column_type(run: Cli) -> None:
     some_uuid = uuid.uuid4()
     entities = [

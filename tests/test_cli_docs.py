@@ -1,4 +1,5 @@
-"""docs/operations.md, run: every ``$ `` command of its ``console`` blocks, in order.
+"""docs/cli.md names every command and option; docs/operations.md, run: every ``$ ``
+command of its ``console`` blocks, in order.
 
 ``schemaless ...`` runs through click's CliRunner, ``cleaner ...`` through
 ``schemaless.cleaner.main:main``; a ``<<'EOF'`` here-document is the command's stdin.
@@ -21,13 +22,64 @@ import pytest
 from click.testing import CliRunner
 from test_cli import cluster_env, drop_prefix
 
+from schemaless.cleaner.main import main as cleaner_command
 from schemaless.cli.main import cli
 from schemaless.connect import open_store
 from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.schema import shard_db
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+GUIDE = DOCS / "operations.md"
+_HEADING = re.compile(r"^(#+) (.*)$", re.MULTILINE)
+_SHARED = ("--url", "--prefix")  # in "Connecting"
+
+
+def sections(text: str) -> list[tuple[str, str]]:
+    """``(heading, text up to the next heading of its level or above)`` of a page."""
+    heads = list(_HEADING.finditer(text))
+    out = []
+    for i, head in enumerate(heads):
+        level = len(head.group(1))
+        ends = (h.start() for h in heads[i + 1 :] if len(h.group(1)) <= level)
+        out.append((head.group(2), text[head.start() : next(ends, len(text))]))
+    return out
+
+
+def commands(command: click.Command, words: list[str]) -> Iterator[tuple[list[str], click.Command]]:
+    """The command path and the command, of ``command`` and of every one under it."""
+    yield words, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from commands(sub, [*words, name])
+
+
+def section_of(words: list[str], pages: list[tuple[str, str]]) -> str:
+    """The text of the shortest section whose heading names the command (`index create`,
+    `schemaless init`...), else its group's."""
+    for n in range(len(words), 0, -1):
+        names = [" ".join(words[i:n]) for i in range(n)]
+        found = [body for head, body in pages if any(f"`{name}`" in head for name in names)]
+        if found:
+            return min(found, key=len)
+    raise AssertionError(f"no section of docs/cli.md for {' '.join(words)}")
+
+
+def test_cli_md_names_every_command_and_option() -> None:
+    pages = sections((DOCS / "cli.md").read_text())
+    connecting = next(body for head, body in pages if head == "Connecting")
+    assert all(f"`{option} " in connecting for option in _SHARED)
+    for program, root in (("schemaless", cli), ("cleaner", cleaner_command)):
+        for words, command in commands(root, [program]):
+            body = section_of(words, pages)
+            assert words[-1] in body, f"{' '.join(words)}: not in its section"
+            for param in command.params:
+                names = [*param.opts, *param.secondary_opts]
+                for name in names if isinstance(param, click.Option) else ():
+                    if name.startswith("--") and name not in ("--help", *_SHARED):
+                        assert name in body, f"{' '.join(words)} {name}: not in its section"
+
+
 _BLOCK = re.compile(r"^```console\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _HEREDOC = re.compile(r"\s*<<-?\s*'?(\w+)'?\s*$")
 

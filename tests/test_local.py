@@ -7,6 +7,8 @@ import json
 import logging
 import socket
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ from typing import Any
 import MySQLdb
 import pytest
 
-import schemaless.local as local
+import schemaless.local.server as local_server
 from schemaless.local import LocalCluster, LocalClusterError, default_base_dir
 
 
@@ -266,10 +268,20 @@ def test_down_then_port_conflict_is_a_clear_error(solo: Solo) -> None:
 
 def test_missing_mariadbd_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(local, "_MARIADBD_DIRS", ())
+    monkeypatch.setattr(local_server, "MARIADBD_DIRS", ())
     with pytest.raises(LocalClusterError, match=r"mariadbd not found.*make deps"):
         LocalCluster(tmp_path / "nothing").up()
     assert not (tmp_path / "nothing").exists()
+
+
+def test_cli_and_store_start_without_the_local_cluster() -> None:
+    # Development tooling: loaded by `schemaless local` and open_store's fallback only.
+    code = (
+        "import sys, schemaless, schemaless.cli.main, schemaless.cleaner.main\n"
+        "print([m for m in sys.modules if m.split('.')[:2] == ['schemaless', 'local']])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_default_base_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

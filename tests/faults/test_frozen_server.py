@@ -16,8 +16,8 @@ from schemaless import (
     DataStore,
     Index,
     OutcomeUnknown,
-    ShardUnavailable,
     TableMissing,
+    TransientError,
 )
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
@@ -48,9 +48,9 @@ def _populate(store: DataStore) -> dict[str, list[dict[str, Any]]]:
     return groups
 
 
-def _fails_in_time(what: str, fn: Callable[[], object]) -> ShardUnavailable:
+def _fails_in_time(what: str, fn: Callable[[], object]) -> TransientError:
     elapsed, result = timed(fn)
-    assert isinstance(result, ShardUnavailable), f"{what}: {result!r}"
+    assert isinstance(result, TransientError), f"{what}: {result!r}"
     assert elapsed < TIMEOUT + MARGIN, f"{what} took {elapsed:.2f}s"
     assert "127.0.0.1:" in str(result), f"{what}: the error names no server: {result}"
     return result

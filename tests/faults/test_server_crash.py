@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 from conftest import same_store
 
-from schemaless import ConflictError, DataStore, Index, OutcomeUnknown, ShardUnavailable, new_id
+from schemaless import (
+    ConflictError,
+    DataStore,
+    Index,
+    OutcomeUnknown,
+    ShardUnavailable,
+    TransientError,
+    new_id,
+)
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.hashing import shard_of
@@ -99,7 +107,7 @@ def test_server_killed_during_concurrent_writes(
             new = {"id": key, "n": rng.randrange(50), "who": threading.current_thread().name}
             try:
                 stored = store.put(new, expect_version=version)
-            except ShardUnavailable as exc:  # OutcomeUnknown, ShardTimeout included
+            except TransientError as exc:  # OutcomeUnknown, ShardUnavailable, ShardTimeout
                 with lock:
                     in_flight[key] = (new, version, exc)
                 return

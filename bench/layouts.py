@@ -263,6 +263,7 @@ class OneTableLayout(Layout):
 
     name = "b_lead"
     tables = ("entities_b", "index_b")
+    hint = ""  # an index hint of the entities' reads by id
     #: the keys: (entities' unique id key, its shard key, index primary key, its entity key)
     keys = (
         "PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`),"
@@ -277,7 +278,7 @@ class OneTableLayout(Layout):
     def fetch_sql(self, by_shard: dict[int, list[bytes]]) -> tuple[str, list[Any]]:
         pairs = [(shard, key) for shard, keys in sorted(by_shard.items()) for key in keys]
         sql = (
-            f"SELECT `id`, `body` FROM {self.table(0)}"
+            f"SELECT `id`, `body` FROM {self.table(0)}{self.hint}"
             f" WHERE (`shard`, `id`) IN ({_marks(len(pairs), '(%s, %s)')})"
         )
         return sql, [x for pair in pairs for x in pair]
@@ -371,9 +372,12 @@ class OwnedLayout(KeyTableLayout):
     tables = ("entities_d", "index_d", "owned")
 
     def scatter_sql(self, shards: Sequence[int], low: bytes) -> tuple[str, list[Any]]:
+        # without the hint, the optimizer weighs a range per shard on `by_shard` (~2 ms
+        # at 256 shards) before it takes the ordered scan of the primary key
         sql = (
-            f"SELECT {_IDX_COLS}, `entity_id` FROM {self.table(1)} WHERE `p_user_id` >= %s"
-            f" AND `shard` IN ({_ints(shards)}) ORDER BY {_ORDER} LIMIT {SCATTER_LIMIT}"
+            f"SELECT {_IDX_COLS}, `entity_id` FROM {self.table(1)} IGNORE INDEX (`by_shard`)"
+            f" WHERE `p_user_id` >= %s AND `shard` IN ({_ints(shards)})"
+            f" ORDER BY {_ORDER} LIMIT {SCATTER_LIMIT}"
         )
         return sql, [low]
 
@@ -408,6 +412,9 @@ class PartitionedLayout(OneTableLayout):
 
     name = "c_row"
     tables = ("entities_c", "index_c")
+    # Without it the optimizer scans the pruned partitions whole: it prices every range
+    # in every partition left (4-7x slower at 200k entities).
+    hint = " FORCE INDEX (`by_id`)"
     keys = (
         "PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`),"
         " UNIQUE KEY `by_id` (`id`, `shard`), KEY `by_updated` (`updated`)",
@@ -428,7 +435,7 @@ class PartitionedInLayout(PartitionedLayout):
     def fetch_sql(self, by_shard: dict[int, list[bytes]]) -> tuple[str, list[Any]]:
         keys = [key for keys in by_shard.values() for key in keys]
         sql = (
-            f"SELECT `id`, `body` FROM {self.table(0)}"
+            f"SELECT `id`, `body` FROM {self.table(0)}{self.hint}"
             f" WHERE `shard` IN ({_ints(sorted(by_shard))})"
             f" AND `id` IN ({_marks(len(keys))})"
         )

@@ -10,8 +10,12 @@ logical shards placed alike (shard ``s`` on server ``s % servers``):
   statements in one multi-statement round trip (no ``UNION ALL``); the client merges.
 * ``b_lead``: one table per server, the logical shard as the leading key column, no
   partitions; rows are named by ``(shard, id) IN (...)``.
-* ``b_key``: one table per server keyed as a plain table is (``id``; the index's
-  columns), the shard a trailing column with its own key (for moves).
+* ``b_key``: one table per server keyed as a plain table is (``UNIQUE(id)``; the
+  index's columns first), the shard a column (entities clustered on ``(shard,
+  added_id)``, as in every one-table layout, so a move keeps ``added_id``).
+* ``d_owned``: ``b_key``'s tables plus ``owned``, a row per logical shard the server
+  holds: every read batch counts the rows of the shards it read (a stale map raises
+  :class:`StaleMap`) and a write names the row, so a move's fence is one row's ``DELETE``.
 * ``c_row`` / ``c_in``: one table per server ``PARTITION BY LIST (shard)`` (a partition
   per logical shard it holds), pruned by ``(shard, id) IN (...)`` or by
   ``shard IN (...) AND id IN (...)``; the index's key leads with its columns, so a
@@ -413,7 +417,7 @@ class PartitionedLayout(OneTableLayout):
     name = "c_row"
     tables = ("entities_c", "index_c")
     # Without it the optimizer scans the pruned partitions whole: it prices every range
-    # in every partition left (4-7x slower at 200k entities).
+    # in every partition left (the statement 6-7x slower at 50,000 entities).
     hint = " FORCE INDEX (`by_id`)"
     keys = (
         "PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`),"

@@ -1,7 +1,7 @@
 """Moving one logical shard between servers in each layout of ``bench.layouts``.
 
 The same steps as ``schemaless.move`` (copy, fence, verify, flip), cut to what differs
-between layouts:
+between layouts (nothing writes during these moves, so there is no final sync):
 
 * ``a`` (today's): copy the shard's two tables; fence with one ``RENAME TABLE`` of both
   into a side database on the source.

@@ -266,9 +266,9 @@ class OneTableLayout(Layout):
     """One entities table and one index table per server, the shard in every row."""
 
     name = "b_lead"
-    tables = ("entities_b", "index_b")
+    tables: tuple[str, ...] = ("entities_b", "index_b")
     hint = ""  # an index hint of the entities' reads by id
-    #: the keys: (entities' unique id key, its shard key, index primary key, its entity key)
+    #: the keys of the two tables: (entities, index)
     keys = (
         "PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`),"
         " UNIQUE KEY `by_id` (`shard`, `id`), KEY `by_updated` (`shard`, `updated`)",
@@ -341,7 +341,7 @@ class KeyTableLayout(OneTableLayout):
     """One table per server keyed like a plain table; the shard a trailing column."""
 
     name = "b_key"
-    tables = ("entities_k", "index_k")
+    tables: tuple[str, ...] = ("entities_k", "index_k")
     keys = (
         "PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`), UNIQUE KEY `by_id` (`id`),"
         " KEY `by_updated` (`updated`)",
@@ -373,7 +373,7 @@ class OwnedLayout(KeyTableLayout):
     ``DELETE`` of that row: a row lock, on that shard only."""
 
     name = "d_owned"
-    tables = ("entities_d", "index_d", "owned")
+    tables: tuple[str, ...] = ("entities_d", "index_d", "owned")
 
     def scatter_sql(self, shards: Sequence[int], low: bytes) -> tuple[str, list[Any]]:
         # without the hint, the optimizer weighs a range per shard on `by_shard` (~2 ms
@@ -415,7 +415,7 @@ class PartitionedLayout(OneTableLayout):
     """One table per server ``PARTITION BY LIST (shard)``, pruned by ``(shard, id) IN``."""
 
     name = "c_row"
-    tables = ("entities_c", "index_c")
+    tables: tuple[str, ...] = ("entities_c", "index_c")
     # Without it the optimizer scans the pruned partitions whole: it prices every range
     # in every partition left (the statement 6-7x slower at 50,000 entities).
     hint = " FORCE INDEX (`by_id`)"

@@ -32,6 +32,7 @@ from .errors import (
     TableMissing,
     UniqueViolation,
 )
+from .expiry import check_property, expired, stamp
 from .health import HealthState
 from .ids import id_hex, to_id
 from .index import Index
@@ -88,6 +89,7 @@ class DataStore:
         max_replica_lag: float = 5.0,
         timeout: float | None = None,
         claim_wait: float = 0.2,
+        expire_on: str | None = None,
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -128,8 +130,20 @@ class DataStore:
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
         self.claims.wait = claim_wait
         self._query = QueryEngine(self)
+        if expire_on is not None:
+            self._expire_on(check_property(expire_on))
         for index in indexes:
             self.declare_index(index)
+
+    def _expire_on(self, prop: str) -> None:
+        """Record the expiry property in the catalog, unless it names another one."""
+        self.cluster.catalog.set_expire_on(prop, replace=False)
+        recorded = self.cluster.refresh().expire_on
+        if recorded != prop:
+            raise CatalogError(
+                f"datastore {self.cluster.topology.prefix!r} expires entities on "
+                f"{recorded!r}, not {prop!r}; change it with `schemaless expiry {prop}`"
+            )
 
     def __repr__(self) -> str:
         topo = self.cluster.topology
@@ -183,6 +197,13 @@ class DataStore:
         return self.call(lambda: self._get_one(key, consistency), timeout)
 
     def _get_one(self, key: bytes, consistency: str) -> Entity | None:
+        entity = self._stored(key, consistency)
+        if entity is None or expired(entity, self.cluster.topology.expire_on):
+            return None
+        return entity
+
+    def _stored(self, key: bytes, consistency: str) -> Entity | None:
+        """The stored entity, expired or not; None if absent or deleted."""
         topo = self.cluster.current()
         shard = self.cluster.shard_of_id(key)
         server = self.cluster.reader(topo, topo.shard_servers[shard], consistency)
@@ -240,7 +261,9 @@ class DataStore:
         for sets in results.values():
             for key, version, body in sets[0]:
                 if body is not None:  # a tombstone otherwise
-                    out[key] = self.decode(key, None, version, body)
+                    entity = self.decode(key, None, version, body)
+                    if not expired(entity, topo.expire_on):
+                        out[key] = entity
         return out, missing
 
     def decode(self, entity_id: bytes, shard: int | None, version: int, body: bytes) -> Entity:
@@ -270,31 +293,53 @@ class DataStore:
         entity: Mapping[str, Any],
         *,
         expect_version: int | None = None,
+        ttl: float | None = None,
         timeout: float | None = None,
     ) -> int:
         """Store an entity; return its new version.
 
         An entity without an ``id`` gets a new one (written into the dict).
-        ``expect_version``: the version read earlier (0: the entity must not exist);
-        if the stored version differs, raise ``ConflictError`` and write nothing
-        that a reader could see.  ``timeout``: as in ``get``.
+        ``expect_version``: the version read earlier (0: the entity must not exist, or
+        has expired); if the stored version differs, raise ``ConflictError`` and write
+        nothing that a reader could see.  ``ttl``: expire the entity this many seconds
+        from now (written into the dict's expiry property, see ``expire_on``).
+        ``timeout``: as in ``get``.
         """
         if expect_version is not None and (
             not isinstance(expect_version, int) or expect_version < 0
         ):
             raise InvalidEntity(f"expect_version must be an int >= 0, got {expect_version!r}")
+        stamp([entity], self.cluster.topology.expire_on, ttl)
         mode: str | int = BLIND if expect_version is None else expect_version or CREATE
-        return self.call(lambda: self._writer.write([entity], mode), timeout)[0]
+        return self.call(lambda: self._put(entity, mode), timeout)
+
+    def _put(self, entity: Mapping[str, Any], mode: str | int) -> int:
+        """One write; a create over an expired entity not yet purged replaces it."""
+        try:
+            return self._writer.write([entity], mode)[0]
+        except ConflictError:
+            if mode != CREATE:
+                raise
+            stored = self._stored(to_id(entity["id"]), "primary")
+            if stored is None or not expired(stored, self.cluster.topology.expire_on):
+                raise
+            return self._writer.write([entity], stored.version)[0]
 
     def put_many(
-        self, entities: Iterable[Mapping[str, Any]], *, timeout: float | None = None
+        self,
+        entities: Iterable[Mapping[str, Any]],
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
     ) -> list[int]:
         """Store many entities (last writer wins); return their new versions in order.
 
         Each step is one statement batch per server, servers in parallel; a batch that
         would not fit in the servers' max_allowed_packet is written in parts, in turn.
+        ``ttl``: as in ``put``, for every entity.
         """
         batch = list(entities)
+        stamp(batch, self.cluster.topology.expire_on, ttl)
         return self.call(lambda: self._writer.write(batch, BLIND), timeout)
 
     def delete(
@@ -341,8 +386,10 @@ class DataStore:
         self, key: bytes, fn: Callable[[Entity | None], Mapping[str, Any]], retries: int
     ) -> Entity:
         for _ in range(max(1, retries)):
-            current = self.get(key)
-            version = current.version if current is not None else 0
+            current = self.call(lambda: self._stored(key, "primary"))
+            version = current.version if current is not None else 0  # expired: replaced
+            if current is not None and expired(current, self.cluster.topology.expire_on):
+                current = None
             new = dict(fn(Entity(current, version) if current is not None else None))
             failpoints.hit("update.before_put")
             if to_id(new.setdefault("id", key)) != key:

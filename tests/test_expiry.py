@@ -7,16 +7,19 @@ import math
 import random
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
 from conftest import assert_clean, same_store
+from test_grants import new_users, open_as
 
 from schemaless import DataStore, Index, failpoints
 from schemaless.cleaner import Cleaner
 from schemaless.cleaner.access import read_entities
 from schemaless.errors import CatalogError, InvalidEntity
 from schemaless.expiry import check_property, expired, stamp
+from schemaless.grants import apply_grants
 from schemaless.ids import new_id
 from schemaless.local import LocalCluster
 
@@ -296,3 +299,24 @@ def test_oracle_random_ttls_reputs_and_concurrent_cleaners(
         assert (bodies[key] is not None) == alive, key.hex()  # expired: deleted
     store.flush()
     assert_clean(store)
+
+
+def test_the_cleaner_user_may_expire_once_granted_again(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    store = _store(make_store)
+    dead = {"kind": "k", "n": 1, "exp": 1.0}
+    store.put(dead)
+    catalog = store.cluster.catalog
+    with new_users(local_cluster, uuid.uuid4().hex[:8], ("cleaner",)) as made:
+        user = made["cleaner"]
+        catalog.set_expire_on(None, replace=True)  # grants of a datastore without expiry
+        apply_grants(store, "cleaner", user.account)
+        catalog.set_expire_on("exp", replace=True)
+        with open_as(local_cluster, store, user) as ds:
+            figures = Cleaner(ds).run_once()
+            assert figures["expire_skipped"] == 1 and figures["expired_purged"] == 0
+            assert _stored(store, [dead["id"]])[dead["id"]] is not None
+            apply_grants(store, "cleaner", user.account)  # now with UPDATE (body)
+            assert Cleaner(ds).run_once()["expired_purged"] == 1
+    assert _stored(store, [dead["id"]])[dead["id"]] is None

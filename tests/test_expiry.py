@@ -3,6 +3,7 @@ entities guarded by the version it saw, and a re-put always wins."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import threading
@@ -15,6 +16,7 @@ from conftest import assert_clean, same_store
 from test_grants import new_users, open_as
 
 from schemaless import DataStore, Index, failpoints
+from schemaless.aio import DataStore as AsyncDataStore
 from schemaless.cleaner import Cleaner
 from schemaless.cleaner.access import read_entities
 from schemaless.errors import CatalogError, InvalidEntity
@@ -160,6 +162,26 @@ def test_the_expiry_property_is_the_catalogs(make_store: Any, local_cluster: Loc
     assert other.cluster.topology.expire_on is None
     other.put({"id": b"\x01" * 16, "exp": "not a time"})  # no expiry: a plain property
     other.close()
+
+
+def test_the_asyncio_facade_takes_a_ttl(make_store: Any) -> None:
+    ads = AsyncDataStore.wrap(_store(make_store), workers=2)
+
+    async def main() -> None:
+        one: dict[str, Any] = {"kind": "k", "n": 1}
+        await ads.put(one, ttl=3600)
+        many: list[dict[str, Any]] = [{"kind": "k", "n": 2}]
+        await ads.put_many(many, ttl=3600)
+        assert await ads.get_many([one["id"], many[0]["id"]]) == [one, *many]
+        with pytest.raises(InvalidEntity):
+            await ads.put({"kind": "k", "n": 3}, ttl=-1)
+
+    asyncio.run(main())
+    assert time.time() + 3500 < one_exp(ads.sync, "k") < time.time() + 3601
+
+
+def one_exp(store: DataStore, kind: str) -> float:
+    return float(max(e["exp"] for e in store.iter("by_kind", kind=kind)))
 
 
 # -- the Cleaner --------------------------------------------------------------------------

@@ -6,8 +6,10 @@ import json
 import time
 import uuid
 
+from click.testing import CliRunner
 from test_cli import Cli, cluster_env, drop_prefix
 
+from schemaless.cleaner.main import main as cleaner_main
 from schemaless.local import LocalCluster
 
 
@@ -28,8 +30,15 @@ def test_expiry_commands(local_cluster: LocalCluster) -> None:
         assert run.fails("get", past) == f"Error: not found: {past}"
         assert "ttl must be" in run.fails("put", "--ttl", "-1", input='{"n": 3}')
         assert "'exp'" in run.ok("expiry").output
+        once = CliRunner().invoke(cleaner_main, ["--once", "-q"], env=run.env)
+        assert once.exit_code == 0, once.output
+        assert "expired purged 1," in once.output
+        again = json.dumps({"n": 4, "exp": time.time() - 1})
+        hidden = json.loads(run.ok("put", "--json", input=again).output)["id"]
+        assert run.fails("get", hidden) == f"Error: not found: {hidden}"
         assert "never expire" in run.ok("expiry", "--off").output
-        assert '"n": 2' in run.ok("get", past, "--json").output  # no longer expired
+        assert '"n": 4' in run.ok("get", hidden, "--json").output  # no longer expired
+        assert run.fails("get", past) == f"Error: not found: {past}"  # deleted
         assert "'until'" in run.ok("expiry", "until").output
         assert "'PROPERTY'" in run.fails("expiry", "id")
         assert "not both" in run.fails("expiry", "until", "--off")

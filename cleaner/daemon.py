@@ -21,6 +21,7 @@ from schemaless.errors import SchemalessError
 from schemaless.store import DataStore
 
 from .backfill import Backfill
+from .expire import Expiry
 from .metrics import Figures, MetricsServer, prometheus_text
 from .progress import Progress
 from .purge import purge_tombstones
@@ -94,6 +95,7 @@ class Cleaner:
         self.repairer = Repairer(store, self.figures, fence_after=fence_after)
         self.recent = RecentPass(self.rt, self.repairer, window=tombstone_retention)
         self.sweep = Sweep(self.rt, self.repairer)
+        self.expiry = Expiry(self.rt)
         self.metrics: MetricsServer | None = None
         self._last_beat = 0.0
         self._started = time.monotonic()
@@ -139,10 +141,11 @@ class Cleaner:
         return state
 
     def run_once(self, now: float | None = None, *, full: bool = True) -> dict[str, Any]:
-        """One pass: recent changes, the sweep (whole if ``full``), the purge.
+        """One pass: recent changes, the sweep (whole if ``full``), the expiry of
+        entities (``cleaner.expire``), the purge.
 
-        ``now`` (Unix seconds) fixes the clock for the recent window and the
-        tombstone retention.  Returns the figures.
+        ``now`` (Unix seconds) fixes the clock for the recent window, the expiry and
+        the tombstone retention.  Returns the figures.
         """
         rt = self.rt
         now_s = time.time() if now is None else now
@@ -154,6 +157,9 @@ class Cleaner:
         if not rt.stopping:
             rt.figures.set(state="sweep")
             self.sweep.run(topo, indexes, None if full else self.sweep_budget)
+        if not rt.stopping and topo.expire_on is not None:
+            rt.figures.set(state="expire")
+            self.expiry.run(topo, now_s, None if full else self.sweep_budget)
         if not rt.stopping:
             rt.figures.set(state="purge")
             purge_tombstones(rt, topo, int((now_s - self.tombstone_retention) * 1e6))
@@ -223,6 +229,7 @@ class Cleaner:
             f"fenced {f['fenced']:,}",
             f"deferred {f['deferred']:,}",
             f"tombstones purged {f['purged']:,}",
+            f"expired purged {f['expired_purged']:,}",
             f"unindexable {f['unindexable']:,}",
             f"corrupt {f['corrupt']:,}",
         ]

@@ -28,6 +28,9 @@ _COUNTERS = frozenset(
         "backoffs",
         "server_downs",  # times a server was marked down (see schemaless.health)
         "duplicates",
+        "expired_purged",
+        "expired_kept",
+        "expire_skipped",
     }
 )
 
@@ -56,6 +59,10 @@ class Figures:
     throttle_limit: float | None = None  # rows/s the throttle allows (None: no limit)
     throttle: str = ""  # why it limits: "throttled: server 1 p90 4.1 ms > 3.0 ms"
     duplicates: int = 0  # values of a unique index that two live entities produce
+    expired_purged: int = 0  # expired entities deleted (guarded by the version seen)
+    expired_kept: int = 0  # expired when read, re-put before the delete: kept
+    expired_pending: int = 0  # expired, found by this pass and not yet deleted
+    expire_skipped: int = 0  # passes whose expiry the user's grants did not allow
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:

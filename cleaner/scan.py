@@ -61,9 +61,11 @@ def index_batch(
     index: Index,
     after: tuple[Any, ...] | None,
     batch: int,
+    upto: Any = None,
 ) -> list[tuple[tuple[Any, ...], bytes, int]]:
     """Up to ``batch`` rows of one index table after the primary key ``after``
-    (``(values..., entity_id)``; None: from the start), in key order."""
+    (``(values..., entity_id)``; None: from the start), in key order; with ``upto``,
+    only rows whose first value is at most ``upto``."""
     server = store.cluster.server_of_shard(topo, shard)
     table = quote(shard_db(topo.prefix, shard), index.table)
     cols = [quote(c) for c in (*index.columns, "entity_id")]
@@ -77,6 +79,9 @@ def index_batch(
             ors.append("(" + " AND ".join(ands) + ")")
             params += [*after[:i], after[i]]
         where = " OR ".join(ors)
+    if upto is not None:
+        where = f"({where}) AND {cols[0]} <= %s"
+        params.append(upto)
     rows = server.run(
         f"SELECT {keys}, `entity_version` FROM {table} WHERE {where}"
         f" ORDER BY {keys} LIMIT {int(batch)}",

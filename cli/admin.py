@@ -13,6 +13,7 @@ from schemaless.errors import CatalogError
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
+from .expiry import expiry_property
 from .options import BadOption, Connection, pass_connection
 from .output import echo_table, human_bytes, json_line
 from .stats import ServerFigures, server_figures
@@ -39,6 +40,7 @@ def _summary(ds: DataStore) -> str:
         f"{topo.n_shards} logical shards on {len(topo.servers)} "
         f"server{'s' if len(topo.servers) != 1 else ''}, "
         f"catalog {topo.prefix}_catalog on {ds.cluster.catalog.server.name}"
+        + (f", entities expire at the time in {topo.expire_on!r}" if topo.expire_on else "")
     )
 
 
@@ -57,8 +59,16 @@ def _summary(ds: DataStore) -> str:
     type=click.IntRange(1, 65536),
     help=f"Number of logical shards, fixed for the datastore's life [default: {DEFAULT_SHARDS}].",
 )
+@click.option(
+    "--expire-on",
+    metavar="PROPERTY",
+    callback=expiry_property,
+    help="The property holding each entity's expiry time (epoch seconds); see `schemaless expiry`.",
+)
 @pass_connection
-def init(conn: Connection, servers: tuple[str, ...], shards: int | None) -> None:
+def init(
+    conn: Connection, servers: tuple[str, ...], shards: int | None, expire_on: str | None
+) -> None:
     """Create the catalog and the logical shards.
 
     Each logical shard is a database; they are spread round-robin over the
@@ -69,8 +79,11 @@ def init(conn: Connection, servers: tuple[str, ...], shards: int | None) -> None
     Example:
         schemaless init --shards 16
         schemaless init --server db1:3306 --server db2:3306 --shards 1024
+        schemaless init --shards 16 --expire-on expires_at
     """
     kwargs: dict[str, Any] = {} if shards is None else {"shards": shards}
+    if expire_on is not None:
+        kwargs["expire_on"] = expire_on
     created = False
     try:
         with conn.store(servers=servers, create=False, **kwargs) as ds:

@@ -91,9 +91,15 @@ def get(conn: Connection, ids: tuple[str, ...], as_json: bool) -> None:
     show_default=True,
     help="Read the entities from this file instead of stdin.",
 )
+@click.option(
+    "--ttl",
+    type=float,
+    metavar="SECONDS",
+    help="Expire the entities this many seconds from now (see `schemaless expiry`).",
+)
 @json_option
 @pass_connection
-def put(conn: Connection, source: Any, as_json: bool) -> None:
+def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None:
     """Store entities read as JSON from stdin.
 
     One JSON object, an array of them, or JSON lines.  Strings are text;
@@ -107,6 +113,7 @@ def put(conn: Connection, source: Any, as_json: bool) -> None:
         echo '{"id": "0190f3a4c2e47b3d8a1f5e6d7c8b9a01", "title": "hi"}' \\
             | schemaless put
         schemaless put --file entities.jsonl --json
+        echo '{"user": "ada"}' | schemaless put --ttl 3600
     """
     if source.isatty():
         click.echo("reading JSON entities from stdin (end with Ctrl-D)", err=True)
@@ -117,11 +124,11 @@ def put(conn: Connection, source: Any, as_json: bool) -> None:
             for _, entity in entities_from_text(source.read()):
                 batch.append(entity)
                 if len(batch) >= _PUT_BATCH:
-                    _put_batch(ds, batch, as_json)
+                    _put_batch(ds, batch, ttl, as_json)
                     stored += len(batch)
                     batch = []
             if batch:
-                _put_batch(ds, batch, as_json)
+                _put_batch(ds, batch, ttl, as_json)
                 stored += len(batch)
         except SchemalessError as exc:
             if stored:
@@ -133,8 +140,10 @@ def put(conn: Connection, source: Any, as_json: bool) -> None:
         click.echo(f"stored {stored} entit{'y' if stored == 1 else 'ies'}", err=True)
 
 
-def _put_batch(ds: DataStore, batch: list[dict[str, Any]], as_json: bool) -> None:
-    versions = ds.put_many(batch) if len(batch) > 1 else [ds.put(batch[0])]
+def _put_batch(
+    ds: DataStore, batch: list[dict[str, Any]], ttl: float | None, as_json: bool
+) -> None:
+    versions = ds.put_many(batch, ttl=ttl) if len(batch) > 1 else [ds.put(batch[0], ttl=ttl)]
     for entity, version in zip(batch, versions, strict=True):
         key = id_hex(entity["id"])
         if as_json:

@@ -106,13 +106,21 @@ class DataStore:
         """The entities with these ids, in order (None where absent)."""
         return await self._run(self.sync.get_many, list(ids), consistency=consistency)
 
-    async def put(self, entity: Mapping[str, Any], *, expect_version: int | None = None) -> int:
+    async def put(
+        self,
+        entity: Mapping[str, Any],
+        *,
+        expect_version: int | None = None,
+        ttl: float | None = None,
+    ) -> int:
         """Store an entity; return its new version (see the module on cancellation)."""
-        return await self._run(self.sync.put, entity, expect_version=expect_version)
+        return await self._run(self.sync.put, entity, expect_version=expect_version, ttl=ttl)
 
-    async def put_many(self, entities: Iterable[Mapping[str, Any]]) -> list[int]:
+    async def put_many(
+        self, entities: Iterable[Mapping[str, Any]], *, ttl: float | None = None
+    ) -> list[int]:
         """Store many entities; return their new versions in order."""
-        return await self._run(self.sync.put_many, list(entities))
+        return await self._run(self.sync.put_many, list(entities), ttl=ttl)
 
     async def delete(self, entity_id: bytes | Any, *, expect_version: int | None = None) -> bool:
         """Delete an entity; True if it existed."""

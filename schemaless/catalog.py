@@ -21,6 +21,7 @@ from typing import Any
 from .connection import Server
 from .dsn import Address
 from .errors import CatalogError, IndexDefinitionError
+from .expiry import META_NAME as EXPIRE_ON
 from .index import Index
 from .names import quote
 from .results import one, scalar
@@ -116,6 +117,7 @@ class Topology:
     moves: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # shard -> move
     replicas: dict[int, tuple[Address, ...]] = field(default_factory=dict)  # server -> replicas
     index_epoch: int = 0  # bumped by every index declaration; 0: a catalog from before fences
+    expire_on: str | None = None  # the property holding expiry times (schemaless.expiry)
 
     @property
     def fence(self) -> str | None:
@@ -278,6 +280,19 @@ class Catalog:
             moves={int(r[0]): (int(r[1]), int(r[2]), str(r[3])) for r in out[5]},
             replicas=_group_replicas(out[6]),
             index_epoch=int(meta.get("index_epoch", "0")),
+            expire_on=meta.get(EXPIRE_ON) or None,
+        )
+
+    def set_expire_on(self, prop: str | None, *, replace: bool) -> None:
+        """Record the expiry property (None: entities never expire); without
+        ``replace``, only if the datastore has none yet."""
+        if prop is None:
+            sql = f"DELETE FROM {self._t('meta')} WHERE name = %s"
+            self.server.run(sql, (EXPIRE_ON,))
+            return
+        verb = "REPLACE" if replace else "INSERT IGNORE"
+        self.server.run(
+            f"{verb} INTO {self._t('meta')} (name, value) VALUES (%s, %s)", (EXPIRE_ON, prop)
         )
 
     # -- indexes ------------------------------------------------------------------------

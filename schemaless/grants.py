@@ -12,7 +12,9 @@ index or moving shards):
   ready).  On each shard database, on the server holding it: SELECT; INSERT, UPDATE,
   DELETE on each maintained index table; on ``entities`` only ``INSERT (id, version,
   updated)`` and ``UPDATE (version, updated)``: fencing tombstones and raised
-  versions, never a body, never a delete (so no tombstone purge).  On every server,
+  versions, never a body (except ``UPDATE (body)`` in a datastore with an expiry
+  property: tombstones of expired entities), never a delete (so no tombstone purge).
+  On every server,
   CREATE, SELECT, INSERT, UPDATE on the throttle's canary database
   (``<prefix>_canary``, which holds no data).
 * ``admin``: ALL PRIVILEGES on every database of the datastore (``<prefix>\\_%``, which
@@ -129,14 +131,12 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
     for at in plan:
         grant(at, "CREATE, SELECT, INSERT, UPDATE", _every_table(canary_db(topo.prefix)))
     maintained = sorted(topo.maintained(), key=lambda index: index.name)
+    # the expiry writes tombstones (``body`` = NULL) of expired entities
+    updates = "`version`, `updated`" + (", `body`" if topo.expire_on is not None else "")
     for shard, sid in enumerate(topo.shard_servers):
         at, db = topo.servers[sid], shard_db(topo.prefix, shard)
         grant(at, "SELECT", _every_table(db))
-        grant(
-            at,
-            "INSERT (`id`, `version`, `updated`), UPDATE (`version`, `updated`)",
-            quote(db, "entities"),
-        )
+        grant(at, f"INSERT (`id`, `version`, `updated`), UPDATE ({updates})", quote(db, "entities"))
         for index in maintained:
             grant(at, "INSERT, UPDATE, DELETE", quote(db, index.table))
     return plan

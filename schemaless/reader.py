@@ -9,6 +9,7 @@ from .cluster import Cluster
 from .codec import Codec
 from .entity import Entity
 from .errors import CorruptEntity
+from .expiry import expired
 from .follow import Calls
 from .ids import id_hex
 from .names import quote
@@ -30,7 +31,14 @@ class Reader:
         self.calls = calls
 
     def get(self, key: bytes, consistency: str) -> Entity | None:
-        """One entity, or None (absent, or a tombstone)."""
+        """One entity, or None (absent, a tombstone, or expired)."""
+        entity = self.stored(key, consistency)
+        if entity is None or expired(entity, self.cluster.topology.expire_on):
+            return None
+        return entity
+
+    def stored(self, key: bytes, consistency: str) -> Entity | None:
+        """The stored entity, expired or not; None if absent or deleted."""
         topo = self.cluster.current()
         shard = self.cluster.shard_of_id(key)
         server = self.cluster.reader(topo, topo.shard_servers[shard], consistency)
@@ -75,7 +83,9 @@ class Reader:
         for sets in results.values():
             for key, version, body in sets[0]:
                 if body is not None:  # a tombstone otherwise
-                    out[key] = self.decode(key, None, version, body)
+                    entity = self.decode(key, None, version, body)
+                    if not expired(entity, topo.expire_on):
+                        out[key] = entity
         return out, missing
 
     def newest(self, samples: int) -> list[Entity]:

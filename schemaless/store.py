@@ -25,6 +25,7 @@ from .errors import (
     PermissionDenied,
     UniqueViolation,
 )
+from .expiry import check_property, expired, stamp
 from .follow import Calls
 from .health import HealthState
 from .ids import id_hex, to_id
@@ -78,6 +79,7 @@ class DataStore:
         max_replica_lag: float = 5.0,
         timeout: float | None = None,
         claim_wait: float = 0.2,
+        expire_on: str | None = None,
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -111,6 +113,13 @@ class DataStore:
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
         self.claims.wait = claim_wait
         self._query = QueryEngine(self.cluster, self.reader, self.calls)
+        self._record(expire_on, indexes)
+
+    def _record(self, expire_on: str | None, indexes: Sequence[Index]) -> None:
+        """What the constructor's arguments ask of the catalog: the expiry property,
+        the indexes."""
+        if expire_on is not None:
+            self._expire_on(check_property(expire_on))
         for index in indexes:
             self.declare_index(index)
 
@@ -124,6 +133,16 @@ class DataStore:
     def move_wait(self) -> float:
         """How long a call waits for a move under way before it fails."""
         return self.calls.move_wait
+
+    def _expire_on(self, prop: str) -> None:
+        """Record the expiry property in the catalog, unless it names another one."""
+        self.cluster.catalog.set_expire_on(prop, replace=False)
+        recorded = self.cluster.refresh().expire_on
+        if recorded != prop:
+            raise CatalogError(
+                f"datastore {self.cluster.topology.prefix!r} expires entities on "
+                f"{recorded!r}, not {prop!r}; change it with `schemaless expiry {prop}`"
+            )
 
     def __repr__(self) -> str:
         topo = self.cluster.topology
@@ -209,33 +228,55 @@ class DataStore:
         entity: Mapping[str, Any],
         *,
         expect_version: int | None = None,
+        ttl: float | None = None,
         timeout: float | None = None,
     ) -> int:
         """Store an entity; return its new version.
 
         An entity without an ``id`` gets a new one (written into the dict).
-        ``expect_version``: the version read earlier (0: the entity must not exist);
-        if the stored version differs, raise ``ConflictError`` and write nothing
-        that a reader could see.  ``timeout``: as in ``get``.
+        ``expect_version``: the version read earlier (0: the entity must not exist, or
+        has expired); if the stored version differs, raise ``ConflictError`` and write
+        nothing that a reader could see.  ``ttl``: expire the entity this many seconds
+        from now (written into the dict's expiry property, see ``expire_on``).
+        ``timeout``: as in ``get``.
         """
         if expect_version is not None and (
             not isinstance(expect_version, int) or expect_version < 0
         ):
             raise InvalidEntity(f"expect_version must be an int >= 0, got {expect_version!r}")
+        stamp([entity], self.cluster.topology.expire_on, ttl)
         mode = CREATE if expect_version == 0 else BLIND
         if expect_version:
             mode = WriteMode.expect(expect_version)
-        return self.calls.call(lambda: self._writer.write([entity], mode), timeout)[0]
+        return self.calls.call(lambda: self._put(entity, mode), timeout)
+
+    def _put(self, entity: Mapping[str, Any], mode: WriteMode) -> int:
+        """One write; a create over an expired entity not yet purged replaces it."""
+        try:
+            return self._writer.write([entity], mode)[0]
+        except ConflictError:
+            if mode != CREATE:
+                raise
+            stored = self.reader.stored(to_id(entity["id"]), "primary")
+            if stored is None or not expired(stored, self.cluster.topology.expire_on):
+                raise
+            return self._writer.write([entity], WriteMode.expect(stored.version))[0]
 
     def put_many(
-        self, entities: Iterable[Mapping[str, Any]], *, timeout: float | None = None
+        self,
+        entities: Iterable[Mapping[str, Any]],
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
     ) -> list[int]:
         """Store many entities (last writer wins); return their new versions in order.
 
         Each step is one statement batch per server, servers in parallel; a batch that
         would not fit in the servers' max_allowed_packet is written in parts, in turn.
+        ``ttl``: as in ``put``, for every entity.
         """
         batch = list(entities)
+        stamp(batch, self.cluster.topology.expire_on, ttl)
         return self.calls.call(lambda: self._writer.write(batch, BLIND), timeout)
 
     def delete(
@@ -282,8 +323,10 @@ class DataStore:
         self, key: bytes, fn: Callable[[Entity | None], Mapping[str, Any]], retries: int
     ) -> Entity:
         for _ in range(max(1, retries)):
-            current = self.get(key)
-            version = current.version if current is not None else 0
+            current = self.calls.call(lambda: self.reader.stored(key, "primary"))
+            version = current.version if current is not None else 0  # expired: replaced
+            if current is not None and expired(current, self.cluster.topology.expire_on):
+                current = None
             new = dict(fn(Entity(current, version) if current is not None else None))
             failpoints.hit("update.before_put")
             if to_id(new.setdefault("id", key)) != key:

@@ -211,6 +211,14 @@ def _open(url: str | None, prefix: str | None) -> DataStore:
     metavar="SECONDS",
     help="Purge tombstones (deleted entities' versions) older than this.",
 )
+@click.option(
+    "--feed-retention",
+    type=click.FloatRange(min=0),
+    default=7 * 24 * 3600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Trim change feed rows older than this, even if a subscription still needs them.",
+)
 @fence_option
 @click.option(
     "--metrics-port",
@@ -244,6 +252,7 @@ def main(
     throttle: ThrottleSettings | None,
     interval: float,
     tombstone_retention: float,
+    feed_retention: float,
     fence_after: float,
     metrics_port: int | None,
     metrics_host: str,
@@ -290,6 +299,7 @@ def main(
             rate=rate,
             interval=interval,
             tombstone_retention=tombstone_retention,
+            feed_retention=feed_retention,
             fence_after=fence_after,
             progress=Progress(sys.stderr, quiet=quiet),
             name=backfill_name(index, part) if index is not None else None,

@@ -98,6 +98,7 @@ class Topology:
     moves: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # shard -> move
     replicas: dict[int, tuple[Address, ...]] = field(default_factory=dict)  # server -> replicas
     index_epoch: int = 0  # bumped by every index declaration; 0: a catalog from before fences
+    changes: bool = False  # the change feed is on (schemaless.feed)
 
     @property
     def fence(self) -> str | None:
@@ -260,6 +261,7 @@ class Catalog:
             moves={int(r[0]): (int(r[1]), int(r[2]), str(r[3])) for r in out[5]},
             replicas=_group_replicas(out[6]),
             index_epoch=int(meta.get("index_epoch", "0")),
+            changes=meta.get("changes") == "1",
         )
 
     # -- indexes ------------------------------------------------------------------------

@@ -427,7 +427,9 @@ class Writer:
         firsts: dict[int, int] = {}
         for sid, group in by_server.items():
             rows = local.get(sid, []) if local else []
-            sql, params, firsts[sid] = entity_batch_sql(group, rows, topo.dbs, topo.fence)
+            sql, params, firsts[sid] = entity_batch_sql(
+                group, rows, topo.dbs, topo.fence, topo.changes
+            )
             batches[sid] = Batch(
                 servers[sid], sql, params, commits=True, idempotent=False, counts=[]
             )

@@ -32,6 +32,7 @@ from .errors import (
     TableMissing,
     UniqueViolation,
 )
+from .feed import ChangeEvent, ChangeFeed, decode_cursor, enable_changes, part_shards
 from .health import HealthState
 from .ids import id_hex, to_id
 from .index import Index
@@ -39,6 +40,7 @@ from .names import quote
 from .protocol import Writer
 from .query import Page, QueryEngine
 from .schema import shard_db
+from .subscriptions import Subscription
 from .writes import (
     BLIND,
     CREATE,
@@ -88,6 +90,7 @@ class DataStore:
         max_replica_lag: float = 5.0,
         timeout: float | None = None,
         claim_wait: float = 0.2,
+        changes: bool = False,
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -128,6 +131,8 @@ class DataStore:
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
         self.claims.wait = claim_wait
         self._query = QueryEngine(self)
+        if changes:
+            enable_changes(self)
         for index in indexes:
             self.declare_index(index)
 
@@ -419,6 +424,38 @@ class DataStore:
         return dict_id
 
     # -- indexes and queries -------------------------------------------------------------
+
+    # -- the change feed (schemaless.feed) -----------------------------------------------
+
+    def changes(
+        self,
+        cursor: str | None = None,
+        follow: bool = False,
+        *,
+        snapshot: bool = False,
+        part: tuple[int, int] | None = None,
+    ) -> Iterator[ChangeEvent]:
+        """The change feed (``DataStore(changes=True)``): events in each logical shard's
+        commit order, per entity in increasing version order, deletes included
+        (``event.entity`` None), at least once; each ``event.cursor`` resumes after it.
+        ``cursor`` None: from the oldest change kept, or, with ``snapshot``, every live
+        entity first and then the changes since.  Without ``follow`` it ends once it has
+        caught up.  ``part=(k, n)``: the logical shards with ``shard % n == k``."""
+        n_shards = self.cluster.current().n_shards
+        shards = part_shards(n_shards, part)
+        if cursor is not None:
+            positions = dict(decode_cursor(cursor, n_shards))
+        else:
+            positions = {s: (None, 0) for s in shards} if snapshot else {}
+        return ChangeFeed(self, positions, shards).events(follow)
+
+    def subscribe(
+        self, name: str, *, part: tuple[int, int] | None = None, snapshot: bool = False
+    ) -> Subscription:
+        """A named consumer whose positions live in the catalog: ``sub.changes()``
+        resumes after what ``sub.ack(event)`` acknowledged, also after a restart; a new
+        one starts from the oldest change kept, or with a snapshot."""
+        return Subscription(self, name, part, snapshot)
 
     def declare_index(self, index: Index) -> str:
         """Create an index's tables and record it; return its state.

@@ -9,6 +9,7 @@ import click
 from schemaless.cluster import DEFAULT_SHARDS
 from schemaless.dsn import parse_address
 from schemaless.errors import CatalogError
+from schemaless.feed import enable_changes
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
@@ -56,8 +57,13 @@ def _summary(ds: DataStore) -> str:
     type=click.IntRange(1, 65536),
     help=f"Number of logical shards, fixed for the datastore's life [default: {DEFAULT_SHARDS}].",
 )
+@click.option(
+    "--changes",
+    is_flag=True,
+    help="Turn the change feed on (`schemaless changes`); also for an existing datastore.",
+)
 @pass_connection
-def init(conn: Connection, servers: tuple[str, ...], shards: int | None) -> None:
+def init(conn: Connection, servers: tuple[str, ...], shards: int | None, changes: bool) -> None:
     """Create the catalog and the logical shards.
 
     Each logical shard is a database; they are spread round-robin over the
@@ -68,6 +74,7 @@ def init(conn: Connection, servers: tuple[str, ...], shards: int | None) -> None
     Example:
         schemaless init --shards 16
         schemaless init --server db1:3306 --server db2:3306 --shards 1024
+        schemaless init --shards 16 --changes
     """
     kwargs: dict[str, Any] = {} if shards is None else {"shards": shards}
     created = False
@@ -79,6 +86,13 @@ def init(conn: Connection, servers: tuple[str, ...], shards: int | None) -> None
         with conn.store(servers=servers, create=True, **kwargs) as ds:
             summary = _summary(ds)
         created = True
+    if changes:
+        with conn.store(servers=servers) as ds:
+            was_on = ds.cluster.current().changes
+            enable_changes(ds)
+        if not was_on and not created:
+            click.echo(f"datastore {conn.prefix!r}: change feed turned on")
+        summary += "; change feed on"
     if created:
         click.echo(f"created datastore {conn.prefix!r}: {summary}")
     else:

@@ -9,6 +9,7 @@ from schemaless import __version__
 from .admin import init
 from .data import delete, get, put, query
 from .dump import dump_command, restore_command
+from .feed import changes
 from .grants import grants
 from .indexes import index
 from .local_cluster import local
@@ -40,5 +41,6 @@ def cli() -> None:
 for command in (local, init, index, put, get, delete, query, shards, servers, replicas, dictionary):
     cli.add_command(command)
 cli.add_command(grants)
+cli.add_command(changes)
 cli.add_command(dump_command)
 cli.add_command(restore_command)

@@ -5,14 +5,16 @@ statements are built from the shard map and the index list (re-run after adding 
 index or moving shards):
 
 * ``app``, the application: SELECT on the catalog, INSERT, UPDATE, DELETE on its
-  ``clients`` (the write latency it reports); SELECT, INSERT, UPDATE, DELETE on every
+  ``clients`` (the write latency it reports) and, with the change feed on, on
+  ``feed_positions`` (subscriptions); SELECT, INSERT, UPDATE, DELETE on every
   shard database (on every server, so a shard that moves keeps working); no DDL.
 * ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints`` and
   ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to mark an index
   ready).  On each shard database, on the server holding it: SELECT; INSERT, UPDATE,
   DELETE on each maintained index table; on ``entities`` only ``INSERT (id, version,
   updated)`` and ``UPDATE (version, updated)``: fencing tombstones and raised
-  versions, never a body, never a delete (so no tombstone purge).  On every server,
+  versions, never a body, never a delete (so no tombstone purge); DELETE on the change
+  feed's ``changes`` (its trim).  On every server,
   CREATE, SELECT, INSERT, UPDATE on the throttle's canary database
   (``<prefix>_canary``, which holds no data).
 * ``admin``: ALL PRIVILEGES on every database of the datastore (``<prefix>\\_%``, which
@@ -117,6 +119,8 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
     grant(catalog_at, "SELECT", _every_table(catalog_db))
     if role == "app":
         grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, "clients"))
+        if topo.changes:  # subscriptions of the change feed keep their positions there
+            grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, "feed_positions"))
         # Database-level DML on every shard database on every server: a grant on a
         # database a server does not hold gives nothing, until a shard moves there.
         for at in plan:
@@ -139,6 +143,8 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
         )
         for index in maintained:
             grant(at, "INSERT, UPDATE, DELETE", quote(db, index.table))
+        if topo.changes:  # the trim of the change feed
+            grant(at, "DELETE", quote(db, "changes"))
     return plan
 
 

@@ -12,7 +12,15 @@ import MySQLdb
 import pytest
 from conftest import same_store
 
-from schemaless import CatalogError, DataStore, Index, InvalidQuery, failpoints, new_id
+from schemaless import (
+    CatalogError,
+    ConflictError,
+    DataStore,
+    Index,
+    InvalidQuery,
+    failpoints,
+    new_id,
+)
 from schemaless.feed import ChangeEvent, ChangeFeed, FeedExpired, decode_cursor, encode_cursor
 from schemaless.move import ShardMover
 from schemaless.names import quote
@@ -326,3 +334,39 @@ def count_changes(store: DataStore) -> int:
         )
         for s in range(topo.n_shards)
     )
+
+
+def test_a_version_guarded_delete_is_a_delete_and_a_lost_one_emits_nothing(
+    make_store: Make,
+) -> None:
+    """The expiry purge deletes with ``expect_version`` (the version it saw expired):
+    the feed reports it as a delete; when a re-put won meanwhile, nothing."""
+    store = make_store(changes=True)
+    gone, kept = new_id(), new_id()
+    v_gone = store.put({"id": gone, "ttl": 1})
+    v_kept = store.put({"id": kept, "ttl": 1})
+    start = list(store.changes())[-1].cursor
+    store.delete(gone, expect_version=v_gone)
+    store.put({"id": kept, "ttl": 2})  # re-put before the purge
+    with pytest.raises(ConflictError):
+        store.delete(kept, expect_version=v_kept)
+    events = [(e.id, e.deleted) for e in store.changes(start)]
+    assert sorted(events) == sorted([(gone, True), (kept, False)])
+
+
+def test_parts_split_the_shards_between_consumers(make_store: Make) -> None:
+    store = make_store(changes=True, shards=8)
+    ids = [new_id() for _ in range(40)]
+    store.put_many({"id": key} for key in ids)
+    halves = [list(store.changes(part=(k, 3))) for k in range(3)]
+    for k, events in enumerate(halves):
+        assert events and {e.shard % 3 for e in events} == {k}
+    assert sorted(e.id for events in halves for e in events) == sorted(ids)
+    subs = [store.subscribe("split", part=(k, 2)) for k in range(2)]
+    for sub in subs:
+        for event in sub.changes():
+            sub.ack(event)
+    fresh = [store.subscribe("split", part=(k, 2)) for k in range(2)]
+    assert all(list(sub.changes()) == [] for sub in fresh)
+    with pytest.raises(InvalidQuery):
+        list(store.changes(part=(2, 2)))

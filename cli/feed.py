@@ -11,6 +11,7 @@ from schemaless.errors import InvalidQuery
 from schemaless.feed import ChangeEvent
 from schemaless.store import DataStore
 from schemaless.subscriptions import feed_status
+from schemaless.subscriptions import unsubscribe as unsubscribe_name
 
 from .options import BadOption, Connection, pass_connection
 from .output import cell, echo_table, entity_to_json, human_duration, json_line
@@ -58,6 +59,11 @@ def _text(event: ChangeEvent) -> str:
 @click.option("--snapshot", is_flag=True, help="Every live entity first, then the changes since.")
 @click.option("--part", callback=_part, metavar="K/N", help="Only the logical shards of part K.")
 @click.option("--status", is_flag=True, help="The subscriptions' lag instead of the changes.")
+@click.option(
+    "--unsubscribe",
+    metavar="NAME",
+    help="Forget a subscription (the feed is no longer kept for it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="JSON lines (with each event's cursor).")
 @pass_connection
 def changes(
@@ -67,6 +73,7 @@ def changes(
     snapshot: bool,
     part: tuple[int, int] | None,
     status: bool,
+    unsubscribe: str | None,
     as_json: bool,
 ) -> None:
     """Show the change feed: puts and deletes in each logical shard's commit order.
@@ -80,8 +87,13 @@ def changes(
         schemaless changes --json
         schemaless changes --follow --since c1.eJxr...
         schemaless changes --status
+        schemaless changes --unsubscribe indexer
     """
     with conn.store() as ds:
+        if unsubscribe is not None:
+            n = unsubscribe_name(ds, unsubscribe)
+            click.echo(f"subscription {unsubscribe!r}: {n} positions forgotten")
+            return
         if status:
             _status(ds, as_json)
             return

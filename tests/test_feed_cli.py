@@ -47,6 +47,9 @@ def test_changes_json_since_and_status(local_cluster: LocalCluster) -> None:
         status = json.loads(run.ok("changes", "--status", "--json").output)
         assert (status["name"], status["shards"], status["behind"]) == ("indexer", 4, 2)
         assert "indexer" in run.ok("changes", "--status").output
+        out = run.ok("changes", "--unsubscribe", "indexer").output
+        assert "4 positions forgotten" in out
+        assert "no subscriptions" in run.ok("changes", "--status").output
     finally:
         drop_prefix(local_cluster, prefix)
 

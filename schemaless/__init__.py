@@ -30,6 +30,7 @@ from .errors import (
     TableMissing,
     UniqueViolation,
 )
+from .feed import ChangeEvent, FeedExpired
 from .ids import new_id
 from .index import Index
 from .query import Page
@@ -37,11 +38,13 @@ from .store import DataStore
 
 __all__ = [
     "CatalogError",
+    "ChangeEvent",
     "ConflictError",
     "CorruptEntity",
     "DataStore",
     "Entity",
     "EntityTooLarge",
+    "FeedExpired",
     "Index",
     "IndexDefinitionError",
     "IndexNotReady",

@@ -272,7 +272,10 @@ def feed_sql(ordered: Sequence[EntityWrite]) -> tuple[list[str], tuple[list[str]
     the writes stay consecutive."""
     dbs = list(dict.fromkeys(w.db for w in ordered))
     var = {db: f"@schemaless_feed{i}" for i, db in enumerate(dbs)}
-    heads = [
+    # NULL first: a head row that is missing makes the change rows fail (NOT NULL), never
+    # take a number left in the pooled session by an earlier batch
+    heads = [f"SET {', '.join(f'{v} = NULL' for v in var.values())}"]
+    heads += [
         f"SELECT `seq` INTO {var[db]} FROM {quote(db, 'changes_head')} WHERE `one` = 1 FOR UPDATE"
         for db in dbs
     ]

@@ -173,17 +173,31 @@ def test_failed_before_step_2_emits_nothing(make_store: Make, point: str) -> Non
     assert list(store.changes()) == []
 
 
-def test_failed_after_step_2_is_in_the_feed(make_store: Make) -> None:
+def test_a_delete_failed_before_step_2_emits_nothing(make_store: Make) -> None:
     store = make_store(changes=True)
     key = new_id()
-    failpoints.set("put.after_entity", "raise")
+    store.put({"id": key})
+    start = list(store.changes())[-1].cursor
+    failpoints.set("delete.before_entity", "raise")
+    with pytest.raises(failpoints.FailpointError):
+        store.delete(key)
+    assert list(store.changes(start)) == []
+
+
+@pytest.mark.parametrize("point", ["put.after_entity", "put.after_stale_rows"])
+def test_failed_after_step_2_is_in_the_feed(make_store: Make, point: str) -> None:
+    store = make_store([Index(table="index_n", properties=["n"], shard_on="n")], changes=True)
+    key = new_id()
+    store.put({"id": key, "n": 0})
+    failpoints.set(point, "raise")
     with pytest.raises(failpoints.FailpointError):
         store.put({"id": key, "n": 1})
     failpoints.set("delete.after_entity", "raise")
     with pytest.raises(failpoints.FailpointError):
         store.delete(key)
     events = list(store.changes())
-    assert [(e.id, e.deleted) for e in events] == [(key, False), (key, True)]
+    assert [(e.id, e.deleted) for e in events] == [(key, False), (key, False), (key, True)]
+    assert events[1].entity == {"id": key, "n": 1}
 
 
 def test_random_operations_against_the_oracle(make_store: Make, local_cluster: Any) -> None:

@@ -313,6 +313,22 @@ class Catalog:
         out = self.server.run(sql + "; SELECT ROW_COUNT()", params)
         return bool(out[0][0][0])
 
+    def enable_changes(self, epoch: int) -> bool:
+        """Turn the change feed on and move the index epoch on from ``epoch`` (whose
+        successor's fences the caller created), so that writers with an older map fail
+        and refresh; False if the epoch is no longer ``epoch``."""
+        meta = self._t("meta")
+        out = self.server.run(
+            f"START TRANSACTION; {self._lock_map};"
+            f" UPDATE {meta} SET value = value + 1 WHERE name = 'index_epoch' AND value = %s;"
+            " SET @moved = ROW_COUNT();"
+            f" INSERT INTO {meta} (name, value) SELECT 'changes', '1' FROM DUAL WHERE @moved > 0"
+            " ON DUPLICATE KEY UPDATE value = '1'; SELECT @moved; COMMIT",
+            (str(epoch),),
+            commits=True,
+        )
+        return bool(out[1][0][0])
+
     def forget_index(self, name: str) -> None:
         """Remove a dropped index from the catalog (after its tables are gone)."""
         self.server.run(

@@ -135,24 +135,30 @@ def part_shards(n_shards: int, part: tuple[int, int] | None) -> list[int]:
 
 def enable_changes(store: DataStore) -> None:
     """Turn the change feed on: the tables on every logical shard, then the catalog's
-    switch (clients see it at their next refresh)."""
+    switch with the next index epoch (as an index declaration: a write of a body from a
+    map without the feed meets a dropped fence, refreshes and writes again, with its
+    change row), then the old fences dropped (each waits for the writes that named it)."""
     cluster = store.cluster
-    topo = cluster.refresh()
-    if topo.changes:
+    if cluster.refresh().changes:
         return
-    if topo.moves:
-        raise CatalogError("cannot turn the change feed on while a shard move is recorded")
-    by_server: dict[int, list[str]] = {}
-    for shard, sid in enumerate(topo.shard_servers):
-        by_server.setdefault(sid, []).extend(changes_tables_sql(topo.dbs[shard]))
-    servers = cluster.all_servers(topo)
-    gather({sid: Batch(servers[sid], ";\n".join(stmts)) for sid, stmts in by_server.items()})
-    meta = quote(cluster.catalog.db, "meta")
-    cluster.catalog.server.run(
-        f"INSERT INTO {meta} (name, value) VALUES ('changes', '1')"
-        " ON DUPLICATE KEY UPDATE value = '1'"
-    )
-    cluster.refresh()
+    busy = "another client is declaring an index or turning the change feed on"
+    with cluster.catalog.lock("declare", busy, wait=20):
+        for _ in range(5):
+            topo = cluster.refresh()
+            if topo.changes:
+                return
+            if topo.moves:
+                raise CatalogError("cannot turn the change feed on while a shard move is recorded")
+            by_server: dict[int, list[str]] = {}
+            for shard, sid in enumerate(topo.shard_servers):
+                by_server.setdefault(sid, []).extend(changes_tables_sql(topo.dbs[shard]))
+            servers = cluster.all_servers(topo)
+            gather({sid: Batch(servers[sid], ";\n".join(sql)) for sid, sql in by_server.items()})
+            cluster.create_fences(topo, topo.index_epoch + 1)
+            if cluster.catalog.enable_changes(topo.index_epoch):
+                cluster.retire_fences(cluster.refresh())
+                return
+        raise CatalogError("the index epoch kept moving; try turning the change feed on again")
 
 
 class ChangeFeed:

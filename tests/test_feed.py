@@ -384,3 +384,34 @@ def test_parts_split_the_shards_between_consumers(make_store: Make) -> None:
     assert all(list(sub.changes()) == [] for sub in fresh)
     with pytest.raises(InvalidQuery):
         list(store.changes(part=(2, 2)))
+
+
+def test_turning_the_feed_on_fences_writers_with_an_old_map(
+    make_store: Make, local_cluster: Any
+) -> None:
+    """A client that has not refreshed its map since the feed was turned on writes its
+    next body with a change row anyway: its write meets the dropped fence, refreshes."""
+    store = make_store(shards=4)
+    old = DataStore(
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=store.cluster.topology.prefix,
+        create=False,
+        refresh_interval=600,
+    )
+    key = new_id()
+    old.put({"id": key, "n": 0})
+    assert not old.cluster.topology.changes
+    enable = DataStore(
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=store.cluster.topology.prefix,
+        create=False,
+        changes=True,
+    )
+    old.put({"id": key, "n": 1})  # with the map from before the feed
+    assert old.cluster.topology.changes
+    events = list(enable.changes())
+    assert [(e.id, e.entity) for e in events] == [(key, {"id": key, "n": 1})]
+    for ds in (old, enable):
+        ds.close()

@@ -14,7 +14,7 @@ import base64
 import time
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -63,8 +63,8 @@ class ChangeEvent:
     shard: int
     seq: int | None  # None: a snapshot's entity
     at: int  # microseconds: when it was written
-    _base: Mapping[int, Position]
-    _position: Position
+    _base: Mapping[int, Position] = field(repr=False)
+    _position: Position = field(repr=False)
 
     @property
     def cursor(self) -> str:

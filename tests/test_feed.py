@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -415,3 +416,20 @@ def test_turning_the_feed_on_fences_writers_with_an_old_map(
     assert [(e.id, e.entity) for e in events] == [(key, {"id": key, "n": 1})]
     for ds in (old, enable):
         ds.close()
+
+
+def test_the_cleaner_trims_by_age_without_subscriptions(make_store: Make) -> None:
+    from schemaless.cleaner.daemon import Cleaner
+
+    store = make_store(changes=True, shards=2)
+    store.put_many({"n": i} for i in range(5))
+    events = list(store.changes())
+    Cleaner(store).run_once()  # 7 days: nothing is that old
+    assert count_changes(store) == 5
+    figures = Cleaner(store, feed_retention=0).run_once(now=time.time() + 1)
+    assert figures["feed_trimmed"] == 5 and count_changes(store) == 0
+    with pytest.raises(FeedExpired):
+        list(store.changes(events[0].cursor))
+    assert list(store.changes()) == []  # from the oldest kept: nothing
+    store.put({"n": 9})
+    assert [e.entity["n"] for e in store.changes() if e.entity] == [9]

@@ -267,9 +267,9 @@ def feed_sql(ordered: Sequence[EntityWrite]) -> tuple[list[str], tuple[list[str]
     the head row of each logical shard written, locked before any entity row (shard
     order); after the writes, one change row per write that applied (copied from the
     entity row on the server, numbered from the head), and the heads stored.  Returns
-    the statements before the writes, and those after with their parameters.  None
-    of them has a result set before the writes' affected-row counts, so the counts of
-    the writes stay consecutive."""
+    the statements before the writes (no result set; counted into the offset of the
+    first write), and those after every write with their parameters, so the writes'
+    affected-row counts stay consecutive."""
     dbs = list(dict.fromkeys(w.db for w in ordered))
     var = {db: f"@schemaless_feed{i}" for i, db in enumerate(dbs)}
     # NULL first: a head row that is missing makes the change rows fail (NOT NULL), never

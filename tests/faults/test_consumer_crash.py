@@ -1,5 +1,6 @@
 """A change feed consumer SIGKILLed at random moments while writers put, update and
-delete and a logical shard moves back and forth: it sees every acknowledged write
+delete, a logical shard moves back and forth and the Cleaner trims the feed and purges
+tombstones: it sees every acknowledged write
 (puts by their version, deletes between the versions around them), each entity's
 versions in increasing order within a run, and a restart resumes after what it
 acknowledged, never before."""
@@ -21,6 +22,7 @@ from typing import Any
 from conftest import wait_until
 
 from schemaless import DataStore, new_id
+from schemaless.cleaner.daemon import Cleaner
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 
@@ -91,8 +93,22 @@ def test_a_killed_consumer_misses_nothing(
             mover.move(1, 1 - topo.shard_servers[1])
             moved.append(1)
 
+    trimmed: list[int] = []
+
+    def clean() -> None:  # trims what the consumer acknowledged, purges tombstones
+        with DataStore(
+            fault_cluster.addresses,
+            option_file=str(fault_cluster.option_file),
+            prefix=store.cluster.topology.prefix,
+            create=False,
+        ) as ds:
+            cleaner = Cleaner(ds, tombstone_retention=0)
+            while not stop.is_set():
+                trimmed.append(cleaner.run_once()["feed_trimmed"])
+                time.sleep(0.2)
+
     threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
-    threads.append(threading.Thread(target=move))
+    threads += [threading.Thread(target=move), threading.Thread(target=clean)]
     for t in threads:
         t.start()
     kills = 0
@@ -112,6 +128,7 @@ def test_a_killed_consumer_misses_nothing(
             t.join(60)
     assert kills == 8
     assert moved == [1, 1]
+    assert sum(trimmed) > 0  # acknowledged rows were trimmed meanwhile
     assert all(len(ops) > 20 for ops in results)
     last = start(fault_cluster, store, log, 99, idle=True)
     _, err = last.communicate(timeout=60)

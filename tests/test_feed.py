@@ -434,3 +434,42 @@ def test_the_cleaner_trims_by_age_without_subscriptions(make_store: Make) -> Non
     assert list(store.changes()) == []  # from the oldest kept: nothing
     store.put({"n": 9})
     assert [e.entity["n"] for e in store.changes() if e.entity] == [9]
+
+
+def test_step_2_sql_with_the_feed() -> None:
+    """Heads locked first, in shard order, before any entity row; change rows after
+    every write; the first write's count offset includes the heads."""
+    dbs = ("p_0000", "p_0001")
+    writes = [
+        EntityWrite(dbs[1], 1, b"\x02" * 16, 7, 1, b"b", BLIND, False),
+        EntityWrite(dbs[0], 0, b"\x01" * 16, 7, 1, None, BLIND, False),
+        EntityWrite(dbs[1], 1, b"\x00" * 16, 7, 1, b"a", BLIND, False),
+    ]
+    plain, plain_params, plain_first = entity_batch_sql(writes, (), dbs)
+    sql, params, first = entity_batch_sql(writes, (), dbs, None, True)
+    stmts = sql.split(";\n")
+    assert stmts[0] == "START TRANSACTION" and stmts[-1] == "COMMIT"
+    assert stmts[1] == "SET @schemaless_feed0 = NULL, @schemaless_feed1 = NULL"
+    assert "`p_0000`.`changes_head`" in stmts[2] and stmts[2].endswith("FOR UPDATE")
+    assert "`p_0001`.`changes_head`" in stmts[3]
+    assert first == plain_first + 3 and stmts[first : first + 3] == plain.split(";\n")[1:-1]
+    inserts = stmts[first + 3 : first + 6]
+    assert all(s.startswith("INSERT INTO") and "`changes`" in s for s in inserts)
+    assert "@schemaless_feed0 := @schemaless_feed0 + 1" in inserts[0]
+    assert stmts[first + 6].startswith("UPDATE `p_0000`.`changes_head`")
+    assert params[: len(plain_params)] == plain_params
+    ordered = sorted(writes, key=lambda w: (w.db, w.entity_id))
+    assert params[len(plain_params) :] == [x for w in ordered for x in (w.entity_id, w.version)]
+
+
+def test_subscription_positions_round_trip() -> None:
+    from schemaless.feed import part_shards
+    from schemaless.subscriptions import _loaded, _stored
+
+    for position in (0, 5, (None, 0), (9, 0), (9, 42), (0, 3)):
+        assert _loaded(*_stored(position)) == position
+    assert part_shards(5, None) == [0, 1, 2, 3, 4]
+    assert part_shards(5, (1, 2)) == [1, 3]
+    for bad in ((2, 2), (-1, 2), (0, 0), ("0", 1)):
+        with pytest.raises(InvalidQuery):
+            part_shards(5, bad)  # type: ignore[arg-type]

@@ -59,6 +59,7 @@ ROUND_TRIP_TARGETS = {
     "put_1idx": 2,
     "put_3idx": 2,
     "put_unique_idx": 2,
+    "put_changes": 2,
     "get": 1,
     "get_many": 1,
 }
@@ -97,8 +98,8 @@ class Config:
 def drop_prefix(servers: Servers, prefix: str) -> None:
     """Drop every database this benchmark makes under ``prefix`` (and only those)."""
     pattern = re.compile(
-        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013]|[tu]1|r[tu]1|rj|rn|md)_[0-9]{{4}}"
-        r"|(?:i[013]|[tu]1|rj|rn)_catalog|(?:i[013]|[tu]1)_canary|json|naive"
+        rf"{re.escape(prefix)}_(?:(?:i[013]|r[013]|[tuc]1|r[tuc]1|rj|rn|md)_[0-9]{{4}}"
+        r"|(?:i[013]|[tuc]1|rj|rn)_catalog|(?:i[013]|[tuc]1)_canary|json|naive"
         r"|tl_[a-z0-9_]+)\Z"
     )
     for i in range(len(servers.addresses)):

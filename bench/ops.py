@@ -3,10 +3,12 @@
 Layout.  Three datastores hold 0, 1 and 3 indexes (``<prefix>_i0``, ``_i1``, ``_i3``;
 the last one is loaded with the dataset and serves every read), and two hold one index
 on ``published``, plain (``_t1``) and unique (``_u1``): a put on each shows what the
-unique claim costs.  Each has a raw twin (``<prefix>_r0``, ``_r1``, ``_r3``, ``_rt1``,
-``_ru1``) with the same logical shards on the same servers and tables of the same
-shape (the library's own DDL), so both sides touch the same number of rows on the same
-servers, with the same durability.
+unique claim costs; ``_c1`` is ``_t1`` with the change feed on (``put_changes``, against
+the same raw baseline as ``put_int_idx``: the difference is what the feed costs a put).
+Each has a raw twin (``<prefix>_r0``, ``_r1``, ``_r3``, ``_rt1``, ``_ru1``, ``_rc1``)
+with the same logical shards on the same servers and tables of the same shape (the
+library's own DDL), so both sides touch the same number of rows on the same servers,
+with the same durability.
 
 Raw baselines (what an application would write by hand, with no consistency protocol):
 
@@ -64,6 +66,7 @@ INDEXES: dict[str, list[Index]] = {
     "i3": [BY_USER, BY_TIME, BY_FEED],
     "t1": [BY_TIME],  # a plain index on one int ...
     "u1": [UNIQUE_TIME],  # ... and the same one unique: what the claim costs a put
+    "c1": [BY_TIME],  # ... and plain with the change feed on: what the feed costs a put
 }
 PAGE = 20
 UPDATE_DELTA = 7  # an update moves ``published`` by this many seconds
@@ -154,6 +157,7 @@ class Bench:
                 pool_size=pool_size,
                 refresh_interval=refresh_interval,
                 tracer=tracer,
+                changes=kind == "c1",
             )
             for kind, indexes in INDEXES.items()
         }
@@ -388,10 +392,13 @@ def _put_op(b: Bench, kind: str, ordered: bool = False, own_id: bool = False) ->
         return b.raw_batches(plan)
 
     noun = f"{n_idx} index{'es' if n_idx != 1 else ''}"
-    if kind in ("t1", "u1"):
+    if kind in ("t1", "u1", "c1"):
         noun = f"1 {'unique' if kind == 'u1' else 'plain'} int index"
+        noun += ", change feed on" if kind == "c1" else ""
     title = f"put new entity{' with its own id' if own_id else ''}, {noun}"
-    base = {"t1": "put_int_idx", "u1": "put_unique_idx"}.get(kind, f"put_{n_idx}idx")
+    base = {"t1": "put_int_idx", "u1": "put_unique_idx", "c1": "put_changes"}.get(
+        kind, f"put_{n_idx}idx"
+    )
     return Op(
         name=base + ("_ordered" if ordered else "") + ("_own_id" if own_id else ""),
         title=title + (" (raw: rows first)" if ordered else ""),
@@ -633,6 +640,7 @@ def operations(b: Bench) -> list[Op]:
         _put_op(b, "i3"),
         _put_op(b, "t1"),
         _put_op(b, "u1"),
+        _put_op(b, "c1"),
         _put_op(b, "i1", ordered=True),
         _put_op(b, "i3", ordered=True),
         _get_op(b),

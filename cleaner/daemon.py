@@ -22,6 +22,7 @@ from schemaless.store import DataStore
 
 from .backfill import Backfill
 from .expire import Expiry
+from .feedtrim import trim_feed
 from .metrics import Figures, MetricsServer, prometheus_text
 from .progress import Progress
 from .purge import purge_tombstones
@@ -56,6 +57,7 @@ class Cleaner:
         rate: float | None = None,
         interval: float = 10.0,
         tombstone_retention: float = 3600.0,
+        feed_retention: float = 7 * 24 * 3600.0,
         fence_after: float = 60.0,
         sweep_budget: int | None = None,
         heartbeat_interval: float = 5.0,
@@ -88,6 +90,7 @@ class Cleaner:
         self.store = store
         self.interval = interval
         self.tombstone_retention = tombstone_retention
+        self.feed_retention = feed_retention
         self.sweep_budget = sweep_budget if sweep_budget is not None else 10 * batch
         self.heartbeat_interval = heartbeat_interval
         self.name = name or f"cleaner:{socket.gethostname()}:{os.getpid()}"
@@ -163,6 +166,8 @@ class Cleaner:
         if not rt.stopping:
             rt.figures.set(state="purge")
             purge_tombstones(rt, topo, int((now_s - self.tombstone_retention) * 1e6))
+        if not rt.stopping:
+            trim_feed(rt, topo, int((now_s - self.feed_retention) * 1e6))
         if rt.stopping:
             raise Stopped()
         rt.figures.set(state="idle", last_pass=now_us())

@@ -205,6 +205,14 @@ def _open(conn: Connection) -> DataStore:
     metavar="SECONDS",
     help="Purge tombstones (deleted entities' versions) older than this.",
 )
+@click.option(
+    "--feed-retention",
+    type=click.FloatRange(min=0),
+    default=7 * 24 * 3600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Trim change feed rows older than this, even if a subscription still needs them.",
+)
 @fence_option
 @click.option(
     "--metrics-port",
@@ -238,6 +246,7 @@ def main(
     throttle: ThrottleSettings | None,
     interval: float,
     tombstone_retention: float,
+    feed_retention: float,
     fence_after: float,
     metrics_port: int | None,
     metrics_host: str,
@@ -291,6 +300,7 @@ def _clean(
         rate=p["rate"],
         interval=p["interval"],
         tombstone_retention=p["tombstone_retention"],
+        feed_retention=p["feed_retention"],
         fence_after=p["fence_after"],
         progress=Progress(sys.stderr, quiet=p["quiet"]),
         name=backfill_name(index, part) if index is not None else None,

@@ -52,6 +52,7 @@ class Figures:
     deferred: int = 0
     purged: int = 0
     purge_skipped: int = 0  # passes whose purge the user's grants did not allow
+    feed_trimmed: int = 0  # change feed rows acknowledged by every subscription or too old
     backlog: int = 0
     rows_per_s: float = 0.0  # the backfill's rate so far
     passes: int = 0

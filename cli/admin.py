@@ -10,6 +10,7 @@ from schemaless.catalog import Topology
 from schemaless.cluster import DEFAULT_SHARDS
 from schemaless.dsn import parse_address
 from schemaless.errors import CatalogError
+from schemaless.feed import enable_changes
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
@@ -65,9 +66,18 @@ def _summary(ds: DataStore) -> str:
     callback=expiry_property,
     help="The property holding each entity's expiry time (epoch seconds); see `schemaless expiry`.",
 )
+@click.option(
+    "--changes",
+    is_flag=True,
+    help="Turn the change feed on (`schemaless changes`); also for an existing datastore.",
+)
 @pass_connection
 def init(
-    conn: Connection, servers: tuple[str, ...], shards: int | None, expire_on: str | None
+    conn: Connection,
+    servers: tuple[str, ...],
+    shards: int | None,
+    expire_on: str | None,
+    changes: bool,
 ) -> None:
     """Create the catalog and the logical shards.
 
@@ -80,6 +90,7 @@ def init(
         schemaless init --shards 16
         schemaless init --server db1:3306 --server db2:3306 --shards 1024
         schemaless init --shards 16 --expire-on expires_at
+        schemaless init --shards 16 --changes
     """
     kwargs: dict[str, Any] = {} if shards is None else {"shards": shards}
     if expire_on is not None:
@@ -93,6 +104,13 @@ def init(
         with conn.store(servers=servers, create=True, **kwargs) as ds:
             summary = _summary(ds)
         created = True
+    if changes:
+        with conn.store(servers=servers) as ds:
+            was_on = ds.cluster.current().changes
+            enable_changes(ds.cluster)
+        if not was_on and not created:
+            click.echo(f"datastore {conn.prefix!r}: change feed turned on")
+        summary += "; change feed on"
     if created:
         click.echo(f"created datastore {conn.prefix!r}: {summary}")
     else:

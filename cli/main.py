@@ -10,6 +10,7 @@ from .admin import init
 from .data import delete, get, put, query
 from .dump import dump_command, restore_command
 from .expiry import expiry
+from .feed import changes
 from .grants import grants
 from .indexes import index
 from .local_cluster import local
@@ -42,5 +43,6 @@ for command in (local, init, index, put, get, delete, query, shards, servers, re
     cli.add_command(command)
 cli.add_command(grants)
 cli.add_command(expiry)
+cli.add_command(changes)
 cli.add_command(dump_command)
 cli.add_command(restore_command)

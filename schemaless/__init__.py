@@ -35,6 +35,7 @@ from .errors import (
     TransientError,
     UniqueViolation,
 )
+from .feed import ChangeEvent, FeedExpired
 from .ids import new_id
 from .index import Index
 from .query import Page
@@ -42,11 +43,13 @@ from .store import DataStore
 
 __all__ = [
     "CatalogError",
+    "ChangeEvent",
     "ConflictError",
     "CorruptEntity",
     "DataStore",
     "Entity",
     "EntityTooLarge",
+    "FeedExpired",
     "Index",
     "IndexDefinitionError",
     "IndexNotReady",

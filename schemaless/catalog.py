@@ -118,6 +118,7 @@ class Topology:
     replicas: dict[int, tuple[Address, ...]] = field(default_factory=dict)  # server -> replicas
     index_epoch: int = 0  # bumped by every index declaration; 0: a catalog from before fences
     expire_on: str | None = None  # the property holding expiry times (schemaless.expiry)
+    changes: bool = False  # the change feed is on (schemaless.feed)
 
     @property
     def fence(self) -> str | None:
@@ -281,6 +282,7 @@ class Catalog:
             replicas=_group_replicas(out[6]),
             index_epoch=int(meta.get("index_epoch", "0")),
             expire_on=meta.get(EXPIRE_ON) or None,
+            changes=meta.get("changes") == "1",
         )
 
     def set_expire_on(self, prop: str | None, *, replace: bool) -> None:
@@ -344,6 +346,22 @@ class Catalog:
             params.append(_known(expect).value)
         out = self.server.run(sql + "; SELECT ROW_COUNT()", params)
         return bool(scalar(out[0]))
+
+    def enable_changes(self, epoch: int) -> bool:
+        """Turn the change feed on and move the index epoch on from ``epoch`` (whose
+        successor's fences the caller created), so that writers with an older map fail
+        and refresh; False if the epoch is no longer ``epoch``."""
+        meta = self._t("meta")
+        out = self.server.run(
+            f"START TRANSACTION; {self._lock_map};"
+            f" UPDATE {meta} SET value = value + 1 WHERE name = 'index_epoch' AND value = %s;"
+            " SET @moved = ROW_COUNT();"
+            f" INSERT INTO {meta} (name, value) SELECT 'changes', '1' FROM DUAL WHERE @moved > 0"
+            " ON DUPLICATE KEY UPDATE value = '1'; SELECT @moved; COMMIT",
+            (str(epoch),),
+            commits=True,
+        )
+        return bool(out[1][0][0])
 
     def forget_index(self, name: str) -> None:
         """Remove a dropped index from the catalog (after its tables are gone)."""

@@ -5,7 +5,8 @@ statements are built from the shard map and the index list (re-run after adding 
 index or moving shards):
 
 * ``app``, the application: SELECT on the catalog, INSERT, UPDATE, DELETE on its
-  ``clients`` (the write latency it reports); SELECT, INSERT, UPDATE, DELETE on every
+  ``clients`` (the write latency it reports) and, with the change feed on, on
+  ``feed_positions`` (subscriptions); SELECT, INSERT, UPDATE, DELETE on every
   shard database (on every server, so a shard that moves keeps working); no DDL.
 * ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints`` and
   ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to mark an index
@@ -13,9 +14,10 @@ index or moving shards):
   DELETE on each maintained index table; on ``entities`` only ``INSERT (id, version,
   updated)`` and ``UPDATE (version, updated)``: fencing tombstones and raised
   versions, never a body (except ``UPDATE (body)`` in a datastore with an expiry
-  property: tombstones of expired entities), never a delete (so no tombstone purge).
-  On every server,
-  CREATE, SELECT, INSERT, UPDATE on the throttle's canary database
+  property: tombstones of expired entities), never a delete (so no tombstone purge);
+  DELETE on the change feed's ``changes`` (its trim; with an expiry property also
+  INSERT there and UPDATE on ``changes_head``: an expiry's delete writes its change).
+  On every server, CREATE, SELECT, INSERT, UPDATE on the throttle's canary database
   (``<prefix>_canary``, which holds no data).
 * ``admin``: ALL PRIVILEGES on every database of the datastore (``<prefix>\\_%``, which
   also covers the side copies of shard moves), on every server.
@@ -119,6 +121,8 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
     grant(catalog_at, "SELECT", _every_table(catalog_db))
     if role == "app":
         grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, "clients"))
+        if topo.changes:  # subscriptions of the change feed keep their positions there
+            grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, "feed_positions"))
         # Database-level DML on every shard database on every server: a grant on a
         # database a server does not hold gives nothing, until a shard moves there.
         for at in plan:
@@ -131,14 +135,20 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
     for at in plan:
         grant(at, "CREATE, SELECT, INSERT, UPDATE", _every_table(canary_db(topo.prefix)))
     maintained = sorted(topo.maintained(), key=lambda index: index.name)
-    # the expiry writes tombstones (``body`` = NULL) of expired entities
-    updates = "`version`, `updated`" + (", `body`" if topo.expire_on is not None else "")
+    # the expiry writes tombstones (``body`` = NULL) of expired entities, through the
+    # write protocol: with the change feed on, their change rows too
+    expiring = topo.expire_on is not None
+    updates = "`version`, `updated`" + (", `body`" if expiring else "")
     for shard, sid in enumerate(topo.shard_servers):
         at, db = topo.servers[sid], shard_db(topo.prefix, shard)
         grant(at, "SELECT", _every_table(db))
         grant(at, f"INSERT (`id`, `version`, `updated`), UPDATE ({updates})", quote(db, "entities"))
         for index in maintained:
             grant(at, "INSERT, UPDATE, DELETE", quote(db, index.table))
+        if topo.changes:  # the trim of the change feed
+            grant(at, "INSERT, DELETE" if expiring else "DELETE", quote(db, "changes"))
+            if expiring:
+                grant(at, "UPDATE", quote(db, "changes_head"))
     return plan
 
 

@@ -36,7 +36,7 @@ from .index import Index
 from .names import check_identifier, escape_wildcards, quote
 from .results import scalar
 from .scatter import chunks, sql_bytes
-from .schema import entities_table_sql, fence_table_sql
+from .schema import changes_tables_sql, entities_table_sql, fence_table_sql
 from .store import DataStore
 
 __all__ = ["MoveReport", "ShardMover", "rebalance_plan"]
@@ -69,6 +69,17 @@ _ENTITIES = _Table(
     ("added_id", "id", "version", "updated", "body"),
     ("`added_id`", "`id`", "`version`", "`updated`", "`body` IS NULL", "CRC32(`body`)"),
 )
+
+
+# The change feed's tables travel with their shard, numbers and all (nothing is emitted
+# for the copy: it never writes through step 2).
+_CHANGES = _Table(
+    "changes",
+    ("seq",),
+    ("seq", "id", "version", "body", "at"),
+    ("`seq`", "`id`", "`version`", "`at`", "`body` IS NULL", "CRC32(`body`)"),
+)
+_CHANGES_HEAD = _Table("changes_head", ("one",), ("one", "seq"), ("`one`", "`seq`"))
 
 
 def _fence_table(name: str) -> _Table:
@@ -128,7 +139,8 @@ class ShardMover:
     def _tables(self, topo: Topology) -> list[_Table]:
         indexes = [info.index for info in topo.indexes.values()]
         fence = [_fence_table(topo.fence)] if topo.fence else []
-        return [_ENTITIES, *(_index_table(i) for i in indexes), *fence]
+        feed = [_CHANGES, _CHANGES_HEAD] if topo.changes else []
+        return [_ENTITIES, *(_index_table(i) for i in indexes), *feed, *fence]
 
     # -- the move ------------------------------------------------------------------------
 
@@ -256,6 +268,8 @@ class ShardMover:
         stmts += [info.index.create_table_sql(db) for info in topo.indexes.values()]
         if topo.index_epoch:
             stmts.append(fence_table_sql(db, topo.index_epoch))
+        if topo.changes:
+            stmts += changes_tables_sql(db)
         dst.run(";\n".join(stmts))
 
     def _fence(
@@ -410,7 +424,7 @@ class ShardMover:
                 for r in src.run(
                     f"SELECT {', '.join(quote(c) for c in table.columns)}"
                     f" FROM {quote(src_db, table.name)}"
-                    f" WHERE `added_id` IN ({', '.join(['%s'] * len(ids))})",
+                    f" WHERE {quote(table.key[0])} IN ({', '.join(['%s'] * len(ids))})",
                     ids,
                 )[0]
             ]

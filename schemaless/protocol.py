@@ -431,7 +431,9 @@ class Writer:
 
         def build(sid: int) -> Statement:
             rows = local.get(sid, []) if local else []
-            sql, params, firsts[sid] = entity_batch_sql(groups[sid], rows, topo.dbs, topo.fence)
+            sql, params, firsts[sid] = entity_batch_sql(
+                groups[sid], rows, topo.dbs, topo.fence, topo.changes
+            )
             return sql, params
 
         results, errors, counts = self.cluster.scatter(

@@ -31,6 +31,7 @@ __all__ = [
     "by_server",
     "chunks",
     "ids_by_server",
+    "joined",
     "rounds",
     "row_bytes",
     "scatter",
@@ -111,6 +112,11 @@ def scatter(
 def bare(sql: str) -> Statement:
     """A statement without parameters (``build`` for groups that are SQL already)."""
     return sql, ()
+
+
+def joined(statements: Sequence[Statement]) -> Statement:
+    """Several statements as one batch: one round trip, their result sets in order."""
+    return ";\n".join(sql for sql, _ in statements), [p for _, ps in statements for p in ps]
 
 
 def rounds(

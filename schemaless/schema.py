@@ -11,6 +11,7 @@ from .names import quote
 __all__ = [
     "CATALOG_TABLES",
     "canary_db",
+    "changes_tables_sql",
     "check_prefix",
     "entities_table_sql",
     "fence_epoch",
@@ -57,6 +58,25 @@ def entities_table_sql(db: str) -> str:
         " KEY `by_updated` (`updated`)"
         ") ENGINE=InnoDB"
     )
+
+
+def changes_tables_sql(db: str) -> list[str]:
+    """The change feed's tables of one logical shard: the changes in commit order, and
+    the head row that numbers them (docs/architecture.md, "The change feed")."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'changes')} ("
+        " `seq` BIGINT UNSIGNED NOT NULL PRIMARY KEY,"
+        " `id` BINARY(16) NOT NULL,"
+        " `version` BIGINT UNSIGNED NOT NULL,"
+        " `body` MEDIUMBLOB NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL"
+        ") ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'changes_head')} ("
+        " `one` TINYINT UNSIGNED NOT NULL PRIMARY KEY,"
+        " `seq` BIGINT UNSIGNED NOT NULL"
+        ") ENGINE=InnoDB",
+        f"INSERT IGNORE INTO {quote(db, 'changes_head')} (`one`, `seq`) VALUES (1, 0)",
+    ]
 
 
 def fence_table(epoch: int) -> str:
@@ -131,6 +151,15 @@ CATALOG_TABLES = {
         "`name` VARCHAR(128) NOT NULL PRIMARY KEY,"
         " `heartbeat` BIGINT UNSIGNED NOT NULL,"
         " `figures` TEXT NOT NULL"
+    ),
+    # each subscription's position in the change feed, per logical shard (schemaless.feed)
+    "feed_positions": (
+        "`name` VARCHAR(64) NOT NULL,"
+        " `shard` INT UNSIGNED NOT NULL,"
+        " `position` BIGINT UNSIGNED NOT NULL,"
+        " `scan` BIGINT UNSIGNED NULL,"
+        " `acked` BIGINT UNSIGNED NOT NULL,"
+        " PRIMARY KEY (`name`, `shard`)"
     ),
     # each client's recent write latency per server (schemaless.latency)
     "clients": (

@@ -26,6 +26,7 @@ from .errors import (
     UniqueViolation,
 )
 from .expiry import check_property, expired, stamp
+from .feed import ChangeEvent, ChangeFeed, decode_cursor, enable_changes, part_shards
 from .follow import Calls
 from .health import HealthState
 from .ids import id_hex, to_id
@@ -35,6 +36,7 @@ from .protocol import Writer
 from .query import Page, QueryEngine
 from .reader import Reader
 from .scatter import bare, shard_unions
+from .subscriptions import Subscription
 from .writes import BLIND, CREATE, WriteMode
 
 __all__ = ["DataStore"]
@@ -80,6 +82,7 @@ class DataStore:
         timeout: float | None = None,
         claim_wait: float = 0.2,
         expire_on: str | None = None,
+        changes: bool = False,
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -113,13 +116,15 @@ class DataStore:
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
         self.claims.wait = claim_wait
         self._query = QueryEngine(self.cluster, self.reader, self.calls)
-        self._record(expire_on, indexes)
+        self._record(expire_on, changes, indexes)
 
-    def _record(self, expire_on: str | None, indexes: Sequence[Index]) -> None:
+    def _record(self, expire_on: str | None, changes: bool, indexes: Sequence[Index]) -> None:
         """What the constructor's arguments ask of the catalog: the expiry property,
-        the indexes."""
+        the change feed, the indexes."""
         if expire_on is not None:
             self._expire_on(check_property(expire_on))
+        if changes:
+            enable_changes(self.cluster)
         for index in indexes:
             self.declare_index(index)
 
@@ -361,6 +366,38 @@ class DataStore:
         return dict_id
 
     # -- indexes and queries -------------------------------------------------------------
+
+    # -- the change feed (schemaless.feed) -----------------------------------------------
+
+    def changes(
+        self,
+        cursor: str | None = None,
+        follow: bool = False,
+        *,
+        snapshot: bool = False,
+        part: tuple[int, int] | None = None,
+    ) -> Iterator[ChangeEvent]:
+        """The change feed (``DataStore(changes=True)``): events in each logical shard's
+        commit order, per entity in increasing version order, deletes included
+        (``event.entity`` None), at least once; each ``event.cursor`` resumes after it.
+        ``cursor`` None: from the oldest change kept, or, with ``snapshot``, every live
+        entity first and then the changes since.  Without ``follow`` it ends once it has
+        caught up.  ``part=(k, n)``: the logical shards with ``shard % n == k``."""
+        n_shards = self.cluster.current().n_shards
+        shards = part_shards(n_shards, part)
+        if cursor is not None:
+            positions = dict(decode_cursor(cursor, n_shards))
+        else:
+            positions = {s: (None, 0) for s in shards} if snapshot else {}
+        return ChangeFeed(self.reader, positions, shards).events(follow)
+
+    def subscribe(
+        self, name: str, *, part: tuple[int, int] | None = None, snapshot: bool = False
+    ) -> Subscription:
+        """A named consumer whose positions live in the catalog: ``sub.changes()``
+        resumes after what ``sub.ack(event)`` acknowledged, also after a restart; a new
+        one starts from the oldest change kept, or with a snapshot."""
+        return Subscription(self.reader, name, part, snapshot)
 
     def declare_index(self, index: Index) -> str:
         """Create an index's tables and record it; return its state.

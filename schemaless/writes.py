@@ -30,6 +30,7 @@ __all__ = [
     "WriteMode",
     "delete_rows_sql",
     "entity_batch_sql",
+    "feed_sql",
     "fence_owner_sql",
     "in_transaction",
     "owners_sql",
@@ -231,6 +232,7 @@ def entity_batch_sql(
     rows: Sequence[IndexRow] = (),
     dbs: Sequence[str] = (),
     fence: str | None = None,
+    changes: bool = False,
 ) -> tuple[str, list[Any], int]:
     """Step 2: write each entity with one atomic conditional statement, in one round
     trip; return the SQL, its parameters and the position of the first write among the
@@ -248,11 +250,19 @@ def entity_batch_sql(
     which holds the table until the transaction ends: a declaration that drops it
     waits for this write, and a write from an older map fails (``TableMissing``).
     Tombstones need no fence (they produce no index rows).
+
+    ``changes``: the change feed is on; the shards' head rows are locked first and a
+    change row follows each write that applied (``schemaless.feed``, ``feed_sql``).
     """
     stmts, params = _upserts(rows, dbs)
+    ordered = sorted(writes, key=lambda w: (w.db, w.entity_id))
+    feed_tail: tuple[list[str], list[Any]] = ([], [])
+    if changes:
+        heads, feed_tail = feed_sql(ordered)
+        stmts += heads
     upserts = len(stmts)
     fenced: set[str] = set()
-    for w in sorted(writes, key=lambda w: (w.db, w.entity_id)):
+    for w in ordered:
         kind = _kind(w)
         shard_fence = None
         if fence is not None and w.body is not None and w.db not in fenced:
@@ -269,9 +279,44 @@ def entity_batch_sql(
             params += [w.updated, w.version, w.entity_id, w.version]
         else:
             params += [w.updated, w.version, w.entity_id, w.mode.expected]
+    stmts += feed_tail[0]
+    params += feed_tail[1]
     if len(stmts) > 1:
         return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1 + upserts
     return ";\n".join(stmts), params, 0
+
+
+def feed_sql(ordered: Sequence[EntityWrite]) -> tuple[list[str], tuple[list[str], list[Any]]]:
+    """The change feed's statements of step 2 (docs/architecture.md, "The change feed"):
+    the head row of each logical shard written, locked before any entity row (shard
+    order); after the writes, one change row per write that applied (copied from the
+    entity row on the server, numbered from the head), and the heads stored.  Returns
+    the statements before the writes (no result set; counted into the offset of the
+    first write), and those after every write with their parameters, so the writes'
+    affected-row counts stay consecutive."""
+    dbs = list(dict.fromkeys(w.db for w in ordered))
+    var = {db: f"@schemaless_feed{i}" for i, db in enumerate(dbs)}
+    # NULL first: a head row that is missing makes the change rows fail (NOT NULL), never
+    # take a number left in the pooled session by an earlier batch
+    heads = [f"SET {', '.join(f'{v} = NULL' for v in var.values())}"]
+    heads += [
+        f"SELECT `seq` INTO {var[db]} FROM {quote(db, 'changes_head')} WHERE `one` = 1 FOR UPDATE"
+        for db in dbs
+    ]
+    after: list[str] = []
+    params: list[Any] = []
+    for w in ordered:
+        v = var[w.db]
+        after.append(
+            f"INSERT INTO {quote(w.db, 'changes')} (`seq`, `id`, `version`, `body`, `at`)"
+            f" SELECT {v} := {v} + 1, `id`, `version`, `body`, `updated`"
+            f" FROM {quote(w.db, 'entities')} WHERE `id` = %s AND `version` = %s"
+        )
+        params += [w.entity_id, w.version]
+    after += [
+        f"UPDATE {quote(db, 'changes_head')} SET `seq` = {var[db]} WHERE `one` = 1" for db in dbs
+    ]
+    return heads, (after, params)
 
 
 def _kind(w: EntityWrite) -> str:

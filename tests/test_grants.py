@@ -549,3 +549,35 @@ def test_grants_of_one_datastore_give_nothing_on_another(local_cluster: LocalClu
         for ds in (mine, other):
             drop_prefix(local_cluster, ds.cluster.topology.prefix)
             ds.close()
+
+
+def test_feed_users_subscribe_and_trim_with_their_grants(local_cluster: LocalCluster) -> None:
+    """With the change feed on, the app user subscribes and acknowledges, and the
+    Cleaner user trims what was acknowledged; neither can do more than its role."""
+    prefix = "grantsfeed_" + uuid.uuid4().hex[:8]
+    admin = DataStore(
+        local_cluster.addresses,
+        prefix=prefix,
+        shards=2,
+        refresh_interval=0.2,
+        option_file=str(local_cluster.option_file),
+        changes=True,
+    )
+    try:
+        with new_users(local_cluster, uuid.uuid4().hex[:8], ("app", "cleaner")) as made:
+            apply_grants(admin, "app", made["app"].account)
+            apply_grants(admin, "cleaner", made["cleaner"].account)
+            app = open_as(local_cluster, admin, made["app"])
+            app.put_many({"n": i} for i in range(6))
+            sub = app.subscribe("reader")
+            events = list(sub.changes())
+            assert len(events) == 6
+            sub.ack(events[-1])
+            app.close()
+            cleaner = open_as(local_cluster, admin, made["cleaner"])
+            figures = Cleaner(cleaner).run_once()
+            assert figures["feed_trimmed"] == 6
+            cleaner.close()
+    finally:
+        admin.close()
+        drop_prefix(local_cluster, prefix)

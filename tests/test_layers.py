@@ -33,8 +33,8 @@ LAYERS: list[set[str]] = [
     {"scatter", "stale"},  # one batch per server
     {"cluster"},  # routing
     {"follow"},  # a call's deadline, following the map
-    {"reader", "unique"},
-    {"query", "protocol"},
+    {"reader", "unique", "feed"},
+    {"query", "protocol", "subscriptions"},
     {"store"},  # DataStore, the facade
     {"aio", "connect", "dump", "grants", "move"},
     {"demo", "__init__", "cleaner"},

@@ -1,0 +1,69 @@
+"""Trim the change feed: rows every subscription acknowledged, or older than the
+retention, in batches (docs/architecture.md, "The change feed": why the Cleaner).
+
+Per logical shard, the bound is the larger of the smallest acknowledged position (only
+when some subscription has a position on that shard) and the last row older than the
+retention; rows up to it are deleted oldest first.  A consumer behind the bound gets
+``FeedExpired``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from schemaless.catalog import Topology
+from schemaless.connection import Rows
+from schemaless.errors import PermissionDenied
+from schemaless.names import quote
+from schemaless.subscriptions import acknowledged
+
+from .runtime import Runtime, log
+
+__all__ = ["trim_feed"]
+
+
+def trim_feed(rt: Runtime, topo: Topology, before_us: int) -> int:
+    """Delete the feed's rows that no one needs on every shard; how many."""
+    if not topo.changes:
+        return 0
+    acked = acknowledged(rt.store.cluster)
+    total = 0
+    for shard in range(topo.n_shards):
+        changes = quote(topo.dbs[shard], "changes")
+        head = quote(topo.dbs[shard], "changes_head")
+        floor = acked.get(shard) if acked is not None else None
+        # the last row older than the retention: the rows before the first newer one
+        bound_sql = (
+            f"COALESCE((SELECT `seq` - 1 FROM {changes} WHERE `at` >= %s ORDER BY `seq`"
+            f" LIMIT 1), (SELECT `seq` FROM {head} WHERE `one` = 1))"
+        )
+        if floor is not None:
+            bound_sql = f"GREATEST(%s, {bound_sql})"
+        sql = (
+            f"SET @bound := {bound_sql};"
+            f" DELETE FROM {changes} WHERE `seq` <= @bound ORDER BY `seq` LIMIT {int(rt.batch)};"
+            " SELECT ROW_COUNT()"
+        )
+        params: list[Any] = [before_us] if floor is None else [floor, before_us]
+        while not rt.stopping:
+            try:
+                out = rt.retry(
+                    f"trimming the feed, shard {shard}", partial(_run, rt, shard, sql, params)
+                )
+            except PermissionDenied as exc:
+                log.warning("change feed not trimmed: the cleaner user may not delete (%s)", exc)
+                return total
+            n = int(out[0][0][0])
+            total += n
+            rt.figures.add(feed_trimmed=n)
+            rt.tick()
+            if n < rt.batch:
+                break
+            rt.throttle(n)
+    return total
+
+
+def _run(rt: Runtime, shard: int, sql: str, params: list[Any]) -> Rows:
+    cluster = rt.store.cluster
+    return cluster.server_of_shard(cluster.current(), shard).run(sql, params)

@@ -1,0 +1,136 @@
+"""``schemaless changes``: the change feed for operators, like ``kubectl get --watch``."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+
+import click
+
+from schemaless.errors import InvalidQuery
+from schemaless.feed import ChangeEvent
+from schemaless.store import DataStore
+from schemaless.subscriptions import feed_status
+from schemaless.subscriptions import unsubscribe as unsubscribe_name
+
+from .options import BadOption, Connection, pass_connection
+from .output import cell, echo_table, entity_to_json, human_duration, json_line
+
+__all__ = ["changes"]
+
+
+def _part(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
+    """``K/N`` (1 <= K <= N) -> ``(K - 1, N)``, as the Cleaner's ``--part``."""
+    if value is None:
+        return None
+    k, _, n = value.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise BadOption(f"expected K/N with 1 <= K <= N, got {value!r}", "--part")
+    return int(k) - 1, int(n)
+
+
+def _json(event: ChangeEvent) -> dict[str, object]:
+    op = "snapshot" if event.seq is None else "delete" if event.entity is None else "put"
+    return {
+        "op": op,
+        "id": event.id.hex(),
+        "version": event.version,
+        "shard": event.shard,
+        "seq": event.seq,
+        "at": event.at,
+        "entity": None if event.entity is None else entity_to_json(event.entity),
+        "cursor": event.cursor,
+    }
+
+
+def _text(event: ChangeEvent) -> str:
+    at = datetime.fromtimestamp(event.at / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    where = f"{event.shard}:{event.seq if event.seq is not None else '-'}"
+    if event.entity is None:
+        return f"{at}  {where}  delete    {event.id.hex()}  v{event.version}"
+    op = "snapshot" if event.seq is None else "put"
+    body = {k: v for k, v in event.entity.items() if k != "id"}
+    return f"{at}  {where}  {op:<8}  {event.id.hex()}  v{event.version}  {cell(body)}"
+
+
+@click.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep waiting for new changes (Ctrl-C stops).")
+@click.option("--since", "cursor", metavar="CURSOR", help="Start after this cursor.")
+@click.option("--snapshot", is_flag=True, help="Every live entity first, then the changes since.")
+@click.option("--part", callback=_part, metavar="K/N", help="Only the logical shards of part K.")
+@click.option("--status", is_flag=True, help="The subscriptions' lag instead of the changes.")
+@click.option(
+    "--unsubscribe",
+    metavar="NAME",
+    help="Forget a subscription (the feed is no longer kept for it).",
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON lines (with each event's cursor).")
+@pass_connection
+def changes(
+    conn: Connection,
+    follow: bool,
+    cursor: str | None,
+    snapshot: bool,
+    part: tuple[int, int] | None,
+    status: bool,
+    unsubscribe: str | None,
+    as_json: bool,
+) -> None:
+    """Show the change feed: puts and deletes in each logical shard's commit order.
+
+    Without --follow it stops once it has caught up and prints the cursor to
+    resume from on stderr; with --json every line carries its own cursor.  The
+    datastore must have the feed on (`schemaless init --changes`).
+
+    \b
+    Example:
+        schemaless changes --json
+        schemaless changes --follow --since c1.eJxr...
+        schemaless changes --status
+        schemaless changes --unsubscribe indexer
+    """
+    with conn.store() as ds:
+        if unsubscribe is not None:
+            n = unsubscribe_name(ds.cluster, unsubscribe)
+            click.echo(f"subscription {unsubscribe!r}: {n} positions forgotten")
+            return
+        if status:
+            _status(ds, as_json)
+            return
+        try:
+            events = ds.changes(cursor, follow, snapshot=snapshot, part=part)
+        except InvalidQuery as exc:
+            raise BadOption(str(exc), "--since") from None
+        last = cursor
+        try:
+            for event in events:
+                click.echo(json_line(_json(event)) if as_json else _text(event))
+                last = event.cursor
+        except KeyboardInterrupt:
+            pass
+        if last and not as_json:
+            click.echo(f"resume with: --since {last}", file=sys.stderr)
+
+
+def _status(ds: DataStore, as_json: bool) -> None:
+    rows = feed_status(ds.cluster)
+    if as_json:
+        for row in rows:
+            click.echo(json_line(row))
+        return
+    if not rows:
+        click.echo("no subscriptions")
+        return
+    echo_table(
+        ["subscription", "shards", "behind", "oldest unacked", "last ack"],
+        [
+            [
+                r["name"],
+                str(r["shards"]),
+                str(r["behind"]),
+                human_duration(r["oldest_s"]) if r["behind"] else "-",
+                human_duration(r["acked_s"]) + " ago",
+            ]
+            for r in rows
+        ],
+    )

@@ -296,7 +296,7 @@ def test_backfill_proof_over_added_id_gaps(make_store: Any) -> None:
     proof covers its runs exactly, holds when nothing changed, and fails (the versions
     are read again) when a writer changed one of its entities."""
     store = make_store(shards=2)
-    ids = load(store, 300)
+    load(store, 300)
     topo = store.cluster.refresh()
     for shard in range(topo.n_shards):
         store.cluster.server_of_shard(topo, shard).run(
@@ -309,20 +309,32 @@ def test_backfill_proof_over_added_id_gaps(make_store: Any) -> None:
     assert_clean(store)
 
     store.declare_index(Index("by_link2", {"link": "str(100)"}))
-    alive = [key for key in ids if store.get(key) is not None]
-    fired: list[bytes] = []
+    # the first live entity of each logical shard: in its shard's first batch, so the
+    # change below comes after the read of at least the batch that hit the failpoint
+    firsts = [
+        bytes(
+            store.cluster.server_of_shard(topo, shard).run(
+                f"SELECT id FROM {quote(shard_db(topo.prefix, shard), 'entities')}"
+                " WHERE body IS NOT NULL ORDER BY added_id LIMIT 1"
+            )[0][0][0]
+        )
+        for shard in range(topo.n_shards)
+    ]
+    fired: list[bool] = []
 
-    def change_one() -> None:
+    def change_firsts() -> None:
         if not fired:
-            fired.append(alive[0])
-            store.update(alive[0], lambda e: {**(e or {}), "link": "http://changed/"})
+            fired.append(True)
+            for key in firsts:
+                store.update(key, lambda e: {**(e or {}), "link": "http://changed/"})
             store.flush()
 
-    failpoints.set("cleaner.after_read", change_one)
+    failpoints.set("cleaner.after_read", change_firsts)
     cleaner = Cleaner(store, batch=40)
     assert cleaner.backfill("by_link2") == "ready"
     assert fired and cleaner.figures.as_dict()["rechecked"] >= 1
-    assert rows_of(store, BY_LINK, alive[0]) == {("http://changed/",): store.get(alive[0]).version}
+    for key in firsts:
+        assert rows_of(store, BY_LINK, key) == {("http://changed/",): store.get(key).version}
     assert_clean(store)
 
 

@@ -2,7 +2,7 @@
 
 The blocks run in order in one namespace, as a reader would type them; the servers
 they name (``"127.0.0.1:3306"``...) become the test cluster's, with a prefix of the
-test's own.  ``bump`` is the one name the README leaves to the reader.
+test's own.  ``bump`` and ``search`` are the names the README leaves to the reader.
 """
 
 from __future__ import annotations
@@ -54,6 +54,16 @@ def namespace(
         drop_prefix(local_cluster, prefix)
 
 
+class _Search(dict[bytes, Any]):
+    """The search index the change feed's example keeps up to date."""
+
+    def upsert(self, key: bytes, entity: dict[str, Any]) -> None:
+        self[key] = entity
+
+    def remove(self, key: bytes) -> None:
+        self.pop(key, None)
+
+
 def run_block(source: str, ns: dict[str, Any]) -> None:
     """Run a block; one with top-level ``await`` as a coroutine."""
     code = compile(source, str(README), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
@@ -64,9 +74,10 @@ def run_block(source: str, ns: dict[str, Any]) -> None:
 
 def test_readme_examples_run(namespace: dict[str, Any]) -> None:
     blocks = _PYTHON.findall(README.read_text())
-    assert len(blocks) == 2  # the synchronous API, then asyncio
+    assert len(blocks) == 3  # the synchronous API, asyncio, the change feed
     ns = namespace
     ns["bump"] = lambda entity: {**entity, "bumped": True}
+    ns["search"] = search = _Search()
     try:
         for block in blocks:
             run_block(on_test_servers(block), ns)
@@ -77,6 +88,7 @@ def test_readme_examples_run(namespace: dict[str, Any]) -> None:
         assert sorted(found, key=lambda e: e["title"]) == [entity, bumped]
         assert [e["title"] for e in ns["page"]] == ["hello", entity["title"]]  # desc
         assert isinstance(ns["version"], int) and ns["found"]["id"] in (entity["id"], entry["id"])
+        assert search[entity["id"]] == entity  # the feed's snapshot reached it
     finally:
         if "datastore" in ns:
             ns["datastore"].close()

@@ -94,14 +94,23 @@ def derive(
     targets = out.targets
     rows_of = index.rows
     pos = index.shard_pos
+    single = len(index.properties) == 1 and index.multi_pos is None
+    one = index.value
+    produced: Iterable[tuple[Any, ...]]
+    entity: Mapping[str, Any]
     for _, key, version, body in batch:
         if body is None:
             continue
         try:
             try:
-                produced = rows_of(decode(body))
+                entity = decode(body)
             except CorruptEntity:
-                produced = rows_of(recover(key, version, body))
+                entity = recover(key, version, body)
+            if single:  # one column: no set, tuple and list per entity
+                value = one(entity)
+                produced = () if value is None else ((value,),)
+            else:
+                produced = rows_of(entity)
         except CorruptEntity as exc:
             out.corrupt.append((key, exc))
             continue

@@ -619,6 +619,19 @@ class Index:
         head, tail = values[:multi_pos], values[multi_pos + 1 :]
         return {(*head, element, *tail) for element in elements}
 
+    def value(self, entity: Mapping[str, Any]) -> Any:
+        """For an index of one column, not multi-valued: the value of the one row that
+        ``rows`` gives (None: no row), without building the row (the backfill's hot
+        path).  InvalidEntity when it does not fit the column."""
+        prop = self.properties[0]
+        value = entity.get(prop)
+        if value is None:
+            return None
+        try:
+            return self._coercers[0](value)
+        except ValueError as exc:
+            raise self._bad_value(prop, value, exc) from None
+
     def _bad_value(self, prop: str, value: object, exc: ValueError) -> InvalidEntity:
         if isinstance(value, (list, tuple)):
             return InvalidEntity(

@@ -645,3 +645,15 @@ def test_refilter_agrees_with_rows(tags: Any, name: Any, probe: tuple[int, str])
         return  # such an entity is never written (put refuses it)
     for row in [*produced, probe]:
         assert _produces(_REFILTER, entity, row) == (row in produced)
+
+
+def test_value_is_the_one_row_of_a_one_column_index() -> None:
+    index = Index("by_n", {"n": "int"})
+    for entity in ({"n": 5}, {"n": 2**40}, {"n": None}, {}, {"other": 1}):
+        rows = index.rows(entity)
+        assert index.value(entity) == (next(iter(rows))[0] if rows else None)
+    with pytest.raises(InvalidEntity) as raised:
+        index.value({"n": "five"})
+    with pytest.raises(InvalidEntity) as by_rows:
+        index.rows({"n": "five"})
+    assert str(raised.value) == str(by_rows.value)

@@ -9,15 +9,14 @@ retention; rows up to it are deleted oldest first.  A consumer behind the bound 
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from schemaless.catalog import Topology
-from schemaless.connection import Rows
 from schemaless.errors import PermissionDenied
 from schemaless.names import quote
 from schemaless.subscriptions import acknowledged
 
+from .purge import delete_in_batches
 from .runtime import Runtime, log
 
 __all__ = ["trim_feed"]
@@ -46,24 +45,9 @@ def trim_feed(rt: Runtime, topo: Topology, before_us: int) -> int:
             " SELECT ROW_COUNT()"
         )
         params: list[Any] = [before_us] if floor is None else [floor, before_us]
-        while not rt.stopping:
-            try:
-                out = rt.retry(
-                    f"trimming the feed, shard {shard}", partial(_run, rt, shard, sql, params)
-                )
-            except PermissionDenied as exc:
-                log.warning("change feed not trimmed: the cleaner user may not delete (%s)", exc)
-                return total
-            n = int(out[0][0][0])
-            total += n
-            rt.figures.add(feed_trimmed=n)
-            rt.tick()
-            if n < rt.batch:
-                break
-            rt.throttle(n)
+        try:
+            total += delete_in_batches(rt, shard, "trimming the feed", sql, params, "feed_trimmed")
+        except PermissionDenied as exc:
+            log.warning("change feed not trimmed: the cleaner user may not delete (%s)", exc)
+            break
     return total
-
-
-def _run(rt: Runtime, shard: int, sql: str, params: list[Any]) -> Rows:
-    cluster = rt.store.cluster
-    return cluster.server_of_shard(cluster.current(), shard).run(sql, params)

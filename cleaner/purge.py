@@ -23,7 +23,7 @@ from schemaless.results import scalar
 from .runtime import Runtime, log
 from .sql import purge_sql
 
-__all__ = ["purge_tombstones"]
+__all__ = ["delete_in_batches", "purge_tombstones"]
 
 
 def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
@@ -31,26 +31,35 @@ def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
     total = 0
     for shard in range(topo.n_shards):
         sql, params = purge_sql(topo.prefix, shard, before_us, rt.batch)
-        while not rt.stopping:
-            try:
-                out = rt.retry(
-                    f"purging tombstones, shard {shard}", partial(_purge, rt, shard, sql, params)
-                )
-            except PermissionDenied as exc:
-                _skipped(rt, exc)
-                return total
-            n = int(scalar(out[0]))
-            total += n
-            rt.figures.add(purged=n)
-            rt.tick()
-            if n < rt.batch:
-                break
-            rt.throttle(n)
+        try:
+            total += delete_in_batches(rt, shard, "purging tombstones", sql, params, "purged")
+        except PermissionDenied as exc:
+            _skipped(rt, exc)
+            break
     return total
 
 
-def _purge(rt: Runtime, shard: int, sql: str, params: list[Any]) -> Rows:
-    """One purge batch, on the server that holds the shard now."""
+def delete_in_batches(
+    rt: Runtime, shard: int, what: str, sql: str, params: list[Any], figure: str
+) -> int:
+    """Run a batch delete on the shard's server (its one result set: ROW_COUNT()),
+    again while a batch deletes ``rt.batch`` rows, paced; how many (figure ``figure``).
+    PermissionDenied if the user may not delete."""
+    total = 0
+    while not rt.stopping:
+        out = rt.retry(f"{what}, shard {shard}", partial(_on_shard, rt, shard, sql, params))
+        n = int(scalar(out[0]))
+        total += n
+        rt.figures.add(**{figure: n})
+        rt.tick()
+        if n < rt.batch:
+            break
+        rt.throttle(n)
+    return total
+
+
+def _on_shard(rt: Runtime, shard: int, sql: str, params: list[Any]) -> Rows:
+    """One batch, on the server that holds the shard now."""
     cluster = rt.store.cluster
     return cluster.server_of_shard(cluster.current(), shard).run(sql, params)
 

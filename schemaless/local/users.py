@@ -61,38 +61,18 @@ class Users(Processes):
         return pw or None
 
     def _create_user(self, s: LocalServer, password: str, deadline: float) -> None:
-        root = "root" if os.geteuid() == 0 else getpass.getuser()
         statements = [
             f"CREATE OR REPLACE USER '{APP_USER}'@'{HOST}' IDENTIFIED BY %s",
             f"CREATE OR REPLACE USER '{APP_USER}'@'localhost' IDENTIFIED BY %s",
             f"GRANT ALL PRIVILEGES ON *.* TO '{APP_USER}'@'{HOST}' WITH GRANT OPTION",
             f"GRANT ALL PRIVILEGES ON *.* TO '{APP_USER}'@'localhost' WITH GRANT OPTION",
         ]
-        while True:
-            try:
-                conn = MySQLdb.connect(unix_socket=str(s.socket), user=root, connect_timeout=5)
-                break
-            except MySQLdb.OperationalError as e:
-                if time.monotonic() >= deadline or s.pid() is None:
-                    raise LocalClusterError(
-                        f"cannot connect to server {s.index} as {root!r} over {s.socket} "
-                        f"to create the application user: {e}"
-                    ) from None
-                time.sleep(0.2)
-        try:
-            cur = conn.cursor()
-            for sql in statements:
-                cur.execute(sql, (password,) if "%s" in sql else None)
-        except MySQLdb.Error as e:
-            # Never chain: the driver's exception may quote the statement.
-            code = e.args[0] if e.args else "?"
-            msg = str(e.args[1]) if len(e.args) > 1 else ""
-            raise LocalClusterError(
-                f"creating the application user on server {s.index} failed: "
-                f"({code}) {msg.replace(password, '***')}"
-            ) from None
-        finally:
-            conn.close()
+        self._as_root(
+            s,
+            [(sql, (password,) if "%s" in sql else None) for sql in statements],
+            deadline,
+            secret=password,
+        )
         logger.info("application user %r ready on server %d", APP_USER, s.index)
 
     def _as_root(

@@ -17,11 +17,11 @@ from typing import Any
 
 from schemaless import failpoints
 from schemaless.catalog import Topology
-from schemaless.connection import Batch, gather
 from schemaless.errors import ConflictError, CorruptEntity, PermissionDenied
 from schemaless.expiry import expired
 from schemaless.index import Index
 from schemaless.names import quote
+from schemaless.scatter import shard_unions
 
 from .access import read_entities
 from .runtime import Runtime, log
@@ -184,12 +184,10 @@ def _count(rt: Runtime, index: Index, now: float) -> int:
     cluster = rt.store.cluster
     topo = cluster.current()
     col = quote(index.columns[0])
-    calls = {}
-    for sid, server in cluster.all_servers(topo).items():
-        parts = [
-            f"(SELECT COUNT(*) FROM {quote(topo.dbs[s], index.table)} WHERE {col} <= %s)"
-            for s in topo.shards_of(sid)
-        ]
-        if parts:
-            calls[sid] = Batch(server, " UNION ALL ".join(parts), [now] * len(parts))
-    return sum(int(r[0]) for rows in gather(calls).values() for r in rows[0])
+    unions = shard_unions(
+        topo,
+        lambda s: f"(SELECT COUNT(*) FROM {quote(topo.dbs[s], index.table)} WHERE {col} <= %s)",
+    )
+    # one parameter per part (names are validated identifiers: no "%s" in them)
+    found = cluster.scatter(topo, unions, lambda sql: (sql, [now] * sql.count("%s"))).results
+    return sum(int(r[0]) for rows in found.values() for r in rows[0])

@@ -57,6 +57,10 @@ def fence_option(fn: F) -> F:
     )(fn)
 
 
+#: The batch size while the throttle is on (see docs/cleaner.md, "Throttling").
+THROTTLED_BATCH = 250
+
+
 def _load(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, int]:
     try:
         return parse_load(value)
@@ -178,9 +182,8 @@ def _open(conn: Connection) -> DataStore:
 @click.option(
     "--batch",
     type=click.IntRange(1, 100_000),
-    default=2000,
-    show_default=True,
-    help="Rows per batch (and per checkpoint).",
+    help="Rows per batch (and per checkpoint) [default: 250 with the throttle, 2000 with "
+    "--no-throttle: writers feel the size of a burst more than the rate].",
 )
 @click.option(
     "--rate",
@@ -241,7 +244,7 @@ def main(
     part: tuple[int, int] | None,
     jobs: int,
     once: bool,
-    batch: int,
+    batch: int | None,
     rate: float | None,
     throttle: ThrottleSettings | None,
     interval: float,
@@ -296,7 +299,7 @@ def _clean(
     store = _open(conn)
     cleaner = Cleaner(
         store,
-        batch=p["batch"],
+        batch=p["batch"] or (2000 if throttle is None else THROTTLED_BATCH),
         rate=p["rate"],
         interval=p["interval"],
         tombstone_retention=p["tombstone_retention"],

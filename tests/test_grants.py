@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -578,6 +579,40 @@ def test_feed_users_subscribe_and_trim_with_their_grants(local_cluster: LocalClu
             figures = Cleaner(cleaner).run_once()
             assert figures["feed_trimmed"] == 6
             cleaner.close()
+    finally:
+        admin.close()
+        drop_prefix(local_cluster, prefix)
+
+
+def test_cleaner_user_expires_with_the_feed_on_and_the_feed_says_so(
+    local_cluster: LocalCluster,
+) -> None:
+    """Expiry and the change feed together: the Cleaner user's delete of an expired
+    entity writes its change row (its grants cover the feed's tables), and a reader
+    of the feed sees the delete."""
+    prefix = "grantsboth_" + uuid.uuid4().hex[:8]
+    admin = DataStore(
+        local_cluster.addresses,
+        prefix=prefix,
+        shards=2,
+        refresh_interval=0.2,
+        option_file=str(local_cluster.option_file),
+        changes=True,
+        expire_on="expires_at",
+    )
+    try:
+        key = new_id()
+        admin.put({"id": key, "n": 1, "expires_at": time.time() - 1})  # expired already
+        stored = {e.id: e for e in admin.changes()}
+        with new_users(local_cluster, uuid.uuid4().hex[:8], ("cleaner",)) as made:
+            apply_grants(admin, "cleaner", made["cleaner"].account)
+            cleaner = open_as(local_cluster, admin, made["cleaner"])
+            figures = Cleaner(cleaner).run_once()
+            cleaner.close()
+        assert figures["expire_skipped"] == 0 and figures["expired_purged"] == 1
+        events = [e for e in admin.changes() if e.id == key]
+        assert [e.entity is None for e in events] == [False, True]  # the put, the delete
+        assert events[1].version > stored[key].version
     finally:
         admin.close()
         drop_prefix(local_cluster, prefix)

@@ -552,18 +552,24 @@ def test_grants_of_one_datastore_give_nothing_on_another(local_cluster: LocalClu
             ds.close()
 
 
-def test_feed_users_subscribe_and_trim_with_their_grants(local_cluster: LocalCluster) -> None:
-    """With the change feed on, the app user subscribes and acknowledges, and the
-    Cleaner user trims what was acknowledged; neither can do more than its role."""
-    prefix = "grantsfeed_" + uuid.uuid4().hex[:8]
-    admin = DataStore(
+def feed_store(local_cluster: LocalCluster, prefix: str, **options: Any) -> DataStore:
+    """A new datastore with the change feed on, opened as the cluster's admin."""
+    return DataStore(
         local_cluster.addresses,
         prefix=prefix,
         shards=2,
         refresh_interval=0.2,
         option_file=str(local_cluster.option_file),
         changes=True,
+        **options,
     )
+
+
+def test_feed_users_subscribe_and_trim_with_their_grants(local_cluster: LocalCluster) -> None:
+    """With the change feed on, the app user subscribes and acknowledges, and the
+    Cleaner user trims what was acknowledged; neither can do more than its role."""
+    prefix = "grantsfeed_" + uuid.uuid4().hex[:8]
+    admin = feed_store(local_cluster, prefix)
     try:
         with new_users(local_cluster, uuid.uuid4().hex[:8], ("app", "cleaner")) as made:
             apply_grants(admin, "app", made["app"].account)
@@ -591,15 +597,7 @@ def test_cleaner_user_expires_with_the_feed_on_and_the_feed_says_so(
     entity writes its change row (its grants cover the feed's tables), and a reader
     of the feed sees the delete."""
     prefix = "grantsboth_" + uuid.uuid4().hex[:8]
-    admin = DataStore(
-        local_cluster.addresses,
-        prefix=prefix,
-        shards=2,
-        refresh_interval=0.2,
-        option_file=str(local_cluster.option_file),
-        changes=True,
-        expire_on="expires_at",
-    )
+    admin = feed_store(local_cluster, prefix, expire_on="expires_at")
     try:
         key = new_id()
         admin.put({"id": key, "n": 1, "expires_at": time.time() - 1})  # expired already

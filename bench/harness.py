@@ -483,11 +483,11 @@ def _servers_cpu(r: dict[str, Any]) -> str:
     return f", servers' CPU {cpu:.2f} s" if cpu is not None else ""
 
 
-def write_results(results: dict[str, Any], out: str | None) -> list[Path]:
-    """Write the JSON to bench/results/<timestamp>.json (and ``out`` if given)."""
+def write_results(results: dict[str, Any], out: str | None, name: str = "") -> list[Path]:
+    """Write the JSON to bench/results/<name><timestamp>.json (and ``out`` if given)."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    paths = [RESULTS_DIR / f"{stamp}.json"]
+    paths = [RESULTS_DIR / f"{name}{stamp}.json"]
     if out:
         paths.append(Path(out))
     text = json.dumps(results, indent=2, default=str) + "\n"

@@ -17,7 +17,6 @@ stopped at the end (``--keep`` keeps them and the data).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -35,6 +34,7 @@ from schemaless.schema import check_prefix
 
 from .data import Dataset
 from .env import RawClient, Servers, machine_info, set_server_globals
+from .harness import write_results
 from .layoutmove import move_shard
 from .layouts import CLASSES, LAYOUTS, TABLES, Layout, Placement, make_data
 from .measure import percentile
@@ -42,7 +42,6 @@ from .measure import percentile
 __all__ = ["LayoutConfig", "format_markdown", "main", "run"]
 
 OPS = ("get_many", "query_eq", "scatter")
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 @dataclass
@@ -321,10 +320,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     results = run(cfg)
     print(format_markdown(results))
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    for path in [RESULTS_DIR / f"layout-{stamp}.json", *([Path(a.out)] if a.out else [])]:
-        path.write_text(json.dumps(results, indent=2) + "\n")
+    for path in write_results(results, a.out, "layout-"):
         print(f"results: {path}")
 
 

@@ -38,14 +38,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from schemaless import DataStore, Index
@@ -593,13 +591,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     results = run_timeline(cfg)
     print(format_timeline(results))
-    from .harness import RESULTS_DIR
+    from .harness import write_results
 
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    paths = [RESULTS_DIR / f"timeline-{stamp}.json"] + ([Path(a.out)] if a.out else [])
-    for path in paths:
-        path.write_text(json.dumps(results, indent=2) + "\n")
+    for path in write_results(results, a.out, "timeline-"):
         print(f"results: {path}")
 
 

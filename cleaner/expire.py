@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from schemaless import failpoints
-from schemaless.catalog import Topology
+from schemaless.catalog import IndexState, Topology
 from schemaless.errors import ConflictError, CorruptEntity, PermissionDenied
 from schemaless.expiry import expired
 from schemaless.index import Index
@@ -38,7 +38,7 @@ def expiry_index(topo: Topology, prop: str) -> Index | None:
         info = topo.indexes[name]
         index = info.index
         if (
-            info.state == "ready"
+            info.state == IndexState.READY
             and index.properties[0] == prop
             and index.types[0].name in _NUMERIC
             and index.multi is None

@@ -216,12 +216,6 @@ class DataStore:
         with self.calls.deadline(timeout):
             return self.reader.get_many(keys, consistency)
 
-    def fetch(
-        self, ids: set[bytes], consistency: str = "primary", *, partial: bool = False
-    ) -> tuple[dict[bytes, Entity], set[int]]:
-        """Internal: ``Reader.fetch``."""
-        return self.reader.fetch(ids, consistency, partial=partial)
-
     def decode(self, entity_id: bytes, shard: int | None, version: int, body: bytes) -> Entity:
         """Internal: ``Reader.decode``."""
         return self.reader.decode(entity_id, shard, version, body)
@@ -344,10 +338,6 @@ class DataStore:
                 continue
             return Entity(new, stored)
         raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
-
-    def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
-        """Internal: ``Calls.call``: ``fn`` within one call's deadline, following the map."""
-        return self.calls.call(fn, timeout)
 
     def rerouted(self, fn: Callable[[], T]) -> T:
         """Internal: ``Calls.rerouted``: ``fn``, following the map after a move."""

@@ -469,7 +469,7 @@ def test_corrupt_bodies_raise_corrupt_entity(make_store: Any) -> None:
 def test_a_partial_query_does_not_hide_a_corrupt_entity(make_store: Any) -> None:
     """``partial=True`` is for unreachable servers.  A corrupt body is not one: it
     raises CorruptEntity as without ``partial``, rather than dropping every match of
-    its server and calling the server missing.  Fix: in ``DataStore.fetch(partial=True)``
+    its server and calling the server missing.  Fix: in ``Reader.fetch(partial=True)``
     and ``QueryEngine._scan``, raise the errors of ``fanout_partial`` that are not
     ShardUnavailable."""
     store = make_store(indexes=[INDEXES[0]])

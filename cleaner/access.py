@@ -1,7 +1,8 @@
 """Reads and writes of the Cleaner, grouped per server, servers in parallel.
 
 Entities are read raw (tombstones included: a tombstone's version guards deletes);
-index rows of a set of entities are found through ``KEY(entity_id)``; upserts use the
+index rows of a set of entities are found through ``KEY(entity_id)`` (or, the rows a
+backfill wrote, by primary key: a building index has no such key yet); upserts use the
 write protocol's ``GREATEST`` guard and deletes the Cleaner's ``<=`` guard.
 """
 
@@ -29,6 +30,7 @@ from .sql import (
     fence_sql,
     index_upserts_sql,
     rows_by_entity_sql,
+    rows_by_key_sql,
     versions_proof_sql,
 )
 
@@ -40,6 +42,7 @@ __all__ = [
     "fence",
     "placed",
     "read_entities",
+    "read_own",
     "read_rows",
     "upsert_grouped",
     "upsert_rows",
@@ -52,6 +55,9 @@ T = TypeVar("T")
 _BATCH_BYTES = 4 * 1024 * 1024
 #: Entity ids repeated in one ``rows_by_entity_sql`` statement (ids x shards).
 _ID_TERMS = 20_000
+#: Rows looked up in one ``rows_by_key_sql`` statement (an ``OR`` of that many keys:
+#: well under what the range optimizer plans without a table scan).
+_KEY_TERMS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,30 @@ def read_rows(
                         Found(index, int(row[0]), tuple(row[1:-2]), bytes(row[-2]), int(row[-1]))
                     )
     return out
+
+
+def read_own(
+    store: DataStore, topo: Topology, index: Index, groups: Mapping[int, Sequence[tuple[Any, ...]]]
+) -> list[Found]:
+    """These rows ``(values..., entity_id, ...)`` of one index (grouped by logical
+    shard) as they are now, by primary key: those that still exist."""
+    by_sid: dict[int, list[tuple[int, Sequence[tuple[Any, ...]]]]] = {}
+    for shard, rows in sorted(groups.items()):
+        for lo in range(0, len(rows), _KEY_TERMS):
+            by_sid.setdefault(topo.shard_servers[shard], []).append(
+                (shard, rows[lo : lo + _KEY_TERMS])
+            )
+    batches = {
+        sid: [rows_by_key_sql(topo.prefix, index, [part]) for part in parts]
+        for sid, parts in by_sid.items()
+    }
+    n = len(index.columns)
+    return [
+        Found(index, int(row[0]), tuple(row[1 : n + 1]), bytes(row[n + 1]), int(row[n + 2]))
+        for results in _rounds(store, topo, batches).values()
+        for result_sets in results
+        for row in result_sets[0]
+    ]
 
 
 def upsert_rows(store: DataStore, topo: Topology, rows: Sequence[IndexRow]) -> None:

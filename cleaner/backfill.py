@@ -4,11 +4,14 @@ After the grace period (every writer maintains the index by then, and no fence o
 older index epoch is left, so no writer without it can still commit), each logical
 shard's entities are read by ``added_id`` in batches; their rows are upserted with the
 entity's version (``GREATEST``), grouped per server, servers in parallel; then the
-batch's versions are read again, and entities that a writer changed meanwhile are
-reconciled, so the backfill leaves no stale row of its own.  Each shard's checkpoint
+batch's versions are proven unchanged (or read again, and the rows upserted for
+entities that a writer changed meanwhile are reconciled), so the backfill leaves no
+stale row of its own.  Each shard's checkpoint
 ``(backfill:<index>, shard) -> last added_id`` is saved after its batch committed; a
 restart resumes there.  One lane per server runs its shards, and each lane reads its
-next batch while it writes the current one.
+next batch while it writes the current one.  When every shard is done, ``KEY
+by_entity`` is built on the index's tables (a declaration creates them without it),
+then the index is marked ready.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from schemaless.index import Index
 from schemaless.scatter import by_server
 from schemaless.unique import Violation
 
-from .access import read_entities, read_rows, upsert_grouped, versions_proof
+from .access import read_entities, read_own, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
 from .estimate import max_added_ids
 from .repair import Repairer
@@ -128,6 +131,12 @@ class Backfill:
         if info.index.unique and self._duplicates_left():
             self.duplicates_left = True
             return IndexState.BUILDING
+        rt.figures.set(state="building the by_entity key")
+        rt.retry(
+            "building the by_entity key",
+            lambda: cluster.add_entity_keys(cluster.current(), info.index),
+        )
+        failpoints.hit("cleaner.after_entity_key")
         if rt.retry(
             "marking ready",
             lambda: cluster.catalog.set_index_state(
@@ -290,7 +299,7 @@ class Backfill:
         if contested:
             self._duplicates(topo, shard, store.claims.settle(topo, contested))
         if rows:
-            self._recheck(topo, index, shard, state.position, rows)
+            self._recheck(topo, index, shard, state.position, rows, derived)
         last = rows[-1][0] if rows else state.position
         store.cluster.catalog.save_checkpoint(self.job, shard, last, done, state.rows + len(rows))
         with self._lock:
@@ -343,14 +352,22 @@ class Backfill:
             self.rt.figures.add(corrupt=len(derived.corrupt), unindexable=len(derived.unfit))
 
     def _recheck(
-        self, topo: Topology, index: Index, shard: int, after: int, rows: list[EntityRow]
+        self,
+        topo: Topology,
+        index: Index,
+        shard: int,
+        after: int,
+        rows: list[EntityRow],
+        derived: Derived,
     ) -> None:
-        """Reconcile the batch's entities that a writer changed since they were read.
+        """Reconcile the rows this batch upserted (``derived``) for entities that a
+        writer changed since they were read.
 
         The proof that none did: the rows in the batch's ``added_id`` runs are as many
         as were read and their versions add up to the same sum (a row's version only
         grows, and no other row can take a read row's ``added_id``), so nothing changed.
-        Otherwise (or with runs too scattered) every version is read again."""
+        Otherwise (or with runs too scattered) every version is read again.  The rows
+        are read back by primary key: a building index has no ``KEY by_entity`` yet."""
         store = self.rt.store
         seen = proof(rows)
         if seen.runs is not None:
@@ -361,10 +378,15 @@ class Backfill:
         server = store.cluster.server_of_shard(topo, shard)
         sql, params = entity_versions_sql(topo.prefix, shard, after, rows[-1][0])
         current = {bytes(k): int(v) for k, v in server.run(sql, params)[0]}
-        changed = [key for _, key, version, _ in rows if current.get(key) != version]
+        changed = {key for _, key, version, _ in rows if current.get(key) != version}
         if changed:
             entities = read_entities(store, topo, changed)
-            found = read_rows(store, topo, [index], changed)
+            n = len(index.columns)
+            ours = {
+                target: [row for row in group if row[n] in changed]
+                for target, group in derived.targets.items()
+            }
+            found = read_own(store, topo, index, {t: g for t, g in ours.items() if g})
             self.repairer.reconcile(topo, [index], entities, found, add_missing=True)
 
     def _report(self, force: bool = False) -> None:

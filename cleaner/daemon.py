@@ -156,7 +156,9 @@ class Cleaner:
         self._start_throttle()
         indexes = topo.maintained()
         rt.figures.set(state="recent")
-        self.recent.run(topo, indexes, int(now_s * 1e6))
+        # recent changes look rows up by entity id: only in indexes that have the key
+        # (a building index gets it at the end of its backfill)
+        self.recent.run(topo, topo.ready(), int(now_s * 1e6))
         if not rt.stopping:
             rt.figures.set(state="sweep")
             self.sweep.run(topo, indexes, None if full else self.sweep_budget)

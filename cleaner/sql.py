@@ -29,6 +29,7 @@ __all__ = [
     "purge_sql",
     "recent_batch_sql",
     "rows_by_entity_sql",
+    "rows_by_key_sql",
     "versions_proof_sql",
 ]
 
@@ -69,6 +70,27 @@ def rows_by_entity_sql(
             params.extend(ids)
         stmts.append(union_all(parts))
     return ";\n".join(stmts), params
+
+
+def rows_by_key_sql(
+    prefix: str, index: Index, groups: Sequence[tuple[int, Sequence[tuple[Any, ...]]]]
+) -> tuple[str, list[Any]]:
+    """Index rows ``(values..., entity_id, ...)`` by primary key (values and entity id,
+    which also pins a unique index's row to its owner), grouped by logical shard: one
+    ``UNION ALL`` statement of rows ``(shard, values..., entity_id, entity_version)``."""
+    cols = [quote(c) for c in index.columns]
+    one = "(" + " AND ".join(f"{c} = %s" for c in [*cols, "`entity_id`"]) + ")"
+    n = len(cols) + 1
+    parts: list[str] = []
+    params: list[Any] = []
+    for shard, rows in groups:
+        parts.append(
+            f"SELECT {int(shard)}, {', '.join(cols)}, `entity_id`, `entity_version`"
+            f" FROM {quote(shard_db(prefix, shard), index.table)}"
+            f" WHERE {' OR '.join([one] * len(rows))}"
+        )
+        params.extend(chain.from_iterable(row[:n] for row in rows))
+    return union_all(parts), params
 
 
 def delete_guarded_sql(prefix: str, rows: Iterable[Guarded]) -> tuple[str, list[Any]]:

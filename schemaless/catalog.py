@@ -145,6 +145,10 @@ class Topology:
         """Indexes that writers keep up to date (building or ready)."""
         return [i.index for i in self.indexes.values() if i.state != IndexState.DROPPED]
 
+    def ready(self) -> list[Index]:
+        """Indexes that are ``ready`` (backfilled; their tables have ``KEY by_entity``)."""
+        return [i.index for i in self.indexes.values() if i.state == IndexState.READY]
+
 
 class Catalog:
     """Reads and changes the catalog database through its server."""

@@ -29,7 +29,7 @@ from .hashing import shard_of
 from .index import Index
 from .latency import LatencyReporter
 from .names import quote
-from .scatter import Scattered, Statement, by_server, scatter, unreachable_only
+from .scatter import Scattered, Statement, bare, by_server, rounds, scatter, unreachable_only
 from .schema import entities_table_sql, fence_epoch, fence_table, fence_table_sql
 
 __all__ = ["DEFAULT_SHARDS", "Cluster", "unreachable_only"]
@@ -290,16 +290,32 @@ class Cluster:
 
         self.scatter(topo, self.old_fences(topo), build)
 
-    def create_index_tables(self, topo: Topology, index: Index, *, fresh: bool = False) -> None:
+    def create_index_tables(
+        self, topo: Topology, index: Index, *, fresh: bool = False, entity_key: bool = True
+    ) -> None:
         """Create an index's table on every logical shard (``fresh``: dropping any table
-        of that name first).  Never a shard's database or entities table: a shard fenced
-        by a move has none, and must not get new ones."""
+        of that name first; ``entity_key`` False: without ``KEY by_entity``, which
+        ``add_entity_keys`` builds when the backfill ends).  Never a shard's database or
+        entities table: a shard fenced by a move has none, and must not get new ones."""
 
         def sql(db: str) -> list[str]:
             first = [f"DROP TABLE IF EXISTS {quote(db, index.table)}"] if fresh else []
-            return [*first, index.create_table_sql(db)]
+            return [*first, index.create_table_sql(db, entity_key=entity_key)]
 
         self._on_shards(topo, sql)
+
+    def add_entity_keys(self, topo: Topology, index: Index) -> None:
+        """Build ``KEY by_entity`` on the index's table of every logical shard that has
+        none, servers in parallel, one table per call (each call's read timeout bounds
+        one table's build); a metadata lock waited for more than 5 s is an error to
+        retry (docs/architecture.md, "The ``by_entity`` key is built last")."""
+
+        head = "SET SESSION lock_wait_timeout = 5; "
+        batches = {
+            sid: [bare(head + index.entity_key_sql(topo.dbs[s])) for s in shards]
+            for sid, shards in by_server(topo, range(topo.n_shards), int).items()
+        }
+        rounds(self.all_servers(topo).__getitem__, batches)
 
     def _on_shards(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
         """Run the statements ``sql(db)`` of every logical shard, servers in parallel."""

@@ -144,7 +144,7 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
         grant(at, "SELECT", _every_table(db))
         grant(at, f"INSERT (`id`, `version`, `updated`), UPDATE ({updates})", quote(db, "entities"))
         for index in maintained:
-            grant(at, "INSERT, UPDATE, DELETE", quote(db, index.table))
+            grant(at, "INSERT, UPDATE, DELETE, INDEX", quote(db, index.table))
         if topo.changes:  # the trim of the change feed
             grant(at, "INSERT, DELETE" if expiring else "DELETE", quote(db, "changes"))
             if expiring:

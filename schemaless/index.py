@@ -684,8 +684,10 @@ class Index:
 
     # -- DDL, serialisation ------------------------------------------------------------
 
-    def create_table_sql(self, database: str) -> str:
-        """``CREATE TABLE IF NOT EXISTS`` for this index in ``database``."""
+    def create_table_sql(self, database: str, *, entity_key: bool = True) -> str:
+        """``CREATE TABLE IF NOT EXISTS`` for this index in ``database`` (without
+        ``KEY by_entity`` unless ``entity_key``: a new index gets it when its backfill
+        ends, ``entity_key_sql``)."""
         cols = [
             f"{quote(c)} {t.sql} NOT NULL" for c, t in zip(self.columns, self.types, strict=True)
         ]
@@ -695,11 +697,21 @@ class Index:
         key = [quote(c) for c in self.columns]
         pk = ", ".join(key if self.unique else [*key, "`entity_id`"])
         cols.append(f"PRIMARY KEY ({pk})")
-        cols.append("KEY `by_entity` (`entity_id`)")
+        if entity_key:
+            cols.append("KEY `by_entity` (`entity_id`)")
         body = ",\n  ".join(cols)
         return (
             f"CREATE TABLE IF NOT EXISTS {quote(database, self.table)} (\n  {body}\n) "
             "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin"
+        )
+
+    def entity_key_sql(self, database: str) -> str:
+        """Add ``KEY by_entity`` to this index's table in ``database`` unless it has it,
+        with InnoDB's sorted build, writers going on meanwhile (docs/architecture.md,
+        "The ``by_entity`` key is built last")."""
+        return (
+            f"CREATE INDEX IF NOT EXISTS `by_entity` ON {quote(database, self.table)}"
+            " (`entity_id`) ALGORITHM=INPLACE LOCK=NONE"
         )
 
     def to_dict(self) -> dict[str, Any]:

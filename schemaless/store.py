@@ -450,7 +450,9 @@ class DataStore:
                 )
             # Anew: a table of the name can only be left by a declaration that died
             # before recording it, perhaps with another definition; nobody writes it.
-            self.cluster.create_index_tables(topo, index, fresh=True)
+            # With entities to backfill, KEY by_entity is built when the backfill ends.
+            keyed = self._empty(topo)
+            self.cluster.create_index_tables(topo, index, fresh=True, entity_key=keyed)
             self.cluster.create_fences(topo, topo.index_epoch + 1)
             info = self.cluster.catalog.record_index(index, IndexState.BUILDING, topo.index_epoch)
             if info is not None:
@@ -463,6 +465,8 @@ class DataStore:
             self.cluster.create_fences(now, now.index_epoch)
         self.cluster.retire_fences(now)
         if info.state == IndexState.BUILDING and self._empty(now):
+            if not keyed:  # its entities went meanwhile (purged tombstones)
+                self.cluster.add_entity_keys(now, index)
             self.cluster.catalog.set_index_state(
                 index.name, IndexState.READY, expect=IndexState.BUILDING
             )

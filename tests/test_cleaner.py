@@ -143,6 +143,56 @@ def test_backfill_under_concurrent_writers(make_store: Any, local_cluster: Local
     assert len(checkpoints) == 8 and all(done for _, done, _ in checkpoints.values())
 
 
+def entity_keys(store: DataStore, index: Index) -> dict[int, bool]:
+    """Whether each logical shard's table of ``index`` has ``KEY by_entity``."""
+    topo = store.cluster.refresh()
+    out = {}
+    for shard in range(topo.n_shards):
+        rows = store.cluster.server_of_shard(topo, shard).run(
+            "SELECT COUNT(*) FROM information_schema.statistics"
+            " WHERE table_schema = %s AND table_name = %s AND index_name = 'by_entity'",
+            (topo.dbs[shard], index.table),
+        )[0]
+        out[shard] = int(rows[0][0]) > 0
+    return out
+
+
+def test_the_entity_key_is_built_when_the_backfill_ends(make_store: Any) -> None:
+    store = make_store()
+    load(store, 300)
+    assert store.declare_index(BY_LINK) == "building"
+    assert not any(entity_keys(store, BY_LINK).values())  # inserts without it
+    seen: list[tuple[str, dict[int, bool]]] = []
+
+    def before_ready() -> None:
+        state = store.cluster.refresh().indexes["by_link"].state
+        seen.append((state, entity_keys(store, BY_LINK)))
+        raise FailpointError("crash before marking ready")
+
+    failpoints.set("cleaner.after_entity_key", before_ready)
+    with pytest.raises(FailpointError):
+        Cleaner(store, batch=100).backfill("by_link")
+    failpoints.clear()
+    ((state, keys),) = seen
+    assert state == "building" and all(keys.values())
+    # a crash while the keys were being built: some shards have it, some not
+    topo = store.cluster.refresh()
+    for shard in range(0, topo.n_shards, 2):
+        store.cluster.server_of_shard(topo, shard).run(
+            f"DROP INDEX `by_entity` ON {quote(topo.dbs[shard], BY_LINK.table)}"
+        )
+    assert not all(entity_keys(store, BY_LINK).values())
+    assert Cleaner(store, batch=100).backfill("by_link") == "ready"
+    assert all(entity_keys(store, BY_LINK).values())
+    assert_clean(store, "by_link")
+
+
+def test_an_index_declared_on_an_empty_datastore_has_its_entity_key(make_store: Any) -> None:
+    store = make_store()
+    assert store.declare_index(BY_LINK) == "ready"
+    assert all(entity_keys(store, BY_LINK).values())
+
+
 def test_one_cleaner_at_a_time_backfills_an_index_part(make_store: Any) -> None:
     """A second ``cleaner --index`` of the same index (and part) while the first runs
     is refused; both used to do all the work, twice the load on the servers."""

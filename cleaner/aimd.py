@@ -4,6 +4,13 @@ Pure code (no I/O, no clock): ``judge`` turns the signals of each server into
 ``Breach``es; ``Aimd.update`` turns the breaches and the rate the Cleaner achieved into
 the rows/s it may use next.  Additive increase while every signal is under its limit,
 multiplicative decrease when one is over, a pause on critical load; ``--rate`` caps it.
+
+A signal over its limit lowers the rate only if its evidence is newer than the last
+decrease (a canary window that began after it, a clients' report first seen after
+it); evidence that predates it holds the rate where it is.  The clients publish every
+few seconds and the canary is a window of seconds: without this one slow moment would
+be counted again at every step until it left the window, cutting the rate several
+times for one breach.
 """
 
 from __future__ import annotations
@@ -20,9 +27,13 @@ class Tuning:
     """The controller's constants (the defaults aim at writers' p99 <= 2x idle while
     the backfill keeps >= 50 % of its unthrottled speed)."""
 
-    #: multiplicative decrease: a signal over its limit sets the limit to this
-    #: fraction of the rate the Cleaner achieved
+    #: multiplicative decrease: a signal over its limit sets the limit to a fraction
+    #: of the rate the Cleaner achieved: limit / signal (a signal 10 % over cuts about
+    #: 10 %), between ``deepest`` and ``gentlest``; ``decrease`` when the signal has
+    #: no magnitude
     decrease: float = 0.7
+    deepest: float = 0.5
+    gentlest: float = 0.9
     #: additive increase per second, while every signal is under its limit: this
     #: fraction of the fastest rate seen (0.05: from half speed to full in 10 s)
     increase: float = 0.1
@@ -51,6 +62,10 @@ class Breach:
 
     text: str
     critical: bool = False
+    #: when the evidence began (monotonic seconds; None: measured just now)
+    since: float | None = None
+    #: the signal over its limit (> 1; None: not a measure, e.g. a pause)
+    over: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,9 @@ class ServerSignals:
     clients_ms: float | None = None
     status: Mapping[str, int] = field(default_factory=dict)  # lower-case names
     lag: float | None = None
+    #: when the canary's window began, and when the clients' report was first seen
+    canary_since: float | None = None
+    clients_since: float | None = None
 
 
 def judge(signals: Iterable[ServerSignals], limits: Limits) -> list[Breach]:
@@ -88,16 +106,19 @@ def judge(signals: Iterable[ServerSignals], limits: Limits) -> list[Breach]:
         canary = limits.canary_ms.get(s.sid)
         if s.canary_ms is not None and canary is not None and s.canary_ms > canary:
             p = f"p{limits.quantile * 100:g}"
-            out.append(Breach(f"{where} {p} {s.canary_ms:.1f} ms > {canary:.1f} ms"))
+            text = f"{where} {p} {s.canary_ms:.1f} ms > {canary:.1f} ms"
+            out.append(Breach(text, since=s.canary_since, over=s.canary_ms / canary))
         clients = limits.clients_ms.get(s.sid)
         if s.clients_ms is not None and clients is not None and s.clients_ms > clients:
-            out.append(Breach(f"{where} clients' p99 {s.clients_ms:.1f} ms > {clients:.1f} ms"))
+            text = f"{where} clients' p99 {s.clients_ms:.1f} ms > {clients:.1f} ms"
+            out.append(Breach(text, since=s.clients_since, over=s.clients_ms / clients))
         for name, limit in limits.max_load.items():
             value = s.status.get(name.lower())
             if value is not None and value >= limit:
-                out.append(Breach(f"{where} {name} {value} >= {limit}"))
+                out.append(Breach(f"{where} {name} {value} >= {limit}", over=value / limit))
         if s.lag is not None and limits.max_lag is not None and s.lag > limits.max_lag:
-            out.append(Breach(f"{where} replica lag {s.lag:.1f} s > {limits.max_lag:g} s"))
+            text = f"{where} replica lag {s.lag:.1f} s > {limits.max_lag:g} s"
+            out.append(Breach(text, over=s.lag / limits.max_lag))
     return sorted(out, key=lambda b: not b.critical)
 
 
@@ -139,20 +160,30 @@ class Aimd:
             return
         self.paused = False
         if breaches:
-            self.last_breach = breaches[0].text
-            if now - self._decreased >= self.tuning.cooldown:
-                self._decrease(now, observed)
-            self.reason = "throttled: " + breaches[0].text
-            return
+            fresh = [b for b in breaches if b.since is None or b.since > self._decreased]
+            self.last_breach = (fresh or breaches)[0].text
+            if fresh and now - self._decreased >= self.tuning.cooldown:
+                self._decrease(now, observed, self._factor(fresh))
+            self.reason = "throttled: " + self.last_breach
+            return  # evidence from before the last decrease: hold
         self._increase(dt, observed)
 
-    def _decrease(self, now: float, observed: float) -> None:
+    def _factor(self, breaches: list[Breach]) -> float:
+        """The cut for these breaches: limit / signal of the worst, within bounds."""
+        t = self.tuning
+        over = [b.over for b in breaches]
+        if any(x is None for x in over):
+            return t.decrease
+        return min(t.gentlest, max(t.deepest, 1.0 / max(x for x in over if x is not None)))
+
+    def _decrease(self, now: float, observed: float, factor: float | None = None) -> None:
         t = self.tuning
         self._ramping = False
         known = [x for x in (self.limit, self.cap, observed or None, self.peak or None) if x]
         if not known:
             return  # nothing flows yet: nothing to slow down
-        self.limit = max(t.min_rate, t.floor * self.peak, t.decrease * min(known))
+        cut = t.decrease if factor is None else factor
+        self.limit = max(t.min_rate, t.floor * self.peak, cut * min(known))
         self._decreased = now
 
     def _increase(self, dt: float, observed: float) -> None:
@@ -164,7 +195,9 @@ class Aimd:
                 self.limit += t.increase * max(self.peak, self.limit) * dt
         elif self.limit is not None and self.limit >= self.peak:
             self.limit = None  # not holding anything back any more
-        if self.limit is not None:
+        if self.limit is not None and not self.last_breach:
+            self.reason = "starting slowly"
+        elif self.limit is not None:
             self.reason = f"recovering (last: {self.last_breach})"
         else:
             self.reason = "capped by --rate" if self.cap is not None else ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 import time
 from collections import deque
@@ -34,6 +35,8 @@ __all__ = ["ThrottleSettings", "Throttler", "parse_load"]
 log = logging.getLogger("schemaless.cleaner")
 
 _STATUS_VAR = re.compile(r"[A-Za-z_]{1,64}\Z")
+#: The GIL switch interval while the throttle runs (seconds; Python's default: 0.005).
+CANARY_SWITCH_INTERVAL = 0.001
 
 
 def parse_load(text: str) -> dict[str, int]:
@@ -99,10 +102,12 @@ class Throttler:
         self._rows = 0
         self._first: float | None = None  # when the first rows were reserved
         self._done: deque[tuple[float, int]] = deque()  # (time, rows so far)
-        self._clients: dict[int, float] = {}
+        self._clients: dict[int, tuple[float, float]] = {}  # sid -> (p99 ms, first seen)
+        self._seen: dict[tuple[str, int], float] = {}  # (client, heartbeat) -> first seen
         self._clients_read = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._switch: float | None = None  # the GIL switch interval before start
 
     # -- asked by the jobs -----------------------------------------------------------
 
@@ -141,6 +146,10 @@ class Throttler:
         for sid, server in cluster.all_servers(topo).items():
             replicas = [cluster.server(a) for a in topo.replicas.get(sid, ())]
             self.canaries[sid] = Canary(server, canary_db(topo.prefix), name, watched, replicas)
+        # A probe's reply waits for the GIL while the lanes decode: at Python's 5 ms
+        # switch interval the canary would time that wait as the server's latency.
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch, CANARY_SWITCH_INTERVAL))
         self._run_each(self._baseline)
         self.limits = self._limits()
         log.info("throttle: limits %s", self.limits)
@@ -154,6 +163,9 @@ class Throttler:
         for thread in self._threads:
             thread.join()
         self._threads.clear()
+        if self._switch is not None:
+            sys.setswitchinterval(self._switch)
+            self._switch = None
 
     def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -179,7 +191,8 @@ class Throttler:
 
     def _limits(self) -> Limits:
         s = self.settings
-        client_base = self._read_clients()  # what clients felt before the first batch
+        # what clients felt before the first batch
+        client_base = {sid: p99 for sid, (p99, _) in self._read_clients(0.0).items()}
 
         def derived(base: float) -> float:
             return max(s.latency_floor_ms, s.latency_factor * base)
@@ -206,14 +219,17 @@ class Throttler:
         """One controller step: signals, breaches, the new limit."""
         if now - self._clients_read >= PUBLISH_INTERVAL / 2:
             self._clients_read = now
-            self._clients = self._read_clients()
+            self._clients = self._read_clients(now)
+        window = self.settings.window
         signals = [
             ServerSignals(
                 sid,
-                canary.latency_ms(now, self.settings.window, self.settings.quantile),
-                self._clients.get(sid),
+                canary.latency_ms(now, window, self.settings.quantile),
+                self._clients.get(sid, (None, None))[0],
                 dict(canary.status),
                 canary.lag,
+                canary_since=now - window,
+                clients_since=self._clients.get(sid, (None, None))[1],
             )
             for sid, canary in self.canaries.items()
         ]
@@ -235,8 +251,9 @@ class Throttler:
         start, before = self._done[0]
         return (rows - before) / max(now - start, 2 * self.settings.interval)
 
-    def _read_clients(self) -> dict[int, float]:
-        """The clients' recent p99 per server id (the largest one reported)."""
+    def _read_clients(self, now: float) -> dict[int, tuple[float, float]]:
+        """The clients' recent p99 per server id (the largest one reported), with when
+        this throttle first saw that report (``now`` for a new one)."""
         topo = self.store.cluster.topology
         ids = {str(address): sid for sid, address in topo.servers.items()}
         since = now_us() - int(2 * PUBLISH_INTERVAL * 1e6)
@@ -245,10 +262,17 @@ class Throttler:
         except SchemalessError as exc:  # an old catalog, a server away: no client signal
             log.debug("throttle: client latency not read: %s", exc)
             return {}
-        out: dict[int, float] = {}
-        for latencies in reports.values():
-            for server, figures in latencies.items():
+        seen = {
+            (name, r.heartbeat): self._seen.get((name, r.heartbeat), now)
+            for name, r in reports.items()
+        }
+        self._seen = seen  # only the reports still read: bounded by the clients
+        out: dict[int, tuple[float, float]] = {}
+        for name, report in reports.items():
+            for server, figures in report.latencies.items():
                 sid = ids.get(server)
                 if sid is not None and isinstance(figures, dict):
-                    out[sid] = max(out.get(sid, 0.0), float(figures.get("p99_ms", 0.0)))
+                    p99 = float(figures.get("p99_ms", 0.0))
+                    if p99 >= out.get(sid, (0.0, 0.0))[0]:
+                        out[sid] = (p99, seen[(name, report.heartbeat)])
         return out

@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from .connection import Server
 from .dsn import Address
@@ -29,6 +29,7 @@ from .schema import CATALOG_TABLES, check_prefix, fence_table, shard_db
 
 __all__ = [
     "Catalog",
+    "ClientReport",
     "IndexInfo",
     "IndexState",
     "Topology",
@@ -148,6 +149,13 @@ class Topology:
     def ready(self) -> list[Index]:
         """Indexes that are ``ready`` (backfilled; their tables have ``KEY by_entity``)."""
         return [i.index for i in self.indexes.values() if i.state == IndexState.READY]
+
+
+class ClientReport(NamedTuple):
+    """One client's latest write-latency report (``Catalog.client_reports``)."""
+
+    heartbeat: int  # µs, the client's clock
+    latencies: dict[str, Any]  # server -> {"p99_ms": ..., "n": ...}
 
 
 class Catalog:
@@ -457,13 +465,14 @@ class Catalog:
             (name, now, json.dumps(latencies, sort_keys=True), now - CLIENT_RETENTION_US),
         )
 
-    def client_reports(self, since_us: int) -> dict[str, dict[str, Any]]:
-        """``client -> {server: {"p99_ms": ..., "n": ...}}`` reported since ``since_us``."""
+    def client_reports(self, since_us: int) -> dict[str, ClientReport]:
+        """``client -> (heartbeat, {server: {"p99_ms": ..., "n": ...}})`` reported since
+        ``since_us`` (the heartbeat on the client's clock: it tells reports apart)."""
         out = self.server.run(
-            f"SELECT name, latencies FROM {self._t('clients')} WHERE heartbeat >= %s",
+            f"SELECT name, heartbeat, latencies FROM {self._t('clients')} WHERE heartbeat >= %s",
             (since_us,),
         )
-        return {str(n): json.loads(f) for n, f in out[0]}
+        return {str(n): ClientReport(int(h), json.loads(f)) for n, h, f in out[0]}
 
     def dictionary(self, dict_id: int) -> bytes:
         """The data of one codec dictionary."""

@@ -73,6 +73,42 @@ def test_aimd_is_free_until_a_breach_then_halves_the_achieved_rate() -> None:
     assert aimd.rate == 2_000.0
 
 
+def test_aimd_counts_a_breach_once_its_evidence_is_newer_than_the_decrease() -> None:
+    aimd = Aimd(tuning=Tuning(start=None, decrease=0.5, cooldown=0.0))
+    aimd.update(0.0, 10_000.0, [])
+    aimd.update(1.0, 10_000.0, [Breach("server 1 clients' p99 9 ms > 8 ms", since=0.5)])
+    assert aimd.rate == 5_000.0
+    # the same report (first seen at 0.5) read again: it shows the rate before the cut
+    for now in (1.25, 1.5, 3.0):
+        aimd.update(now, 5_000.0, [Breach("server 1 clients' p99 9 ms > 8 ms", since=0.5)])
+        assert aimd.rate == 5_000.0  # held: neither cut again nor raised
+        assert aimd.reason == "throttled: server 1 clients' p99 9 ms > 8 ms"
+    # a canary window that began before the cut, beside a report seen after it
+    stale = Breach("server 0 p90 9 ms > 8 ms", since=0.0)
+    fresh = Breach("server 1 clients' p99 9 ms > 8 ms", since=3.5)
+    aimd.update(3.6, 5_000.0, [stale, fresh])
+    assert aimd.rate == 2_500.0
+    assert aimd.reason == "throttled: server 1 clients' p99 9 ms > 8 ms"  # the fresh one
+    aimd.update(3.7, 2_500.0, [Breach("server 0 Threads_running 30 >= 25")])  # a reading
+    assert aimd.rate == 1_250.0  # of now: always fresh
+
+
+def test_aimd_cuts_in_proportion_to_how_far_a_signal_is_over() -> None:
+    tuning = Tuning(start=None, cooldown=0.0, deepest=0.5, gentlest=0.9)
+    cuts = {}
+    for over in (1.01, 1.25, 3.0, None):
+        aimd = Aimd(tuning=tuning)
+        aimd.update(0.0, 10_000.0, [])
+        aimd.update(1.0, 10_000.0, [Breach("x", over=over)])
+        cuts[over] = aimd.rate
+    assert cuts == {1.01: 9_000.0, 1.25: 8_000.0, 3.0: 5_000.0, None: 7_000.0}
+    aimd = Aimd(tuning=tuning)  # the worst breach decides
+    aimd.update(0.0, 10_000.0, [])
+    aimd.update(1.0, 10_000.0, [Breach("a", over=1.01), Breach("b", over=1.6)])
+    assert aimd.rate == 6_250.0
+    assert [b.over for b in judge([ServerSignals(1, canary_ms=6.0)], LIMITS)] == [2.0]
+
+
 def test_aimd_climbs_while_clear_and_lifts_the_limit() -> None:
     aimd = Aimd(tuning=Tuning(start=None, decrease=0.5, increase=0.1))
     aimd.update(0.0, 10_000.0, [])

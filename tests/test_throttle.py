@@ -3,6 +3,7 @@ and the status says why; the rate climbs again after; critical load pauses."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -74,7 +75,10 @@ def test_a_slow_server_drops_the_rate_and_it_climbs_again(
     store = make_store()
     store.declare_index(BY_LINK)
     cleaner = Cleaner(store, throttle=QUIET, name=backfill_name("by_link"))
+    before = sys.getswitchinterval()
     with copying(cleaner) as throttler:
+        # the canary times replies that wait for the GIL: switch every 1 ms meanwhile
+        assert sys.getswitchinterval() == min(before, 0.001)
         assert throttler.aimd.rate is None  # nothing over its limit yet
         locker = connect(local_cluster, 1)
         try:  # another session holds the canary row of server 1: its writes wait
@@ -98,6 +102,7 @@ def test_a_slow_server_drops_the_rate_and_it_climbs_again(
         low = throttler.aimd.rate
         assert low is not None
         wait_until(lambda: (throttler.aimd.rate or float("inf")) > 1.2 * low, timeout=30)
+    assert sys.getswitchinterval() == before  # given back when the throttle stops
 
 
 def test_critical_load_pauses_and_resumes(
@@ -145,7 +150,7 @@ def test_clients_report_their_write_latency(
         store.put({"link": f"http://example.com/{i}"})
     store.cluster.latency.maybe_publish(store.cluster.all_servers(store.cluster.topology).values())
     reports = store.cluster.catalog.client_reports(0)
-    mine = reports[store.cluster.latency.name]
+    mine = reports[store.cluster.latency.name].latencies
     assert set(mine) == {str(a) for a in local_cluster.addresses}
     assert all(r["n"] >= 10 and r["p99_ms"] > 0 for r in mine.values())
     # a client's report over the limit throttles the Cleaner, which names the server

@@ -24,7 +24,7 @@ With the dataset loaded, in the same run:
   per second during the grace period, times the backfill's seconds), and the writer's
   p99 during the backfill
   against its p99 during that run's grace period (idle: the same writer, the same
-  indexes maintained, no backfill running).
+  indexes maintained, no backfill running; at least ``IDLE_S`` seconds).
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ class Throttler:
         self._rows = 0
         self._first: float | None = None  # when the first rows were reserved
         self._done: deque[tuple[float, int]] = deque()  # (time, rows so far)
-        self._clients: dict[int, tuple[float, float]] = {}  # sid -> (p99 ms, first seen)
-        self._seen: dict[tuple[str, int], float] = {}  # (client, heartbeat) -> first seen
+        self._clients: dict[int, tuple[float, float]] = {}  # sid -> (p99 ms, published)
+        self._seen: dict[tuple[str, int], float] = {}  # (client, heartbeat) -> published
         self._clients_read = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -252,8 +252,9 @@ class Throttler:
         return (rows - before) / max(now - start, 2 * self.settings.interval)
 
     def _read_clients(self, now: float) -> dict[int, tuple[float, float]]:
-        """The clients' recent p99 per server id (the largest one reported), with when
-        this throttle first saw that report (``now`` for a new one)."""
+        """The clients' recent p99 per server id (the largest one reported), with the
+        earliest time that report can have been published: when this throttle first
+        read it, less the interval between reads (``now`` less it for a new one)."""
         topo = self.store.cluster.topology
         ids = {str(address): sid for sid, address in topo.servers.items()}
         since = now_us() - int(2 * PUBLISH_INTERVAL * 1e6)
@@ -263,7 +264,7 @@ class Throttler:
             log.debug("throttle: client latency not read: %s", exc)
             return {}
         seen = {
-            (name, r.heartbeat): self._seen.get((name, r.heartbeat), now)
+            (name, r.heartbeat): self._seen.get((name, r.heartbeat), now - PUBLISH_INTERVAL / 2)
             for name, r in reports.items()
         }
         self._seen = seen  # only the reports still read: bounded by the clients

@@ -40,9 +40,9 @@ def copying(cleaner: Cleaner) -> Iterator[Throttler]:
     assert throttler is not None
     throttler.start(cleaner.name)
 
-    def copy() -> None:
+    def copy() -> None:  # as a job: a batch, then the throttle, until a stop is asked
         try:
-            while True:
+            while not cleaner.rt.stopping:
                 cleaner.rt.throttle(50)
                 time.sleep(0.002)
         except Stopped:

@@ -310,7 +310,7 @@ class Cluster:
         one table's build); a metadata lock waited for more than 5 s is an error to
         retry (docs/architecture.md, "The ``by_entity`` key is built last")."""
 
-        head = "SET SESSION lock_wait_timeout = 5; "
+        head = "SET STATEMENT lock_wait_timeout = 5 FOR "  # not the pooled session's
         batches = {
             sid: [bare(head + index.entity_key_sql(topo.dbs[s])) for s in shards]
             for sid, shards in by_server(topo, range(topo.n_shards), int).items()

@@ -155,16 +155,12 @@ def read_own(
 ) -> list[Found]:
     """These rows ``(values..., entity_id, ...)`` of one index (grouped by logical
     shard) as they are now, by primary key: those that still exist."""
-    by_sid: dict[int, list[tuple[int, Sequence[tuple[Any, ...]]]]] = {}
+    batches: dict[int, list[Statement]] = {}
     for shard, rows in sorted(groups.items()):
         for lo in range(0, len(rows), _KEY_TERMS):
-            by_sid.setdefault(topo.shard_servers[shard], []).append(
-                (shard, rows[lo : lo + _KEY_TERMS])
+            batches.setdefault(topo.shard_servers[shard], []).append(
+                rows_by_key_sql(topo.prefix, index, shard, rows[lo : lo + _KEY_TERMS])
             )
-    batches = {
-        sid: [rows_by_key_sql(topo.prefix, index, [part]) for part in parts]
-        for sid, parts in by_sid.items()
-    }
     n = len(index.columns)
     return [
         Found(index, int(row[0]), tuple(row[1 : n + 1]), bytes(row[n + 1]), int(row[n + 2]))

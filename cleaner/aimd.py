@@ -6,7 +6,7 @@ the rows/s it may use next.  Additive increase while every signal is under its l
 multiplicative decrease when one is over, a pause on critical load; ``--rate`` caps it.
 
 A signal over its limit lowers the rate only if its evidence is newer than the last
-decrease (a canary window that began after it, a clients' report first seen after
+decrease (a canary window that began after it, a clients' report published after
 it); evidence that predates it holds the rate where it is.  The clients publish every
 few seconds and the canary is a window of seconds: without this one slow moment would
 be counted again at every step until it left the window, cutting the rate several
@@ -89,7 +89,8 @@ class ServerSignals:
     clients_ms: float | None = None
     status: Mapping[str, int] = field(default_factory=dict)  # lower-case names
     lag: float | None = None
-    #: when the canary's window began, and when the clients' report was first seen
+    #: when the canary's window began, and the earliest the clients' report can have
+    #: been published
     canary_since: float | None = None
     clients_since: float | None = None
 
@@ -153,8 +154,8 @@ class Aimd:
             self.peak = max(self.peak, observed)
         if breaches and breaches[0].critical:
             self.last_breach = breaches[0].text
-            if not self.paused:
-                self._decrease(now, observed)  # resume below the rate that led here
+            if not self.paused:  # resume below the rate that led here
+                self._decrease(now, observed, self.tuning.decrease)
             self.paused = True
             self.reason = "paused: " + breaches[0].text
             return
@@ -163,26 +164,26 @@ class Aimd:
             fresh = [b for b in breaches if b.since is None or b.since > self._decreased]
             self.last_breach = (fresh or breaches)[0].text
             if fresh and now - self._decreased >= self.tuning.cooldown:
-                self._decrease(now, observed, self._factor(fresh))
+                self._decrease(now, observed, self._cut(fresh))
             self.reason = "throttled: " + self.last_breach
             return  # evidence from before the last decrease: hold
         self._increase(dt, observed)
 
-    def _factor(self, breaches: list[Breach]) -> float:
-        """The cut for these breaches: limit / signal of the worst, within bounds."""
+    def _cut(self, breaches: list[Breach]) -> float:
+        """The cut for these breaches: limit / signal of the worst, within bounds
+        (``decrease`` if one has no magnitude)."""
         t = self.tuning
-        over = [b.over for b in breaches]
-        if any(x is None for x in over):
+        over = [b.over for b in breaches if b.over is not None]
+        if len(over) < len(breaches):
             return t.decrease
-        return min(t.gentlest, max(t.deepest, 1.0 / max(x for x in over if x is not None)))
+        return min(t.gentlest, max(t.deepest, 1.0 / max(over)))
 
-    def _decrease(self, now: float, observed: float, factor: float | None = None) -> None:
+    def _decrease(self, now: float, observed: float, cut: float) -> None:
         t = self.tuning
         self._ramping = False
         known = [x for x in (self.limit, self.cap, observed or None, self.peak or None) if x]
         if not known:
             return  # nothing flows yet: nothing to slow down
-        cut = t.decrease if factor is None else factor
         self.limit = max(t.min_rate, t.floor * self.peak, cut * min(known))
         self._decreased = now
 

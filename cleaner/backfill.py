@@ -386,7 +386,7 @@ class Backfill:
                 target: [row for row in group if row[n] in changed]
                 for target, group in derived.targets.items()
             }
-            found = read_own(store, topo, index, {t: g for t, g in ours.items() if g})
+            found = read_own(store, topo, index, ours)  # an empty group sends nothing
             self.repairer.reconcile(topo, [index], entities, found, add_missing=True)
 
     def _report(self, force: bool = False) -> None:

@@ -73,24 +73,20 @@ def rows_by_entity_sql(
 
 
 def rows_by_key_sql(
-    prefix: str, index: Index, groups: Sequence[tuple[int, Sequence[tuple[Any, ...]]]]
+    prefix: str, index: Index, shard: int, rows: Sequence[tuple[Any, ...]]
 ) -> tuple[str, list[Any]]:
-    """Index rows ``(values..., entity_id, ...)`` by primary key (values and entity id,
-    which also pins a unique index's row to its owner), grouped by logical shard: one
-    ``UNION ALL`` statement of rows ``(shard, values..., entity_id, entity_version)``."""
+    """Index rows ``(values..., entity_id, ...)`` of one logical shard by primary key
+    (values and entity id, which also pins a unique index's row to its owner): rows
+    ``(shard, values..., entity_id, entity_version)``."""
     cols = [quote(c) for c in index.columns]
     one = "(" + " AND ".join(f"{c} = %s" for c in [*cols, "`entity_id`"]) + ")"
     n = len(cols) + 1
-    parts: list[str] = []
-    params: list[Any] = []
-    for shard, rows in groups:
-        parts.append(
-            f"SELECT {int(shard)}, {', '.join(cols)}, `entity_id`, `entity_version`"
-            f" FROM {quote(shard_db(prefix, shard), index.table)}"
-            f" WHERE {' OR '.join([one] * len(rows))}"
-        )
-        params.extend(chain.from_iterable(row[:n] for row in rows))
-    return union_all(parts), params
+    return (
+        f"SELECT {int(shard)}, {', '.join(cols)}, `entity_id`, `entity_version`"
+        f" FROM {quote(shard_db(prefix, shard), index.table)}"
+        f" WHERE {' OR '.join([one] * len(rows))}",
+        list(chain.from_iterable(row[:n] for row in rows)),
+    )
 
 
 def delete_guarded_sql(prefix: str, rows: Iterable[Guarded]) -> tuple[str, list[Any]]:

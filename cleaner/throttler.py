@@ -221,18 +221,20 @@ class Throttler:
             self._clients_read = now
             self._clients = self._read_clients(now)
         window = self.settings.window
-        signals = [
-            ServerSignals(
-                sid,
-                canary.latency_ms(now, window, self.settings.quantile),
-                self._clients.get(sid, (None, None))[0],
-                dict(canary.status),
-                canary.lag,
-                canary_since=now - window,
-                clients_since=self._clients.get(sid, (None, None))[1],
+        signals = []
+        for sid, canary in self.canaries.items():
+            clients, published = self._clients.get(sid, (None, None))
+            signals.append(
+                ServerSignals(
+                    sid,
+                    canary.latency_ms(now, window, self.settings.quantile),
+                    clients,
+                    dict(canary.status),
+                    canary.lag,
+                    canary_since=now - window,
+                    clients_since=published,
+                )
             )
-            for sid, canary in self.canaries.items()
-        ]
         self.aimd.update(now, self._observed(now), judge(signals, self.limits))
         self.figures.set(throttle_limit=self.aimd.rate, throttle=self.aimd.reason)
 

@@ -8,8 +8,9 @@ batch's versions are proven unchanged (or read again, and the rows upserted for
 entities that a writer changed meanwhile are reconciled), so the backfill leaves no
 stale row of its own.  Each shard's checkpoint
 ``(backfill:<index>, shard) -> last added_id`` is saved after its batch committed; a
-restart resumes there.  One lane per server runs its shards, and each lane reads its
-next batch while it writes the current one.  When every shard is done, ``KEY
+restart resumes there.  One lane per server runs its shards, each shard as a
+pipeline: while a batch is written, proven and checkpointed (batches in order), the
+next one is derived and the one after it read.  When every shard is done, ``KEY
 by_entity`` is built on the index's tables (a declaration creates them without it),
 then the index is marked ready.
 """
@@ -225,7 +226,7 @@ class Backfill:
         if not lanes:
             return
         self.rt.halt.clear()
-        with ThreadPoolExecutor(2 * len(lanes), thread_name_prefix="backfill") as pool:
+        with ThreadPoolExecutor(3 * len(lanes), thread_name_prefix="backfill") as pool:
             futures = [pool.submit(self._lane, pool, index, shards) for shards in lanes.values()]
             try:
                 while True:
@@ -248,66 +249,114 @@ class Backfill:
     # -- one lane: the shards of one server ------------------------------------------------
 
     def _lane(self, pool: ThreadPoolExecutor, index: Index, shards: list[int]) -> None:
-        for shard in shards:
-            state = self._shards[shard]
-            ahead: Future[list[EntityRow]] | None = None
-            while not state.done and not self.rt.stopping:
-                try:
-                    ahead = self.rt.retry(
-                        f"backfill {self.name} shard {shard}",
-                        partial(self._batch, pool, index, state, ahead),
-                    )
-                except Stopped:
-                    return
+        """The shards of one server in turn, one pipeline across them."""
+        writing: Future[None] | None = None
+        try:
+            for shard in shards:
+                state = self._shards[shard]
+                if not state.done and not self.rt.stopping:
+                    writing = self._shard(pool, index, state, writing)
+            if writing is not None:
+                writing.result()
+        except Stopped:
+            return
+
+    def _shard(
+        self,
+        pool: ThreadPoolExecutor,
+        index: Index,
+        state: _Shard,
+        writing: Future[None] | None,
+    ) -> Future[None] | None:
+        """One logical shard: while one batch is written (and proven, and checkpointed,
+        one write at a time, in order), the next one is derived and the one after it
+        read.  ``writing``: the lane's write in flight (of an earlier shard); returns
+        the last one, still in flight."""
+        after = state.position
+        ahead: Future[list[EntityRow]] | None = None
+        try:
+            while not self.rt.stopping:
+                rows, derived, ahead = self.rt.retry(
+                    f"backfill {self.name} shard {state.shard}",
+                    partial(self._next, pool, index, state.shard, after, ahead),
+                )
+                if writing is not None:
+                    writing.result()
+                writing = pool.submit(self._write, index, state, after, rows, derived)
+                if ahead is None:
+                    break
+                after = rows[-1][0]
+            return writing
+        except BaseException:
             if ahead is not None:
                 ahead.cancel()
+            if writing is not None:
+                wait([writing])  # it updates a shard's state: let it end first
+            raise
 
     def _read(self, shard: int, after: int) -> list[EntityRow]:
         topo = self.rt.store.cluster.current()
         return next(entity_batches(self.rt.store, topo, shard, after, self.rt.batch), [])
 
-    def _batch(
+    def _next(
         self,
         pool: ThreadPoolExecutor,
         index: Index,
-        state: _Shard,
+        shard: int,
+        after: int,
         ahead: Future[list[EntityRow]] | None,
-    ) -> Future[list[EntityRow]] | None:
-        """One batch from ``state.position``; returns the read of the next batch."""
-        rt = self.rt
-        store = rt.store
-        topo = store.cluster.current()
-        shard = state.shard
+    ) -> tuple[list[EntityRow], Derived, Future[list[EntityRow]] | None]:
+        """The batch after ``after`` (read ahead, or now), its index rows, and the read
+        of the batch after it (None: this one is the shard's last)."""
         try:
-            rows = ahead.result() if ahead is not None else self._read(shard, state.position)
+            rows = ahead.result() if ahead is not None else self._read(shard, after)
         except SchemalessError:
-            rows = self._read(shard, state.position)  # the read ahead failed: again, here
-        if rows and rows[0][0] <= state.position:  # read ahead of a batch that was redone
-            rows = self._read(shard, state.position)
-        done = len(rows) < rt.batch
-        following = None if done else pool.submit(self._read, shard, rows[-1][0])
+            rows = self._read(shard, after)  # the read ahead failed: again, here
+        if rows and rows[0][0] <= after:  # a read ahead of a batch that was redone
+            rows = self._read(shard, after)
+        last = len(rows) < self.rt.batch
+        following = None if last else pool.submit(self._read, shard, rows[-1][0])
         failpoints.hit("cleaner.after_read")
+        store = self.rt.store
         derived = derive(
             index,
             store.codec.decode,
             rows,
-            self._placement(topo),
+            self._placement(store.cluster.current()),
             lambda key, version, body: store.decode(key, shard, version, body),
         )
         self._set_aside(index, shard, derived)
+        return rows, derived, following
+
+    def _write(
+        self, index: Index, state: _Shard, after: int, rows: list[EntityRow], derived: Derived
+    ) -> None:
+        """Upsert a batch's rows, prove or reconcile them, checkpoint; then pay the
+        throttle for it."""
+        self.rt.retry(
+            f"backfill {self.name} shard {state.shard}",
+            partial(self._upsert, index, state, after, rows, derived),
+        )
+        self.rt.throttle(len(rows))
+
+    def _upsert(
+        self, index: Index, state: _Shard, after: int, rows: list[EntityRow], derived: Derived
+    ) -> None:
+        store = self.rt.store
+        topo = store.cluster.current()
+        shard = state.shard
         contested = upsert_grouped(store, topo, index, derived.targets)
         if contested:
             self._duplicates(topo, shard, store.claims.settle(topo, contested))
         if rows:
-            self._recheck(topo, index, shard, state.position, rows, derived)
-        last = rows[-1][0] if rows else state.position
+            self._recheck(topo, index, shard, after, rows, derived)
+        last = rows[-1][0] if rows else after
+        done = len(rows) < self.rt.batch
         store.cluster.catalog.save_checkpoint(self.job, shard, last, done, state.rows + len(rows))
         with self._lock:
             state.position, state.done, state.rows = last, done, state.rows + len(rows)
-        rt.figures.add(rows_backfilled=derived.rows, rows_checked=len(rows))
+        self.rt.figures.add(rows_backfilled=derived.rows, rows_checked=len(rows))
         failpoints.hit("cleaner.after_batch")
-        rt.throttle(len(rows))
-        return following
 
     def _duplicates(self, topo: Topology, shard: int, found: list[Violation]) -> None:
         """Record the values of this shard's entities that another live entity owns."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemaless.errors import CorruptEntity, InvalidEntity
-from schemaless.hashing import shard_of
+from schemaless.hashing import placer
 from schemaless.index import Index, key_encode
 
 from .scan import EntityRow
@@ -30,8 +30,9 @@ class Placement:
     """The logical shard of an index row from its ``shard_on`` value (``shard_of`` of
     its canonical bytes), memoised per value while values repeat (users, feeds,
     links): after ``sample`` look-ups, if more than half were new values (times,
-    unique ids), the memo costs more than it saves and is dropped.  One index's values
-    are coerced to one type, and equal values of one type have equal canonical bytes.
+    unique ids), the memo costs more than it saves and is dropped (``fast`` is then
+    the placement itself).  One index's values are coerced to one type, and equal
+    values of one type have equal canonical bytes.
     """
 
     def __init__(self, n_shards: int, sample: int = 20_000, limit: int = 200_000) -> None:
@@ -40,14 +41,20 @@ class Placement:
         self.limit = limit
         self.known: dict[Any, int] | None = {}
         self.lookups = 0
+        self.direct = placer(n_shards, key_encode)
+
+    @property
+    def fast(self) -> Callable[[Any], int]:
+        """What to call for a batch: the memo while it pays, the placement after."""
+        return self.direct if self.known is None else self
 
     def __call__(self, value: Any) -> int:
         known = self.known
         if known is None:
-            return shard_of(key_encode(value), self.n)
+            return self.direct(value)
         shard = known.get(value)
         if shard is None:
-            shard = known[value] = shard_of(key_encode(value), self.n)
+            shard = known[value] = self.direct(value)
             if len(known) >= self.limit:
                 known.clear()
         self.lookups += 1
@@ -94,6 +101,7 @@ def derive(
     targets = out.targets
     rows_of = index.rows
     pos = index.shard_pos
+    place_one = place.fast
     single = len(index.properties) == 1 and index.multi_pos is None
     one = index.value
     produced: Iterable[tuple[Any, ...]]
@@ -118,7 +126,7 @@ def derive(
             out.unfit.append((key, exc))
             continue
         for values in produced:
-            shard = place(values[pos])
+            shard = place_one(values[pos])
             group = targets.get(shard)
             if group is None:
                 group = targets[shard] = []

@@ -59,6 +59,8 @@ def fence_option(fn: F) -> F:
 
 #: The batch size while the throttle is on (see docs/cleaner.md, "Throttling").
 THROTTLED_BATCH = 250
+#: Without it: bigger sorted runs per index table cost the servers less per row.
+UNTHROTTLED_BATCH = 8000
 
 
 def _load(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, int]:
@@ -182,7 +184,7 @@ def _open(conn: Connection) -> DataStore:
 @click.option(
     "--batch",
     type=click.IntRange(1, 100_000),
-    help="Rows per batch (and per checkpoint) [default: 250 with the throttle, 2000 with "
+    help="Rows per batch (and per checkpoint) [default: 250 with the throttle, 8000 with "
     "--no-throttle: writers feel the size of a burst more than the rate].",
 )
 @click.option(
@@ -299,7 +301,7 @@ def _clean(
     store = _open(conn)
     cleaner = Cleaner(
         store,
-        batch=p["batch"] or (2000 if throttle is None else THROTTLED_BATCH),
+        batch=p["batch"] or (UNTHROTTLED_BATCH if throttle is None else THROTTLED_BATCH),
         rate=p["rate"],
         interval=p["interval"],
         tombstone_retention=p["tombstone_retention"],

@@ -6,7 +6,8 @@ fence writes a tombstone above the versions of an absent entity's orphan rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
 from itertools import chain
 from typing import Any
 
@@ -14,7 +15,7 @@ from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.schema import shard_db
 from schemaless.tables import by_id_sql, union_all
-from schemaless.writes import in_transaction, owners_sql, upsert_sql
+from schemaless.writes import in_transaction, owners_sql, upsert_sql, upsert_text_sql
 
 __all__ = [
     "Guarded",
@@ -28,6 +29,7 @@ __all__ = [
     "max_added_sql",
     "purge_sql",
     "recent_batch_sql",
+    "row_text",
     "rows_by_entity_sql",
     "rows_by_key_sql",
     "versions_proof_sql",
@@ -182,7 +184,17 @@ def index_upserts_sql(
     """Upsert rows ``(values..., entity_id, version)`` of one index, grouped by logical
     shard (``(shard, rows)``, each group sorted), with the write protocol's
     ``GREATEST`` guard: one multi-row statement per table, one transaction.  For a
-    unique index, then one result set per group: the owners of its values."""
+    unique index, then one result set per group: the owners of its values.
+
+    Rows of integer and byte columns are rendered here (``row_text``), a batch at a
+    time; the others are parameters."""
+    render = row_text(index)
+    if render is not None:
+        stmts = [
+            upsert_text_sql(dbs[shard], index, ",".join(map(render, rows)))
+            for shard, rows in groups
+        ]
+        return in_transaction(stmts), []
     stmts = [upsert_sql(dbs[shard], index, len(rows)) for shard, rows in groups]
     params = list(chain.from_iterable(chain.from_iterable(rows for _, rows in groups)))
     sql = in_transaction(stmts)
@@ -193,6 +205,43 @@ def index_upserts_sql(
             sql += ";\n" + select
             params += more
     return sql, params
+
+
+#: Column types whose coerced values are ``int`` (rendered as digits) or ``bytes``
+#: (rendered as a hex literal): neither needs the driver's escaping.
+_DIGITS = frozenset({"int", "bool"})
+_HEX = frozenset({"uuid", "auto"})
+
+
+@lru_cache(maxsize=256)
+def row_text(index: Index) -> Callable[[tuple[Any, ...]], str] | None:
+    """The SQL text of one coerced row ``(values..., entity_id, version)`` of a
+    non-unique index whose columns are all integers or bytes: ``(1,X'0a0b',7)``;
+    None for other indexes (their values are parameters)."""
+    if index.unique:
+        return None
+    hexed: list[bool] = []
+    for ctype in index.types:
+        if ctype.name in _DIGITS:
+            hexed.append(False)
+        elif ctype.name in _HEX or ctype.name.startswith("bytes("):
+            hexed.append(True)
+        else:
+            return None
+    hexed += [True, False]  # entity_id, version
+    fmt = "(" + ",".join("X'%s'" if h else "%d" for h in hexed) + ")"
+    if hexed == [False, True, False]:  # one integer column: the common case, no loop
+
+        def one(row: tuple[Any, ...]) -> str:
+            return fmt % (row[0], row[1].hex(), row[2])
+
+        return one
+    flags = tuple(hexed)
+
+    def many(row: tuple[Any, ...]) -> str:
+        return fmt % tuple(v.hex() if h else v for v, h in zip(row, flags, strict=True))
+
+    return many
 
 
 def recent_batch_sql(

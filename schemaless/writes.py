@@ -38,6 +38,7 @@ __all__ = [
     "takeover_sql",
     "upsert_rows_sql",
     "upsert_sql",
+    "upsert_text_sql",
 ]
 
 
@@ -124,8 +125,13 @@ def _upserts(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[list[str], l
 def upsert_sql(db: str, index: Index, rows: int) -> str:
     """A multi-row upsert of ``rows`` rows into one index table; each row's parameters
     are its values, ``entity_id`` and ``entity_version``."""
-    head, one = _upsert_parts(db, index)
-    return f"{head}{', '.join([one] * rows)}{_UNIQUE_TAIL if index.unique else _UPSERT_TAIL}"
+    return upsert_text_sql(db, index, ", ".join([_upsert_parts(db, index)[1]] * rows))
+
+
+def upsert_text_sql(db: str, index: Index, rows: str) -> str:
+    """``upsert_sql`` with the rows given as SQL text: ``(...), (...)``."""
+    head = _upsert_parts(db, index)[0]
+    return f"{head}{rows}{_UNIQUE_TAIL if index.unique else _UPSERT_TAIL}"
 
 
 _UPSERT_TAIL = (

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from schemaless import Index
 from schemaless.cleaner.batch import Placement, derive, proof, runs
-from schemaless.cleaner.sql import index_upserts_sql, versions_proof_sql
+from schemaless.cleaner.sql import index_upserts_sql, row_text, versions_proof_sql
 from schemaless.codec import Codec
 from schemaless.errors import CorruptEntity
 from schemaless.hashing import shard_of
@@ -20,6 +20,8 @@ from schemaless.index import key_encode
 
 BY_TAG = Index("by_tag", {"tags": "str(5)", "n": "int"}, multi="tags")
 BY_N = Index("by_n", {"n": "float"})
+BY_INT = Index("by_int", {"n": "int"})
+BY_KEYS = Index("by_keys", {"u": "uuid", "n": "int", "b": "bytes(4)", "f": "bool", "a": "auto"})
 
 
 def _recover(key: bytes, version: int, body: bytes) -> dict[str, Any]:
@@ -95,3 +97,22 @@ def test_index_upserts_sql_one_statement_per_table() -> None:
     assert sql.count("INSERT INTO") == 2 and "`d3`.`index_by_tag`" in sql
     assert sql.count("%s") == len(params) == 12
     assert params[:4] == ["a", 1, b"k", 5]
+
+
+def test_index_upserts_sql_renders_integer_and_byte_rows() -> None:
+    groups = [(0, [(-5, b"\x00\xff", 9)]), (2, [(1, b"k", 2**63), (7, b"", 1)])]
+    sql, params = index_upserts_sql(["d0", "d1", "d2"], BY_INT, groups)
+    assert params == [] and "%s" not in sql
+    assert "VALUES (-5,X'00ff',9) ON DUPLICATE" in sql
+    assert f"VALUES (1,X'6b',{2**63}),(7,X'',1) ON DUPLICATE" in sql
+    assert sql.startswith("START TRANSACTION") and sql.count("INSERT INTO") == 2
+
+
+def test_row_text_of_each_type_and_where_it_declines() -> None:
+    render = row_text(BY_KEYS)
+    assert render is not None
+    values = BY_KEYS.rows({"u": bytes(16), "n": -1, "b": b"ab", "f": True, "a": "x"}).pop()
+    text = render((*values, b"\x01", 3))
+    assert text == f"(X'{bytes(16).hex()}',-1,X'6162',1,X'{values[4].hex()}',X'01',3)"
+    unique = Index("u_int", {"n": "int"}, unique=True)
+    assert row_text(BY_TAG) is None and row_text(BY_N) is None and row_text(unique) is None

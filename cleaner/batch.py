@@ -98,13 +98,12 @@ def derive(
     (which takes up a dictionary trained meanwhile, or raises a ``CorruptEntity`` that
     names the entity)."""
     out = Derived()
-    targets = out.targets
     rows_of = index.rows
     pos = index.shard_pos
     place_one = place.fast
     single = len(index.properties) == 1 and index.multi_pos is None
     one = index.value
-    produced: Iterable[tuple[Any, ...]]
+    groups: list[list[tuple[Any, ...]]] = [[] for _ in range(place.n)]
     entity: Mapping[str, Any]
     for _, key, version, body in batch:
         if body is None:
@@ -116,24 +115,20 @@ def derive(
                 entity = recover(key, version, body)
             if single:  # one column: no set, tuple and list per entity
                 value = one(entity)
-                produced = () if value is None else ((value,),)
-            else:
-                produced = rows_of(entity)
+                if value is not None:
+                    groups[place_one(value)].append((value, key, version))
+                continue
+            for values in rows_of(entity):
+                groups[place_one(values[pos])].append((*values, key, version))
         except CorruptEntity as exc:
             out.corrupt.append((key, exc))
-            continue
         except InvalidEntity as exc:
             out.unfit.append((key, exc))
-            continue
-        for values in produced:
-            shard = place_one(values[pos])
-            group = targets.get(shard)
-            if group is None:
-                group = targets[shard] = []
-            group.append((*values, key, version))
-    for group in targets.values():
-        group.sort()
-        out.rows += len(group)
+    for shard, group in enumerate(groups):
+        if group:
+            group.sort()
+            out.targets[shard] = group
+            out.rows += len(group)
     return out
 
 

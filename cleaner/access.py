@@ -183,14 +183,24 @@ def upsert_rows(store: DataStore, topo: Topology, rows: Sequence[IndexRow]) -> N
 
 
 def upsert_grouped(
-    store: DataStore, topo: Topology, index: Index, groups: Mapping[int, list[tuple[Any, ...]]]
+    store: DataStore,
+    topo: Topology,
+    index: Index,
+    groups: Mapping[int, list[tuple[Any, ...]]],
+    burst: int | None = None,
+    pace: Callable[[int], None] | None = None,
 ) -> list[tuple[IndexRow, Owner]]:
     """Upsert one index's rows ``(values..., entity_id, version)``, grouped by logical
     shard (each group sorted), like ``upsert_rows`` but without an object per row.
 
+    With ``burst``, in transactions of at most that many rows per server (a shard's
+    rows then the next's: few tables each), one per server at a time, servers in
+    parallel; ``pace(rows)`` is called before each round with the rows it sends.
     For a unique index, the owners are read back in the same round trips: the rows
     that another entity owns (or that are gone) are returned with that owner."""
     step = max(1, _BATCH_BYTES // row_bytes(index))
+    if burst is not None:
+        step = min(step, burst)
     by_server: dict[int, list[list[tuple[int, list[tuple[Any, ...]]]]]] = {}
     for shard in sorted(groups):
         rows = groups[shard]
@@ -200,23 +210,45 @@ def upsert_grouped(
             if sum(len(r) for _, r in chunks[-1]) + len(part) > step:
                 chunks.append([])
             chunks[-1].append((shard, part))
+    for sid in by_server:
+        by_server[sid] = [chunk for chunk in by_server[sid] if chunk]
     batches = {
-        sid: [index_upserts_sql(topo.dbs, index, chunk) for chunk in chunks if chunk]
+        sid: [index_upserts_sql(topo.dbs, index, chunk) for chunk in chunks]
         for sid, chunks in by_server.items()
     }
-    results = _rounds(store, topo, batches)
+    results = _paced(store, topo, batches, by_server, pace)
     if not index.unique:
         return []
     n = len(index.columns)
     out: list[tuple[IndexRow, Owner]] = []
     for sid, chunks in by_server.items():
-        for chunk, sets in zip([c for c in chunks if c], results[sid], strict=True):
+        for chunk, sets in zip(chunks, results[sid], strict=True):
             for (shard, rows), found in zip(chunk, sets, strict=True):
                 owners = {tuple(r[:n]): (bytes(r[n]), int(r[n + 1])) for r in found}
                 for row in rows:
                     owner = owners.get(row[:n])
                     if owner is None or owner[0] != row[n]:
                         out.append((IndexRow(index, shard, row[:n], row[n], row[n + 1]), owner))
+    return out
+
+
+def _paced(
+    store: DataStore,
+    topo: Topology,
+    batches: Mapping[int, Sequence[Statement]],
+    chunks: Mapping[int, Sequence[Sequence[tuple[int, Sequence[Any]]]]],
+    pace: Callable[[int], None] | None,
+) -> dict[int, list[Rows]]:
+    """``_rounds(batches)``; with ``pace``, one round at a time, each paid for first
+    with the rows of its chunks."""
+    if pace is None:
+        return _rounds(store, topo, batches)
+    out: dict[int, list[Rows]] = {sid: [] for sid in batches}
+    for n in range(max((len(b) for b in batches.values()), default=0)):
+        now = {sid: [b[n]] for sid, b in batches.items() if n < len(b)}
+        pace(sum(len(rows) for sid in now for _, rows in chunks[sid][n]))
+        for sid, results in _rounds(store, topo, now).items():
+            out[sid] += results
     return out
 
 

@@ -67,6 +67,25 @@ class _Shard:
     end: int = 0  # MAX(added_id) when the backfill started: for the estimate
 
 
+class _Pacer:
+    """Pays the throttle for a batch of ``rows`` entity rows in proportion to the index
+    rows sent (of ``total``), then the rest."""
+
+    def __init__(self, rt: Runtime, rows: int, total: int) -> None:
+        self.rt, self.rows, self.total = rt, rows, total
+        self.sent = self.paid = 0
+
+    def __call__(self, sent: int) -> None:
+        self.sent += sent
+        due = min(self.rows, self.rows * self.sent // max(1, self.total))
+        self.rt.throttle(due - self.paid)
+        self.paid = max(self.paid, due)
+
+    def rest(self) -> None:
+        self.rt.throttle(self.rows - self.paid)
+        self.paid = self.rows
+
+
 class Backfill:
     """One index's backfill; ``run()`` returns the index state at the end."""
 
@@ -331,21 +350,31 @@ class Backfill:
     def _write(
         self, index: Index, state: _Shard, after: int, rows: list[EntityRow], derived: Derived
     ) -> None:
-        """Upsert a batch's rows, prove or reconcile them, checkpoint; then pay the
-        throttle for it."""
+        """Upsert a batch's rows (in bursts, each paid to the throttle first, when
+        ``rt.burst`` is set), prove or reconcile them, checkpoint; the throttle is paid
+        for the whole batch by the end."""
+        pacer = _Pacer(self.rt, len(rows), derived.rows)
         self.rt.retry(
             f"backfill {self.name} shard {state.shard}",
-            partial(self._upsert, index, state, after, rows, derived),
+            partial(self._upsert, index, state, after, rows, derived, pacer),
         )
-        self.rt.throttle(len(rows))
+        pacer.rest()
 
     def _upsert(
-        self, index: Index, state: _Shard, after: int, rows: list[EntityRow], derived: Derived
+        self,
+        index: Index,
+        state: _Shard,
+        after: int,
+        rows: list[EntityRow],
+        derived: Derived,
+        pacer: _Pacer,
     ) -> None:
         store = self.rt.store
         topo = store.cluster.current()
         shard = state.shard
-        contested = upsert_grouped(store, topo, index, derived.targets)
+        burst = self.rt.burst
+        pace = pacer if burst is not None else None
+        contested = upsert_grouped(store, topo, index, derived.targets, burst, pace)
         if contested:
             self._duplicates(topo, shard, store.claims.settle(topo, contested))
         if rows:

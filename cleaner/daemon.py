@@ -54,6 +54,7 @@ class Cleaner:
         store: DataStore,
         *,
         batch: int = 2000,
+        burst: int | None = None,
         rate: float | None = None,
         interval: float = 10.0,
         tombstone_retention: float = 3600.0,
@@ -70,7 +71,7 @@ class Cleaner:
         self.figures = Figures()
         store.cluster.latency.enabled = False  # our batches are not the clients' writes
         self.throttler = (
-            Throttler(store, throttle, figures=self.figures, cap=rate, batch=batch)
+            Throttler(store, throttle, figures=self.figures, cap=rate, batch=burst or batch)
             if throttle is not None
             else None
         )
@@ -80,6 +81,7 @@ class Cleaner:
             shutdown=shutdown or Shutdown(),
             progress=progress or Progress(quiet=True),
             batch=batch,
+            burst=burst,
             rate=None if self.throttler is not None else rate,
             throttler=self.throttler,
             backoff_cap=backoff_cap,

@@ -57,9 +57,12 @@ def fence_option(fn: F) -> F:
     )(fn)
 
 
-#: The batch size while the throttle is on (see docs/cleaner.md, "Throttling").
-THROTTLED_BATCH = 250
-#: Without it: bigger sorted runs per index table cost the servers less per row.
+#: Rows per batch: read, proven and checkpointed together.  With the throttle on, a
+#: batch's upserts go in bursts of at most THROTTLED_BURST index rows per server (see
+#: docs/cleaner.md, "Burst size"); without it, at once: bigger sorted runs per index
+#: table cost the servers less per row.
+THROTTLED_BATCH = 2000
+THROTTLED_BURST = 250
 UNTHROTTLED_BATCH = 8000
 
 
@@ -184,8 +187,9 @@ def _open(conn: Connection) -> DataStore:
 @click.option(
     "--batch",
     type=click.IntRange(1, 100_000),
-    help="Rows per batch (and per checkpoint) [default: 250 with the throttle, 8000 with "
-    "--no-throttle: writers feel the size of a burst more than the rate].",
+    help="Rows per batch (read, proven and checkpointed together) [default: 2000 with the "
+    "throttle, its upserts in bursts of at most 250 rows per server; 8000 with "
+    "--no-throttle, at once: writers feel the size of a burst more than the rate].",
 )
 @click.option(
     "--rate",
@@ -302,6 +306,7 @@ def _clean(
     cleaner = Cleaner(
         store,
         batch=p["batch"] or (UNTHROTTLED_BATCH if throttle is None else THROTTLED_BATCH),
+        burst=None if throttle is None else THROTTLED_BURST,
         rate=p["rate"],
         interval=p["interval"],
         tombstone_retention=p["tombstone_retention"],

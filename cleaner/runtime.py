@@ -84,6 +84,9 @@ class Runtime:
     shutdown: Shutdown = field(default_factory=Shutdown)
     progress: Progress = field(default_factory=lambda: Progress(quiet=True))
     batch: int = 2000
+    #: a backfill's upserts go in transactions of at most this many index rows per
+    #: server, each paid to the throttle before it is sent (None: a batch's at once)
+    burst: int | None = None
     rate: float | None = None  # rows per second, None: unlimited
     #: the adaptive throttle (it applies ``--rate`` itself: then ``rate`` is None)
     throttler: Throttler | None = None

@@ -305,13 +305,14 @@ class Backfill:
                 if ahead is None:
                     break
                 after = rows[-1][0]
-            return writing
         except BaseException:
-            if ahead is not None:
-                ahead.cancel()
             if writing is not None:
                 wait([writing])  # it updates a shard's state: let it end first
             raise
+        finally:
+            if ahead is not None:  # stopped (or failed) with a read ahead in flight
+                ahead.cancel()
+        return writing
 
     def _read(self, shard: int, after: int) -> list[EntityRow]:
         topo = self.rt.store.cluster.current()

@@ -217,7 +217,9 @@ _HEX = frozenset({"uuid", "auto"})
 def row_text(index: Index) -> Callable[[tuple[Any, ...]], str] | None:
     """The SQL text of one coerced row ``(values..., entity_id, version)`` of a
     non-unique index whose columns are all integers or bytes: ``(1,X'0a0b',7)``;
-    None for other indexes (their values are parameters)."""
+    None for other indexes (their values are parameters).  The values are the index's
+    coerced ones (``int``, ``bytes``): ``%d`` and ``hex()`` raise on anything else, and
+    neither output can hold a quote."""
     if index.unique:
         return None
     hexed: list[bool] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from schemaless.catalog import Topology, now_us
@@ -91,9 +92,12 @@ def placed(
 
 
 def _rounds(
-    store: DataStore, topo: Topology, batches: Mapping[int, Sequence[Statement]]
+    store: DataStore,
+    topo: Topology,
+    batches: Mapping[int, Sequence[Statement]],
+    before: Callable[[int], None] | None = None,
 ) -> dict[int, list[Rows]]:
-    return rounds(store.cluster.all_servers(topo).__getitem__, batches)
+    return rounds(store.cluster.all_servers(topo).__getitem__, batches, before)
 
 
 def _chunks(items: Sequence[T], index: Callable[[T], Index]) -> list[list[T]]:
@@ -216,7 +220,9 @@ def upsert_grouped(
         sid: [index_upserts_sql(topo.dbs, index, chunk) for chunk in chunks]
         for sid, chunks in by_server.items()
     }
-    results = _paced(store, topo, batches, by_server, pace)
+    results = _rounds(
+        store, topo, batches, None if pace is None else partial(_pay, pace, by_server)
+    )
     if not index.unique:
         return []
     n = len(index.columns)
@@ -232,24 +238,13 @@ def upsert_grouped(
     return out
 
 
-def _paced(
-    store: DataStore,
-    topo: Topology,
-    batches: Mapping[int, Sequence[Statement]],
+def _pay(
+    pace: Callable[[int], None],
     chunks: Mapping[int, Sequence[Sequence[tuple[int, Sequence[Any]]]]],
-    pace: Callable[[int], None] | None,
-) -> dict[int, list[Rows]]:
-    """``_rounds(batches)``; with ``pace``, one round at a time, each paid for first
-    with the rows of its chunks."""
-    if pace is None:
-        return _rounds(store, topo, batches)
-    out: dict[int, list[Rows]] = {sid: [] for sid in batches}
-    for n in range(max((len(b) for b in batches.values()), default=0)):
-        now = {sid: [b[n]] for sid, b in batches.items() if n < len(b)}
-        pace(sum(len(rows) for sid in now for _, rows in chunks[sid][n]))
-        for sid, results in _rounds(store, topo, now).items():
-            out[sid] += results
-    return out
+    n: int,
+) -> None:
+    """Before round ``n``: ``pace`` the rows of every server's ``n``-th chunk."""
+    pace(sum(len(rows) for c in chunks.values() if n < len(c) for _, rows in c[n]))
 
 
 def versions_proof(

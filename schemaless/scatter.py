@@ -120,13 +120,18 @@ def joined(statements: Sequence[Statement]) -> Statement:
 
 
 def rounds(
-    server: Callable[[int], Server], batches: Mapping[int, Sequence[Statement]]
+    server: Callable[[int], Server],
+    batches: Mapping[int, Sequence[Statement]],
+    before: Callable[[int], None] | None = None,
 ) -> dict[int, list[Rows]]:
     """Send each server its statements in order, servers in parallel: one scatter per
-    position; a server that failed gets no more, the first error is raised at the end."""
+    position (``before(position)`` first, when given); a server that failed gets no
+    more, the first error is raised at the end."""
     out: dict[int, list[Rows]] = {sid: [] for sid, b in batches.items() if b}
     errors: dict[int, SchemalessError] = {}
     for n in range(max((len(b) for b in batches.values()), default=0)):
+        if before is not None:
+            before(n)
         now = {sid: b[n] for sid, b in batches.items() if n < len(b) and sid not in errors}
         results, failed, _ = scatter(server, now, _same, partial=True)
         errors.update(failed)

@@ -152,9 +152,10 @@ class Backfill:
             self.duplicates_left = True
             return IndexState.BUILDING
         rt.figures.set(state="building the by_entity key")
+        rest = rt.rest if rt.throttler is not None else None  # throttled: one table at a time
         rt.retry(
             "building the by_entity key",
-            lambda: cluster.add_entity_keys(cluster.current(), info.index),
+            lambda: cluster.add_entity_keys(cluster.current(), info.index, rest),
         )
         failpoints.hit("cleaner.after_entity_key")
         if rt.retry(

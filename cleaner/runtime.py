@@ -142,6 +142,17 @@ class Runtime:
         if wait > 0:
             self.sleep(wait)
 
+    def rest(self, took: float) -> None:
+        """After ``took`` seconds of work the rows do not pace (a table's ``by_entity``
+        key): with the throttle on, rest as long, so that work keeps a server busy at
+        most half the time, and on while the throttle pauses (``Stopped`` if a stop is
+        requested meanwhile)."""
+        if self.throttler is None:
+            return
+        self.sleep(took)
+        while self.throttler.aimd.paused:
+            self.sleep(_SLICE)
+
     def retry(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``, again and again while a server is unavailable (see ``_backoff``) or
         while its tables are gone because a logical shard moved (at once, on the new

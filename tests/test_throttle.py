@@ -11,9 +11,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import MySQLdb
+import pytest
 from click.testing import CliRunner
-from conftest import wait_until
-from test_cleaner import BY_LINK
+from conftest import assert_clean, wait_until
+from test_cleaner import BY_LINK, entity_keys, load
 from test_cleaner_cli import building, cluster_env, invoke
 
 from schemaless import DataStore
@@ -160,6 +161,37 @@ def test_clients_report_their_write_latency(
     with copying(cleaner) as throttler:
         wait_until(lambda: throttler.aimd.rate is not None, timeout=30)
         assert throttler.aimd.reason == "throttled: server 1 clients' p99 900.0 ms > 400.0 ms"
+
+
+def test_a_throttled_backfill_builds_the_entity_key_one_table_at_a_time(
+    make_store: Callable[..., DataStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built at once on every server, the ``by_entity`` keys are a burst that no
+    throttle paces: a throttled backfill builds them one table at a time and rests as
+    long as each took."""
+    store = make_store()
+    load(store, 300)
+    store.declare_index(BY_LINK)
+    cleaner = Cleaner(store, batch=100, throttle=QUIET)
+    rested: list[tuple[int, float, float]] = []  # (tables with the key, took, rested)
+    rest = cleaner.rt.rest
+
+    def recorded(took: float) -> None:
+        started = time.monotonic()
+        rest(took)
+        keyed = sum(entity_keys(store, BY_LINK).values())
+        rested.append((keyed, took, time.monotonic() - started))
+
+    monkeypatch.setattr(cleaner.rt, "rest", recorded)
+    try:
+        assert cleaner.backfill("by_link") == "ready"
+    finally:
+        cleaner.close()
+    shards = store.cluster.current().n_shards
+    assert [keyed for keyed, _, _ in rested] == list(range(1, shards + 1))
+    assert all(slept >= took for _, took, slept in rested)
+    assert all(entity_keys(store, BY_LINK).values())
+    assert_clean(store, "by_link")
 
 
 def test_the_command_backfills_with_the_throttle_on_by_default(

@@ -153,10 +153,8 @@ class Backfill:
             return IndexState.BUILDING
         rt.figures.set(state="building the by_entity key")
         rest = rt.rest if rt.throttler is not None else None  # throttled: one table at a time
-        rt.retry(
-            "building the by_entity key",
-            lambda: cluster.add_entity_keys(cluster.current(), info.index, rest),
-        )
+        add = partial(cluster.add_entity_keys, index=info.index, rest=rest)
+        rt.retry("building the by_entity key", lambda: add(cluster.current()))
         failpoints.hit("cleaner.after_entity_key")
         if rt.retry(
             "marking ready",

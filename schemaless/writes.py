@@ -125,13 +125,14 @@ def _upserts(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[list[str], l
 def upsert_sql(db: str, index: Index, rows: int) -> str:
     """A multi-row upsert of ``rows`` rows into one index table; each row's parameters
     are its values, ``entity_id`` and ``entity_version``."""
-    return upsert_text_sql(db, index, ", ".join([_upsert_parts(db, index)[1]] * rows))
+    head, one, tail = _upsert_parts(db, index)
+    return f"{head}{', '.join([one] * rows)}{tail}"
 
 
 def upsert_text_sql(db: str, index: Index, rows: str) -> str:
     """``upsert_sql`` with the rows given as SQL text: ``(...), (...)``."""
-    head = _upsert_parts(db, index)[0]
-    return f"{head}{rows}{_UNIQUE_TAIL if index.unique else _UPSERT_TAIL}"
+    head, _, tail = _upsert_parts(db, index)
+    return f"{head}{rows}{tail}"
 
 
 _UPSERT_TAIL = (
@@ -211,10 +212,12 @@ def fence_owner_sql(
 
 
 @functools.lru_cache(maxsize=4096)
-def _upsert_parts(db: str, index: Index) -> tuple[str, str]:
+def _upsert_parts(db: str, index: Index) -> tuple[str, str, str]:
+    """An index table's upsert: its head, one row's placeholders, its guarded tail."""
     cols = ", ".join(quote(c) for c in index.columns)
     head = f"INSERT INTO {quote(db, index.table)} ({cols}, `entity_id`, `entity_version`) VALUES "
-    return head, "(" + ", ".join(["%s"] * (len(index.columns) + 2)) + ")"
+    one = "(" + ", ".join(["%s"] * (len(index.columns) + 2)) + ")"
+    return head, one, _UNIQUE_TAIL if index.unique else _UPSERT_TAIL
 
 
 def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:

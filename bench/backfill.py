@@ -15,16 +15,16 @@ With the dataset loaded, in the same run:
   parallel: what the servers need to add the rows one by one, however fast the client.
 * **the Cleaner** (``schemaless.cleaner``): a new index on ``updated`` is declared
   (``building``); after the grace period ``cleaner --index=NAME --jobs N`` runs it to
-  ``ready``, as an operator runs it, while a writer thread in this process puts new
-  entities the whole time.  Three runs, each on an index of its own (the same
-  definition): ``--jobs N`` (``--cleaner-jobs``, default 2) with the default throttle,
-  the same with ``--no-throttle`` (the speed figures), and ``--jobs 1 --no-throttle``.
-  For each: its time against the ALTER, the Cleaner processes' CPU per entity, the
-  servers' CPU against the insert floor's (less what the writer costs them: their CPU
-  per second during the grace period, times the backfill's seconds), and the writer's
-  p99 during the backfill
-  against its p99 during that run's grace period (idle: the same writer, the same
-  indexes maintained, no backfill running; at least ``IDLE_S`` seconds).
+  ``ready``, as a service manager runs it (in a session of its own, as the servers
+  run), while a writer thread in this process puts new entities the whole time.
+  Three runs, each on an index of its own (the same definition): ``--jobs N``
+  (``--cleaner-jobs``, default 2) with the default throttle, the same with
+  ``--no-throttle`` (the speed figures), and ``--jobs 1 --no-throttle``.  For each: its
+  time against the ALTER, the Cleaner processes' CPU per entity, the servers' CPU
+  against the insert floor's (less what the writer costs them: their CPU per second
+  during the grace period, times the backfill's seconds), and the writer's p99 during
+  the backfill against its p99 during that run's grace period (idle: the same writer,
+  the same indexes maintained, no backfill running; at least ``IDLE_S`` seconds).
 """
 
 from __future__ import annotations
@@ -345,7 +345,11 @@ def _run_cleaner(
     ]
     servers_cpu, cleaner_cpu = _cpu_seconds(pids), _children_cpu()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # A session of its own, as a service manager starts a daemon (and as the servers
+    # run): the Cleaner then gives its autogroup its --nice (cleaner/priority.py).
+    proc = subprocess.run(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     took = time.perf_counter() - t0
     cpu = {"cleaner_cpu_s": round(_children_cpu() - cleaner_cpu, 2)}
     if pids:

@@ -19,6 +19,7 @@ from schemaless.store import DataStore
 from .daemon import Cleaner, backfill_name
 from .jobs import Supervisor, forwarded_options
 from .metrics import Figures
+from .priority import lower_priority
 from .progress import Progress
 from .repair import Repairer
 from .report import diff_lines
@@ -284,7 +285,7 @@ def main(
         raise click.BadParameter("needs --index", param_hint="'--part'")
     if jobs > 1:
         index = _check_jobs(index, part, metrics_port)
-        os.nice(nice)  # the workers inherit it
+        lower_priority(nice)  # the workers inherit it (and lead sessions of their own)
         with _console(quiet, verbose):
             store = _open(Connection(url or None, prefix))
             try:
@@ -292,7 +293,7 @@ def main(
             finally:
                 store.close()
         return
-    os.nice(nice)
+    lower_priority(nice)
     with _console(quiet, verbose):
         _clean(Connection(url or None, prefix), ctx.params, part or (0, 1), throttle)
 

@@ -1,0 +1,81 @@
+"""The Cleaner's CPU priority (cleaner/priority.py), in processes of their own: a
+session leader's autogroup takes its nice, anything else leaves its caller's alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from schemaless.cleaner.priority import AUTOGROUP
+
+CHILD = """
+import json, os, sys
+from pathlib import Path
+from schemaless.cleaner.priority import AUTOGROUP, lower_priority
+def group():
+    return AUTOGROUP.read_text().split()[-1] if AUTOGROUP.exists() else None
+before = group()
+out = lower_priority(int(sys.argv[1]))
+print(json.dumps({"returned": out, "nice": os.nice(0), "before": before, "after": group()}))
+"""
+
+HAS_AUTOGROUP = AUTOGROUP.exists()
+
+
+def _child(increment: int, *, session: bool, nice: int = 0) -> dict[str, object]:
+    cmd = [sys.executable, "-c", CHILD, str(increment)]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, check=True, start_new_session=session, timeout=30
+    )
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+def test_a_session_leader_gives_its_autogroup_its_nice() -> None:
+    got = _child(10, session=True)
+    assert got["nice"] == 10
+    if HAS_AUTOGROUP:  # a kernel with autogroups: the session's group is niced too
+        assert (got["before"], got["returned"], got["after"]) == ("0", 10, "10")
+    else:
+        assert got["returned"] is None
+
+
+def test_a_worker_that_inherited_its_nice_sets_its_new_sessions_group() -> None:
+    # --jobs N: the supervisor is niced, its workers run --nice 0 in sessions of their own
+    got = _child(0, session=True, nice=7)
+    assert got["nice"] == 7
+    assert got["returned"] == (7 if HAS_AUTOGROUP else None)
+    if HAS_AUTOGROUP:
+        assert got["after"] == "7"
+
+
+def test_a_cleaner_in_its_callers_session_leaves_the_callers_group_alone() -> None:
+    got = _child(10, session=False)
+    assert got["nice"] == 10 and got["returned"] is None
+    assert got["after"] == got["before"]
+
+
+def test_nice_zero_leaves_the_group_alone() -> None:
+    got = _child(0, session=True)
+    assert (got["nice"], got["returned"]) == (0, None)
+    assert got["after"] == got["before"]
+
+
+def test_a_kernel_without_autogroups_is_no_error(tmp_path: Path) -> None:
+    code = (
+        "import os; from pathlib import Path; from schemaless.cleaner.priority import"
+        f" lower_priority; print(lower_priority(3, Path({str(tmp_path / 'none' / 'x')!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        start_new_session=True,
+        timeout=30,
+    )
+    assert out.stdout.strip() == "None"

@@ -1,5 +1,5 @@
 """Canary probes: a point read and a one-row write timed on one server, every few
-hundred milliseconds, on a thread of their own.
+hundred milliseconds, from a process of its own (cleaner/prober.py).
 
 The write goes to the Cleaner's own row of ``<prefix>_canary.canary`` (created by the
 first probe; the Cleaner's grants allow it), so it pays what a live write pays: a row
@@ -12,10 +12,10 @@ still running counts as a sample of its age so far: a server that stopped answer
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from schemaless.catalog import now_us
 from schemaless.connection import Server
@@ -23,7 +23,7 @@ from schemaless.errors import PermissionDenied, SchemalessError, TableMissing
 from schemaless.latency import percentile
 from schemaless.names import quote
 
-__all__ = ["Canary"]
+__all__ = ["Canary", "Sample"]
 
 log = logging.getLogger("schemaless.cleaner")
 
@@ -33,8 +33,20 @@ LOCK_WAIT = 1
 KEPT = 64
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One probe: when it began and ended (monotonic seconds), the status variables
+    and replica lag it read (None: not read)."""
+
+    started: float
+    ended: float
+    status: dict[str, int] | None = None
+    lag: float | None = None
+
+
 class Canary:
-    """Probes one server (``probe``; ``run`` loops until ``stop`` is set)."""
+    """Probes one server: ``probe`` here, or ``measure`` in the probe process
+    (cleaner/prober.py), whose samples ``began`` and ``record`` count here."""
 
     def __init__(
         self,
@@ -52,6 +64,7 @@ class Canary:
         self._replicas = list(replicas)
         self._samples: deque[tuple[float, float]] = deque(maxlen=KEPT)  # (end, seconds)
         self._started: float | None = None  # the probe in flight
+        self.probes = 0  # recorded so far
         self.status: dict[str, int] = {}  # lower-case variable name -> value
         self.lag: float | None = None
         self.baseline_ms = 0.0  # set by the throttle before the first batch
@@ -78,24 +91,43 @@ class Canary:
         self._ready = True
 
     def probe(self) -> float:
-        """One probe; its seconds (a failed probe counts as slow as it was)."""
+        """One probe, recorded here; its seconds (a failed probe counts as slow as it
+        was)."""
+        self.began(time.monotonic())
+        sample = self.measure()
+        self.record(sample)
+        return sample.ended - sample.started
+
+    def measure(self) -> Sample:
+        """Run one probe and time it; nothing recorded (``record`` does)."""
         if not self._ready:
             self.setup()
         sql, params = self._sql()
-        started = self._started = time.monotonic()
+        started = time.monotonic()
         out = None
         try:
             out = self.server.run(sql, params)
         except SchemalessError as exc:
             log.debug("throttle: canary on %s failed: %s", self.server.name, exc)
         ended = time.monotonic()
-        self._samples.append((ended, ended - started))
-        self._started = None
+        status = None
         if out is not None and self._status_vars:
-            self.status = {str(k).lower(): int(v) for k, v in out[-1]}
+            status = {str(k).lower(): int(v) for k, v in out[-1]}
+        return Sample(started, ended, status, self._lag() if self._replicas else None)
+
+    def began(self, started: float) -> None:
+        """A probe is in flight since ``started`` (monotonic seconds)."""
+        self._started = started
+
+    def record(self, sample: Sample) -> None:
+        """Count a probe's sample: its latency, the status variables, the lag."""
+        self._samples.append((sample.ended, sample.ended - sample.started))
+        self._started = None
+        self.probes += 1
+        if sample.status is not None:
+            self.status = sample.status
         if self._replicas:
-            self.lag = self._lag()
-        return ended - started
+            self.lag = sample.lag
 
     def _sql(self) -> tuple[str, list[object]]:
         stmts: list[str] = []
@@ -140,8 +172,3 @@ class Canary:
     def reset(self) -> None:
         """Forget the probes so far (after the baseline)."""
         self._samples.clear()
-
-    def run(self, stop: threading.Event, interval: float) -> None:
-        """Probe every ``interval`` seconds until ``stop`` is set."""
-        while not stop.wait(interval):
-            self.probe()

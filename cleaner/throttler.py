@@ -1,18 +1,18 @@
 """The adaptive throttle: how fast may the Cleaner go now, and if slower, why.
 
 One ``Throttler`` per Cleaner process.  ``start`` takes a baseline of each server's
-canary latency (before any batch), then threads of its own probe every server
-(``Canary``) and, every ``tick`` seconds, read the clients' latency reports and run
-the controller (``aimd``).  The jobs only ask: ``reserve(rows)`` is the wait before a
-batch may go (None while paused); ``describe()`` is the limit and its reason, also kept
-in the Cleaner's figures (``throttle_limit``, ``throttle``).
+canary latency (before any batch), then a process of its own probes every server
+(``Canary``, ``ProbeProcess``) and a thread, every ``interval`` seconds, reads the
+clients' latency reports and runs the controller (``aimd``).  The jobs only ask:
+``reserve(rows)`` is the wait before a batch may go (None while paused);
+``describe()`` is the limit and its reason, also kept in the Cleaner's figures
+(``throttle_limit``, ``throttle``).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import sys
 import threading
 import time
 from collections import deque
@@ -28,6 +28,7 @@ from schemaless.store import DataStore
 from .aimd import Aimd, Limits, ServerSignals, Tuning, judge
 from .canary import Canary
 from .metrics import Figures
+from .prober import ProbeProcess
 from .throttle import TokenBucket
 
 __all__ = ["ThrottleSettings", "Throttler", "parse_load"]
@@ -35,8 +36,6 @@ __all__ = ["ThrottleSettings", "Throttler", "parse_load"]
 log = logging.getLogger("schemaless.cleaner")
 
 _STATUS_VAR = re.compile(r"[A-Za-z_]{1,64}\Z")
-#: The GIL switch interval while the throttle runs (seconds; Python's default: 0.005).
-CANARY_SWITCH_INTERVAL = 0.001
 
 
 def parse_load(text: str) -> dict[str, int]:
@@ -107,7 +106,7 @@ class Throttler:
         self._clients_read = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._switch: float | None = None  # the GIL switch interval before start
+        self.probes: ProbeProcess | None = None
 
     # -- asked by the jobs -----------------------------------------------------------
 
@@ -146,15 +145,11 @@ class Throttler:
         for sid, server in cluster.all_servers(topo).items():
             replicas = [cluster.server(a) for a in topo.replicas.get(sid, ())]
             self.canaries[sid] = Canary(server, canary_db(topo.prefix), name, watched, replicas)
-        # A probe's reply waits for the GIL while the lanes decode: at Python's 5 ms
-        # switch interval the canary would time that wait as the server's latency.
-        self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch, CANARY_SWITCH_INTERVAL))
-        self._run_each(self._baseline)
+        self._run_each(self._baseline)  # here: no batch has run yet
         self.limits = self._limits()
         log.info("throttle: limits %s", self.limits)
-        for sid, canary in self.canaries.items():
-            self._spawn(f"cleaner-canary-{sid}", canary.run, self._stop, self.settings.interval)
+        self.probes = ProbeProcess(self.canaries, self.settings.interval)
+        self.probes.start()
         self._spawn("cleaner-throttle", self._loop)
 
     def close(self) -> None:
@@ -163,9 +158,9 @@ class Throttler:
         for thread in self._threads:
             thread.join()
         self._threads.clear()
-        if self._switch is not None:
-            sys.setswitchinterval(self._switch)
-            self._switch = None
+        if self.probes is not None:
+            self.probes.close()
+            self.probes = None
 
     def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)

@@ -3,11 +3,14 @@ and the status says why; the rate climbs again after; critical load pauses."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import MySQLdb
@@ -76,10 +79,7 @@ def test_a_slow_server_drops_the_rate_and_it_climbs_again(
     store = make_store()
     store.declare_index(BY_LINK)
     cleaner = Cleaner(store, throttle=QUIET, name=backfill_name("by_link"))
-    before = sys.getswitchinterval()
     with copying(cleaner) as throttler:
-        # the canary times replies that wait for the GIL: switch every 1 ms meanwhile
-        assert sys.getswitchinterval() == min(before, 0.001)
         assert throttler.aimd.rate is None  # nothing over its limit yet
         locker = connect(local_cluster, 1)
         try:  # another session holds the canary row of server 1: its writes wait
@@ -103,7 +103,68 @@ def test_a_slow_server_drops_the_rate_and_it_climbs_again(
         low = throttler.aimd.rate
         assert low is not None
         wait_until(lambda: (throttler.aimd.rate or float("inf")) > 1.2 * low, timeout=30)
-    assert sys.getswitchinterval() == before  # given back when the throttle stops
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie nobody reaped (an orphan's parent may be a
+    container's init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_the_canaries_probe_from_a_child_in_a_session_of_its_own(
+    make_store: Callable[..., DataStore],
+) -> None:
+    store = make_store()
+    store.declare_index(BY_LINK)
+    cleaner = Cleaner(store, throttle=QUIET, name=backfill_name("by_link"))
+    with copying(cleaner) as throttler:
+        assert throttler.probes is not None
+        pid = throttler.probes.pid
+        assert pid is not None and pid != os.getpid()
+        # not the Cleaner's session, so not its autogroup (whose nice --nice lowers)
+        assert os.getsid(pid) == pid != os.getsid(0)
+        probes = [throttler.canaries[sid] for sid in sorted(throttler.canaries)]
+        first = [canary.probes for canary in probes]
+        wait_until(
+            lambda: all(c.probes >= n + 3 for c, n in zip(probes, first, strict=True)), timeout=30
+        )
+        now = time.monotonic()
+        assert all(c.latency_ms(now, 5.0, 0.9) is not None for c in probes)
+    assert throttler.probes is None and _gone(pid)  # closed with the throttle
+
+
+def test_the_probe_child_ends_when_the_cleaner_is_killed(
+    make_store: Callable[..., DataStore], local_cluster: LocalCluster
+) -> None:
+    store = make_store()
+    script = (
+        "import sys, time\n"
+        "from schemaless import DataStore\n"
+        "from schemaless.cleaner.throttler import Throttler, ThrottleSettings\n"
+        "store = DataStore(sys.argv[1].split(','), prefix=sys.argv[2], option_file=sys.argv[3])\n"
+        "t = Throttler(store, ThrottleSettings(max_latency_ms=400.0))\n"
+        "t.start('killed')\n"
+        "print(t.probes.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    addresses = ",".join(str(a) for a in local_cluster.addresses)
+    prefix = store.cluster.topology.prefix
+    option_file = str(local_cluster.option_file)
+    cmd = [sys.executable, "-c", script, addresses, prefix, option_file]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        assert not _gone(child)
+        proc.kill()  # no chance to close anything
+        proc.wait()
+        wait_until(lambda: _gone(child), timeout=10)  # its next write found no reader
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_critical_load_pauses_and_resumes(

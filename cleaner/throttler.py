@@ -105,7 +105,7 @@ class Throttler:
         self._seen: dict[tuple[str, int], float] = {}  # (client, heartbeat) -> published
         self._clients_read = 0.0
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._thread: threading.Thread | None = None  # the controller's
         self.probes: ProbeProcess | None = None
 
     # -- asked by the jobs -----------------------------------------------------------
@@ -136,8 +136,9 @@ class Throttler:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self, name: str) -> None:
-        """Baseline, then the probe and controller threads (``name``: the canary row)."""
-        if self._threads:
+        """Baseline, then the probe process and the controller thread (``name``: the
+        canary row)."""
+        if self._thread is not None:
             return
         cluster = self.store.cluster
         topo = cluster.current()
@@ -150,22 +151,18 @@ class Throttler:
         log.info("throttle: limits %s", self.limits)
         self.probes = ProbeProcess(self.canaries, self.settings.interval)
         self.probes.start()
-        self._spawn("cleaner-throttle", self._loop)
+        self._thread = threading.Thread(target=self._loop, name="cleaner-throttle", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
-        """Stop the threads."""
+        """Stop the controller thread and the probe process."""
         self._stop.set()
-        for thread in self._threads:
-            thread.join()
-        self._threads.clear()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
         if self.probes is not None:
             self.probes.close()
             self.probes = None
-
-    def _spawn(self, name: str, target: Callable[..., None], *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
 
     def _run_each(self, fn: Callable[[Canary], None]) -> None:
         """``fn(canary)`` for every canary, in parallel (a slow server delays no other)."""

@@ -14,8 +14,9 @@ CHILD = """
 import json, os, sys
 from pathlib import Path
 from schemaless.cleaner.priority import AUTOGROUP, lower_priority
-def group():
-    return AUTOGROUP.read_text().split()[-1] if AUTOGROUP.exists() else None
+def group():  # None: no autogroups, or the init's session (whose group prints nothing)
+    words = AUTOGROUP.read_text().split() if AUTOGROUP.exists() else []
+    return words[-1] if words else None
 before, start = group(), os.nice(0)
 out = lower_priority(int(sys.argv[1]))
 print(json.dumps(

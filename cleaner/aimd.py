@@ -194,8 +194,10 @@ class Aimd:
                 self.limit *= t.ramp**dt
             else:
                 self.limit += t.increase * max(self.peak, self.limit) * dt
-        elif self.limit is not None and self.limit >= self.peak:
+        elif self.limit is not None and not self._ramping and self.limit >= self.peak:
             self.limit = None  # not holding anything back any more
+        # (a slow start's limit holds while the copy does not use it: the copy has not
+        # begun yet, and its first batches would go at full speed)
         if self.limit is not None and not self.last_breach:
             self.reason = "starting slowly"
         elif self.limit is not None:

@@ -60,6 +60,17 @@ def test_aimd_starts_slow_and_ramps_until_the_first_breach() -> None:
     assert aimd.rate == 2_200.0
 
 
+def test_aimd_slow_start_holds_before_the_copy_begins() -> None:
+    # the first steps come before the first batch (nothing reserved yet): the slow
+    # start's limit must not be lifted as one the copy does not use
+    aimd = Aimd(tuning=Tuning(start=5_000.0, ramp=1.5))
+    for now in (0.0, 0.25, 0.5, 1.0):
+        aimd.update(now, 0.0, [])
+        assert aimd.rate == 5_000.0 and aimd.reason == "starting slowly"
+    aimd.update(2.0, 4_000.0, [])
+    assert aimd.rate == 5_000.0 * 1.5
+
+
 def test_aimd_is_free_until_a_breach_then_halves_the_achieved_rate() -> None:
     aimd = Aimd(tuning=CLASSIC)
     aimd.update(0.0, 10_000.0, [])

@@ -71,7 +71,9 @@ class Cleaner:
         self.figures = Figures()
         store.cluster.latency.enabled = False  # our batches are not the clients' writes
         self.throttler = (
-            Throttler(store, throttle, figures=self.figures, cap=rate, batch=burst or batch)
+            # its bucket holds a batch: a round pays up to a burst per server, and one
+            # that held less would forfeit the time each round's work takes
+            Throttler(store, throttle, figures=self.figures, cap=rate, batch=batch)
             if throttle is not None
             else None
         )

@@ -199,6 +199,23 @@ def test_token_bucket_rate_changes_from_now_on() -> None:
         bucket.set_rate(0)
 
 
+def _paced_rate(burst: float, rate: float = 50_000.0) -> float:
+    """Rows/s of a copy paced by a bucket: rounds of 500 rows (250 per server, two
+    servers), each paid before it is sent, whose work takes 8 ms."""
+    now = [0.0]
+    bucket = TokenBucket(rate, burst=burst, clock=lambda: now[0])
+    for _ in range(1000):
+        now[0] += bucket.reserve(500) + 0.008
+    return 500 * 1000 / now[0]
+
+
+def test_a_bucket_must_hold_a_round_or_the_copy_runs_below_its_limit() -> None:
+    # why the throttler's bucket holds a whole batch, not one server's burst: a
+    # bucket smaller than a round forfeits the tokens earned while a round works
+    assert _paced_rate(burst=2000) == pytest.approx(50_000.0, rel=0.01)
+    assert _paced_rate(burst=250) < 40_000.0
+
+
 def test_latency_sample_and_summary() -> None:
     assert p99([]) == 0.0
     assert p99(float(i) for i in range(1, 101)) == 99.0

@@ -108,7 +108,7 @@ _THROTTLE_OPTIONS = [
         type=click.FloatRange(min=0, min_open=True),
         metavar="MS",
         help="Slow down while a server's canary p90, or its clients' reported write "
-        "p99, is over this (default: 2x the baseline taken at start, at least 8 ms).",
+        "p99, is over this (default: 2x the baseline taken at start, at least 6 ms).",
     ),
 ]
 

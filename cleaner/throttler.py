@@ -62,7 +62,7 @@ class ThrottleSettings:
     #: the derived latency limit: this times the baseline ...
     latency_factor: float = 2.0
     #: ... but at least this many ms (an idle canary is too fast to compare with)
-    latency_floor_ms: float = 8.0
+    latency_floor_ms: float = 6.0
     #: seconds between two probes of a server, and between two controller steps
     interval: float = 0.25
     #: the canary signal is this quantile of the probes of the last ``window``

@@ -194,10 +194,10 @@ class Aimd:
                 self.limit *= t.ramp**dt
             else:
                 self.limit += t.increase * max(self.peak, self.limit) * dt
+        # a limit the copy does not use is lifted, but not a slow start's: before the
+        # first batch nothing is used yet, and the copy would begin at full speed
         elif self.limit is not None and not self._ramping and self.limit >= self.peak:
             self.limit = None  # not holding anything back any more
-        # (a slow start's limit holds while the copy does not use it: the copy has not
-        # begun yet, and its first batches would go at full speed)
         if self.limit is not None and not self.last_breach:
             self.reason = "starting slowly"
         elif self.limit is not None:

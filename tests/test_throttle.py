@@ -224,6 +224,23 @@ def test_clients_report_their_write_latency(
         assert throttler.aimd.reason == "throttled: server 1 clients' p99 900.0 ms > 400.0 ms"
 
 
+def test_the_throttle_lets_a_round_of_bursts_go_without_waiting(
+    make_store: Callable[..., DataStore],
+) -> None:
+    # a round pays a burst per server at once: the throttle's bucket holds a batch,
+    # so a full bucket pays it at once (one that held a burst made every round sleep)
+    store = make_store()
+    cleaner = Cleaner(store, batch=2000, burst=250, rate=1000.0, throttle=QUIET)
+    throttler = cleaner.throttler
+    assert throttler is not None
+    try:
+        servers = len(store.cluster.topology.servers)
+        assert throttler.reserve(250 * servers) == 0.0
+        assert throttler.reserve(2000) > 0.0  # past the batch: the rate holds
+    finally:
+        cleaner.close()
+
+
 def test_a_throttled_backfill_builds_the_entity_key_one_table_at_a_time(
     make_store: Callable[..., DataStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,7 +22,7 @@ import struct
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from .errors import IndexDefinitionError, InvalidEntity, InvalidQuery
@@ -48,13 +48,14 @@ _INT_BIAS = 2**63
 _SIGN_BIT = 1 << 63
 _ALL_BITS = (1 << 64) - 1
 _pack_double = struct.Struct(">d").pack
+_pack_int = partial(struct.Struct(">BQ").pack, TAG_INT[0])  # tag and biased value
 _unpack_u64 = struct.Struct(">Q").unpack
 
 
 def _encode_int(value: int) -> bytes:
     if not _INT_MIN <= value <= _INT_MAX:
         raise ValueError("int is outside the 64-bit signed range (-2**63 .. 2**63-1)")
-    return TAG_INT + (value + _INT_BIAS).to_bytes(8, "big")
+    return _pack_int(value + _INT_BIAS)  # one call: the backfill places every row with it
 
 
 def _check_finite(value: float) -> None:

@@ -38,7 +38,7 @@ else:  # the CLI's option stack: the same options, errors and redaction
         inherited_connection,
     )
 
-__all__ = ["main"]
+__all__ = ["main", "worker_args"]
 
 log = logging.getLogger("schemaless.cleaner")
 
@@ -347,7 +347,18 @@ def _check_jobs(index: str | None, part: object, metrics_port: int | None) -> st
 
 
 #: Options the supervisor does not pass on as they are (see ``_supervise``).
-_OWN = {"url", "prefix", "index", "part", "jobs", "nice", "quiet", "verbose"}
+_OWN = {"url", "prefix", "index", "part", "jobs", "rate", "nice", "quiet", "verbose"}
+
+
+def worker_args(ctx: click.Context, index: str, jobs: int) -> Callable[[int], list[str]]:
+    """Worker K's command line (after the program) for ``--jobs N``: the options given,
+    and its share of ``--rate`` (the command's cap is on the workers' sum)."""
+    p = ctx.params
+    base = ["--index", index, "--nice", "0", "--verbose" if p["verbose"] else "--quiet"]
+    base += forwarded_options(ctx, _OWN)
+    if p["rate"] is not None:
+        base += ["--rate", repr(p["rate"] / jobs)]
+    return lambda k: [*base, "--part", f"{k + 1}/{jobs}"]
 
 
 def _supervise(ctx: click.Context, store: DataStore, index: str, jobs: int) -> None:
@@ -357,13 +368,11 @@ def _supervise(ctx: click.Context, store: DataStore, index: str, jobs: int) -> N
     env.update(
         {k: v for k, v in (("SCHEMALESS_URL", p["url"]), ("SCHEMALESS_PREFIX", p["prefix"])) if v}
     )
-    base = ["--index", index, "--nice", "0", "--verbose" if p["verbose"] else "--quiet"]
-    base += forwarded_options(ctx, _OWN)
     supervisor = Supervisor(
         store,
         index,
         jobs,
-        lambda k: [*base, "--part", f"{k + 1}/{jobs}"],
+        worker_args(ctx, index, jobs),
         env=env,
         progress=Progress(sys.stderr, quiet=p["quiet"]),
     )

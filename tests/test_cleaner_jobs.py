@@ -15,7 +15,7 @@ from test_cleaner_cli import building, cluster_env, spawn
 
 from schemaless import DataStore
 from schemaless.cleaner.jobs import Supervisor, describe_exit, forwarded_options
-from schemaless.cleaner.main import main
+from schemaless.cleaner.main import main, worker_args
 from schemaless.local import LocalCluster
 
 SLOW = {"SCHEMALESS_FAILPOINTS": "cleaner.after_batch=sleep(0.1)"}
@@ -45,6 +45,15 @@ def test_workers_get_the_options_given() -> None:
     words = forwarded_options(ctx, {"index", "jobs", "quiet"})
     # not --interval, --nice, ...: their defaults are the workers' defaults too
     assert words == ["--once", "--batch", "50", "--rate", "10.0"]
+
+
+def test_each_worker_gets_its_share_of_the_rate() -> None:
+    args = ["--index", "x", "--jobs", "4", "--rate", "1000", "--batch", "50"]
+    words = worker_args(main.make_context("cleaner", args), "x", 4)(2)
+    assert words[words.index("--rate") + 1] == "250.0" and words.count("--rate") == 1
+    assert words[-2:] == ["--part", "3/4"] and "--batch" in words
+    unlimited = worker_args(main.make_context("cleaner", args[:4]), "x", 4)(0)
+    assert "--rate" not in unlimited
 
 
 def test_jobs_options_are_checked(make_store: Any, local_cluster: LocalCluster) -> None:

@@ -29,9 +29,9 @@ __all__ = [
     "max_added_sql",
     "purge_sql",
     "recent_batch_sql",
-    "row_text",
     "rows_by_entity_sql",
     "rows_by_key_sql",
+    "rows_text",
     "versions_proof_sql",
 ]
 
@@ -186,14 +186,11 @@ def index_upserts_sql(
     ``GREATEST`` guard: one multi-row statement per table, one transaction.  For a
     unique index, then one result set per group: the owners of its values.
 
-    Rows of integer and byte columns are rendered here (``row_text``), a batch at a
+    Rows of integer and byte columns are rendered here (``rows_text``), a group at a
     time; the others are parameters."""
-    render = row_text(index)
+    render = rows_text(index)
     if render is not None:
-        stmts = [
-            upsert_text_sql(dbs[shard], index, ",".join(map(render, rows)))
-            for shard, rows in groups
-        ]
+        stmts = [upsert_text_sql(dbs[shard], index, render(rows)) for shard, rows in groups]
         return in_transaction(stmts), []
     stmts = [upsert_sql(dbs[shard], index, len(rows)) for shard, rows in groups]
     params = list(chain.from_iterable(chain.from_iterable(rows for _, rows in groups)))
@@ -214,12 +211,13 @@ _HEX = frozenset({"uuid", "auto"})
 
 
 @lru_cache(maxsize=256)
-def row_text(index: Index) -> Callable[[tuple[Any, ...]], str] | None:
-    """The SQL text of one coerced row ``(values..., entity_id, version)`` of a
-    non-unique index whose columns are all integers or bytes: ``(1,X'0a0b',7)``;
-    None for other indexes (their values are parameters).  The values are the index's
+def rows_text(index: Index) -> Callable[[Sequence[tuple[Any, ...]]], str] | None:
+    """The SQL text of coerced rows ``(values..., entity_id, version)`` of a non-unique
+    index whose columns are all integers or bytes: ``(1,X'0a0b',7),(2,X'0c',7)``; None
+    for other indexes (their values are parameters).  The values are the index's
     coerced ones (``int``, ``bytes``): ``%d`` and ``hex()`` raise on anything else, and
-    neither output can hold a quote."""
+    neither output can hold a quote.  One ``%`` renders a whole group (a call per row
+    cost 0.43 us a row, this 0.26)."""
     if index.unique:
         return None
     hexed: list[bool] = []
@@ -231,19 +229,24 @@ def row_text(index: Index) -> Callable[[tuple[Any, ...]], str] | None:
         else:
             return None
     hexed += [True, False]  # entity_id, version
-    fmt = "(" + ",".join("X'%s'" if h else "%d" for h in hexed) + ")"
-    if hexed == [False, True, False]:  # one integer column: the common case, no loop
-
-        def one(row: tuple[Any, ...]) -> str:
-            return fmt % (row[0], row[1].hex(), row[2])
-
-        return one
+    fmt = "(" + ",".join("X'%s'" if h else "%d" for h in hexed) + "),"
     flags = tuple(hexed)
 
-    def many(row: tuple[Any, ...]) -> str:
-        return fmt % tuple(v.hex() if h else v for v, h in zip(row, flags, strict=True))
+    def one(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(v.hex() if h else v for v, h in zip(row, flags, strict=True))
 
-    return many
+    def render(rows: Sequence[tuple[Any, ...]]) -> str:
+        flat: list[Any] = []
+        add = flat.extend
+        if flags == (False, True, False):  # one integer column: the common case
+            for value, key, version in rows:
+                add((value, key.hex(), version))
+        else:
+            for row in rows:
+                add(one(row))
+        return (fmt * len(rows) % tuple(flat))[:-1]
+
+    return render
 
 
 def recent_batch_sql(

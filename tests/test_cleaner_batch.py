@@ -6,12 +6,13 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from schemaless import Index
 from schemaless.cleaner.batch import Placement, derive, proof, runs
-from schemaless.cleaner.sql import index_upserts_sql, row_text, versions_proof_sql
+from schemaless.cleaner.sql import index_upserts_sql, rows_text, versions_proof_sql
 from schemaless.codec import Codec
 from schemaless.errors import CorruptEntity
 from schemaless.hashing import shard_of
@@ -108,11 +109,20 @@ def test_index_upserts_sql_renders_integer_and_byte_rows() -> None:
     assert sql.startswith("START TRANSACTION") and sql.count("INSERT INTO") == 2
 
 
-def test_row_text_of_each_type_and_where_it_declines() -> None:
-    render = row_text(BY_KEYS)
+def test_rows_text_of_each_type_and_where_it_declines() -> None:
+    render = rows_text(BY_KEYS)
     assert render is not None
     values = BY_KEYS.rows({"u": bytes(16), "n": -1, "b": b"ab", "f": True, "a": "x"}).pop()
-    text = render((*values, b"\x01", 3))
-    assert text == f"(X'{bytes(16).hex()}',-1,X'6162',1,X'{values[4].hex()}',X'01',3)"
+    text = render([(*values, b"\x01", 3), (*values, b"", 2**63)])
+    row = f"X'{bytes(16).hex()}',-1,X'6162',1,X'{values[4].hex()}'"
+    assert text == f"({row},X'01',3),({row},X'',{2**63})"
     unique = Index("u_int", {"n": "int"}, unique=True)
-    assert row_text(BY_TAG) is None and row_text(BY_N) is None and row_text(unique) is None
+    assert rows_text(BY_TAG) is None and rows_text(BY_N) is None and rows_text(unique) is None
+
+
+def test_rows_text_refuses_what_is_not_an_int_or_bytes() -> None:
+    render = rows_text(BY_INT)
+    assert render is not None and render([(1, b"k", 2)]) == "(1,X'6b',2)"
+    for bad in [("1) OR (1", b"k", 2), (1, "6b'", 2), (1, b"k", "2)")]:
+        with pytest.raises((TypeError, AttributeError)):
+            render([bad])

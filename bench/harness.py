@@ -83,7 +83,8 @@ class Config:
     codec_entities: int = 5000
     backfill: bool = False
     dump: bool = False
-    cleaner_jobs: int = 2  # the backfill's worker processes (`cleaner --jobs N`)
+    cleaner_jobs: int = 2  # the unthrottled backfill's worker processes (`--jobs N`)
+    throttled_jobs: int = 1  # the throttled backfill's: the Cleaner's default
     cleaner_args: list[str] = field(default_factory=list)  # more options of the cleaner
     keep: bool = False
     round_trip_samples: int = 10
@@ -526,7 +527,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
         "--cleaner-jobs",
         type=int,
         default=2,
-        help="the backfill's worker processes (cleaner --jobs N), default 2",
+        help="the unthrottled backfill's worker processes (cleaner --jobs N), default 2",
+    )
+    p.add_argument(
+        "--throttled-jobs",
+        type=int,
+        default=1,
+        help="the throttled backfill's worker processes: 1 (the Cleaner's default) or "
+        "--cleaner-jobs; its speed is against the unthrottled run with as many",
     )
     p.add_argument(
         "--cleaner-args",
@@ -551,10 +559,18 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
         backfill=a.backfill,
         dump=a.dump,
         cleaner_jobs=max(1, a.cleaner_jobs),
+        throttled_jobs=_throttled_jobs(p, a.throttled_jobs, max(1, a.cleaner_jobs)),
         cleaner_args=shlex.split(a.cleaner_args),
         keep=a.keep,
     )
     return cfg, a.out
+
+
+def _throttled_jobs(p: argparse.ArgumentParser, jobs: int, cleaner_jobs: int) -> int:
+    """``--throttled-jobs``: 1 or ``--cleaner-jobs`` (an unthrottled run to compare with)."""
+    if jobs not in (1, cleaner_jobs):
+        p.error(f"--throttled-jobs must be 1 or --cleaner-jobs ({cleaner_jobs}), got {jobs}")
+    return jobs
 
 
 def main(argv: Sequence[str] | None = None) -> None:

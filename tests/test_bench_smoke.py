@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.env import Servers
-from bench.harness import Config, drop_prefix, format_table, run, write_results
+from bench.harness import Config, drop_prefix, format_table, parse_args, run, write_results
 from bench.timeline import FLOOR, TimelineConfig, format_timeline, run_timeline
 from schemaless.local import LocalCluster
 
@@ -150,7 +150,7 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     for key in ("naive", "insert_floor"):
         assert bf[key]["rows"] == 300 and _positive(bf[key]["vs_alter"]), key
     assert bf["insert_floor"]["servers_cpu_s"] >= 0
-    for key, jobs in (("cleaner", 2), ("cleaner_jobs1", 1), ("cleaner_throttled", 2)):
+    for key, jobs in (("cleaner", 2), ("cleaner_jobs1", 1), ("cleaner_throttled", 1)):
         cleaner = bf[key]
         assert cleaner["state"] == "ready", cleaner
         assert "--batch 100" in cleaner["how"] and f"--jobs={jobs}" in cleaner["how"]
@@ -158,10 +158,20 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
         assert _positive(cleaner["seconds"]) and _positive(cleaner["cpu_us_per_entity"]), cleaner
         assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
         assert cleaner["writer"]["during_ops"] > 0
-    assert _positive(bf["cleaner_throttled"]["speed_vs_unthrottled"])
+    throttled, same = bf["cleaner_throttled"], bf["cleaner_jobs1"]  # as many processes
+    assert throttled["speed_vs_unthrottled"] == round(same["seconds"] / throttled["seconds"], 2)
     text = format_table(data)
     assert "Cleaner processes' CPU" in text and "x the unthrottled run's" in text
     assert "Cleaner CPU <= 10 us per entity" in {t["target"] for t in data["targets"]}
+
+
+def test_the_throttled_run_has_the_cleaners_default_jobs_or_the_bench_s() -> None:
+    cfg, _ = parse_args(["--backfill"])
+    assert (cfg.cleaner_jobs, cfg.throttled_jobs) == (2, 1)
+    cfg, _ = parse_args(["--cleaner-jobs", "3", "--throttled-jobs", "3"])
+    assert (cfg.cleaner_jobs, cfg.throttled_jobs) == (3, 3)
+    with pytest.raises(SystemExit):
+        parse_args(["--cleaner-jobs", "3", "--throttled-jobs", "2"])
 
 
 def test_dump_benchmark_json(servers: Servers) -> None:

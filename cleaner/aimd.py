@@ -62,6 +62,8 @@ class Breach:
 
     text: str
     critical: bool = False
+    #: which signal: "canary", "clients", "load", "lag" (a critical one: "paused")
+    kind: str = "load"
     #: when the evidence began (monotonic seconds; None: measured just now)
     since: float | None = None
     #: the signal over its limit (> 1; None: not a measure, e.g. a pause)
@@ -103,23 +105,26 @@ def judge(signals: Iterable[ServerSignals], limits: Limits) -> list[Breach]:
         for name, limit in limits.critical_load.items():
             value = s.status.get(name.lower())
             if value is not None and value >= limit:
-                out.append(Breach(f"{where} {name} {value} >= {limit}", critical=True))
+                text = f"{where} {name} {value} >= {limit}"
+                out.append(Breach(text, critical=True, kind="paused"))
         canary = limits.canary_ms.get(s.sid)
         if s.canary_ms is not None and canary is not None and s.canary_ms > canary:
             p = f"p{limits.quantile * 100:g}"
             text = f"{where} {p} {s.canary_ms:.1f} ms > {canary:.1f} ms"
-            out.append(Breach(text, since=s.canary_since, over=s.canary_ms / canary))
+            over = s.canary_ms / canary
+            out.append(Breach(text, kind="canary", since=s.canary_since, over=over))
         clients = limits.clients_ms.get(s.sid)
         if s.clients_ms is not None and clients is not None and s.clients_ms > clients:
             text = f"{where} clients' p99 {s.clients_ms:.1f} ms > {clients:.1f} ms"
-            out.append(Breach(text, since=s.clients_since, over=s.clients_ms / clients))
+            over = s.clients_ms / clients
+            out.append(Breach(text, kind="clients", since=s.clients_since, over=over))
         for name, limit in limits.max_load.items():
             value = s.status.get(name.lower())
             if value is not None and value >= limit:
                 out.append(Breach(f"{where} {name} {value} >= {limit}", over=value / limit))
         if s.lag is not None and limits.max_lag is not None and s.lag > limits.max_lag:
             text = f"{where} replica lag {s.lag:.1f} s > {limits.max_lag:g} s"
-            out.append(Breach(text, over=s.lag / limits.max_lag))
+            out.append(Breach(text, kind="lag", over=s.lag / limits.max_lag))
     return sorted(out, key=lambda b: not b.critical)
 
 

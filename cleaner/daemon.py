@@ -30,7 +30,7 @@ from .recent import RecentPass
 from .repair import Repairer
 from .runtime import Runtime, Shutdown, Stopped
 from .sweep import Sweep
-from .throttler import Throttler, ThrottleSettings
+from .throttler import Throttler, ThrottleSettings, held_text
 
 __all__ = ["Cleaner", "backfill_name"]
 
@@ -247,7 +247,8 @@ class Cleaner:
         seconds = self._work_seconds or elapsed
         if f["rows_backfilled"] and seconds > 0:
             parts.append(f"{f['rows_backfilled'] / seconds:,.0f} rows/s")
-        return ", ".join(parts)
+        held = held_text(f)
+        return ", ".join([*parts, held] if held else parts)
 
     def close(self) -> None:
         """Final heartbeat, progress line, metrics endpoint; the store is the caller's."""

@@ -31,6 +31,7 @@ _COUNTERS = frozenset(
         "expired_purged",
         "expired_kept",
         "expire_skipped",
+        *(f"throttled_{kind}_s" for kind in ("canary", "clients", "load", "lag", "paused")),
     }
 )
 
@@ -59,6 +60,13 @@ class Figures:
     backoffs: int = 0
     throttle_limit: float | None = None  # rows/s the throttle allows (None: no limit)
     throttle: str = ""  # why it limits: "throttled: server 1 p90 4.1 ms > 3.0 ms"
+    #: seconds of the copy during which a signal of each kind was over its limit (the
+    #: first one named in the reason), critical load: paused
+    throttled_canary_s: float = 0.0
+    throttled_clients_s: float = 0.0
+    throttled_load_s: float = 0.0
+    throttled_lag_s: float = 0.0
+    throttled_paused_s: float = 0.0
     duplicates: int = 0  # values of a unique index that two live entities produce
     expired_purged: int = 0  # expired entities deleted (guarded by the version seen)
     expired_kept: int = 0  # expired when read, re-put before the delete: kept
@@ -66,7 +74,7 @@ class Figures:
     expire_skipped: int = 0  # passes whose expiry the user's grants did not allow
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, **counts: int) -> None:
+    def add(self, **counts: float) -> None:
         """Add to some counters."""
         with self._lock:
             for name, n in counts.items():

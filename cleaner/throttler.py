@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemaless.catalog import now_us
 from schemaless.errors import SchemalessError
@@ -31,7 +32,7 @@ from .metrics import Figures
 from .prober import ProbeProcess
 from .throttle import TokenBucket
 
-__all__ = ["ThrottleSettings", "Throttler", "parse_load"]
+__all__ = ["ThrottleSettings", "Throttler", "held_text", "parse_load"]
 
 log = logging.getLogger("schemaless.cleaner")
 
@@ -47,6 +48,24 @@ def parse_load(text: str) -> dict[str, int]:
             raise ValueError(f"expected STATUS_VARIABLE=N (N > 0), got {part!r}")
         out[name] = int(value)
     return out
+
+
+#: The signal kinds of ``aimd.Breach``, as the summary names them.
+_KINDS = {
+    "canary": "canary",
+    "clients": "clients' p99",
+    "load": "load",
+    "lag": "replica lag",
+    "paused": "paused",
+}
+
+
+def held_text(figures: Mapping[str, Any]) -> str:
+    """``throttled 31.2s (canary 25.0s, clients' p99 6.2s)``: how long each kind of
+    signal held the copy back; "" if none did."""
+    held = {name: float(figures.get(f"throttled_{kind}_s") or 0.0) for kind, name in _KINDS.items()}
+    parts = [f"{name} {seconds:.1f}s" for name, seconds in held.items() if seconds >= 0.05]
+    return f"throttled {sum(held.values()):.1f}s ({', '.join(parts)})" if parts else ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,7 @@ class Throttler:
         self._clients: dict[int, tuple[float, float]] = {}  # sid -> (p99 ms, published)
         self._seen: dict[tuple[str, int], float] = {}  # (client, heartbeat) -> published
         self._clients_read = 0.0
+        self._stepped: float | None = None  # the last controller step
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None  # the controller's
         self.probes: ProbeProcess | None = None
@@ -227,8 +247,12 @@ class Throttler:
                     clients_since=published,
                 )
             )
-        self.aimd.update(now, self._observed(now), judge(signals, self.limits))
+        breaches = judge(signals, self.limits)
+        self.aimd.update(now, self._observed(now), breaches)
         self.figures.set(throttle_limit=self.aimd.rate, throttle=self.aimd.reason)
+        if breaches and self._first is not None and self._stepped is not None:
+            self.figures.add(**{f"throttled_{breaches[0].kind}_s": now - self._stepped})
+        self._stepped = now
 
     def _observed(self, now: float) -> float:
         """Rows/s reserved over the last ``observe`` seconds (since the first rows,

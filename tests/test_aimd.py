@@ -9,7 +9,7 @@ import pytest
 from schemaless.cleaner.aimd import Aimd, Breach, Limits, ServerSignals, Tuning, judge
 from schemaless.cleaner.progress import Progress
 from schemaless.cleaner.throttle import TokenBucket
-from schemaless.cleaner.throttler import parse_load
+from schemaless.cleaner.throttler import held_text, parse_load
 from schemaless.latency import LatencySample, p99, percentile, summarise
 
 LIMITS = Limits(
@@ -35,6 +35,15 @@ def test_judge_names_each_signal_over_its_limit() -> None:
         "server 1 replica lag 7.0 s > 5 s",
     ]
     assert [b.critical for b in judge([busy], LIMITS)][:2] == [True, False]
+    kinds = [b.kind for b in judge([busy], LIMITS)]
+    assert kinds == ["paused", "canary", "clients", "load", "lag"]
+
+
+def test_held_text_names_what_held_the_copy_back() -> None:
+    assert held_text({}) == "" and held_text({"throttled_canary_s": 0.01}) == ""
+    figures = {"throttled_canary_s": 25.04, "throttled_clients_s": 6.2, "throttled_lag_s": 0}
+    assert held_text(figures) == "throttled 31.2s (canary 25.0s, clients' p99 6.2s)"
+    assert held_text({"throttled_paused_s": 2.0}) == "throttled 2.0s (paused 2.0s)"
 
 
 def test_judge_ignores_what_is_unknown() -> None:

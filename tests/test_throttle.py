@@ -97,6 +97,10 @@ def test_a_slow_server_drops_the_rate_and_it_climbs_again(
             assert "rows/s, throttled: server 1 p90 " in line and "> 400.0 ms" in line
             assert cleaner.figures.as_dict()["throttle"].startswith("throttled: server 1")
             assert "throttled: server 1 p90" in throttler.describe()
+            # the time the canary held the copy back is counted, and named at the end
+            wait_until(lambda: cleaner.figures.as_dict()["throttled_canary_s"] >= 0.5)
+            assert "throttled " in cleaner.summary() and "(canary " in cleaner.summary()
+            assert cleaner.figures.as_dict()["throttled_clients_s"] == 0.0
         finally:
             locker.close()  # rolls back: the lock is gone
         wait_until(lambda: throttler.aimd.reason.startswith("recovering"), timeout=30)

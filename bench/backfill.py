@@ -404,6 +404,8 @@ def _cleaner_run(
         "how": how,
         "summary": summary,
         "vs_alter": round(own / alter, 2),
+        # the throttle's signals that held the copy back, as its summary names them
+        "held": " ".join(re.findall(r"throttled [0-9.]+s \([^)]*\)", summary)),
         "cpu_us_per_entity": round(cpu["cleaner_cpu_s"] * 1e6 / cfg.entities, 1),
         **cpu,
         "cores": os.cpu_count(),

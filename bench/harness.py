@@ -469,6 +469,8 @@ def _format_cleaner(c: dict[str, Any]) -> list[str]:
     ]
     if "speed_vs_unthrottled" in c:
         lines.append(f"    speed: {c['speed_vs_unthrottled']:.2f}x the unthrottled run's")
+    if c.get("held"):
+        lines.append(f"    what held it back: {c['held']}")
     w = c.get("writer")
     if w:
         lines.append(
@@ -476,7 +478,6 @@ def _format_cleaner(c: dict[str, Any]) -> list[str]:
             f"{w['during_p99_ms']:.2f} ms ({w['p99_ratio']:.2f}x), {w['during_ops']} puts"
         )
     return lines
-    return "\n".join(lines)
 
 
 def _servers_cpu(r: dict[str, Any]) -> str:

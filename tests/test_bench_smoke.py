@@ -158,6 +158,8 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
         assert _positive(cleaner["seconds"]) and _positive(cleaner["cpu_us_per_entity"]), cleaner
         assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
         assert cleaner["writer"]["during_ops"] > 0
+        # what held it back, from its summary: nothing without the throttle
+        assert cleaner["held"] == "" or key == "cleaner_throttled", cleaner["summary"]
     throttled, same = bf["cleaner_throttled"], bf["cleaner_jobs1"]  # as many processes
     assert throttled["speed_vs_unthrottled"] == round(same["seconds"] / throttled["seconds"], 2)
     text = format_table(data)

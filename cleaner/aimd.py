@@ -54,11 +54,6 @@ class Tuning:
     #: signal can show it)
     start: float | None = 5000.0
     ramp: float = 1.5
-    #: after a decrease, the limit climbs back at the slow start's pace to this fraction
-    #: of the rate that went over (the knee), then additively (a sawtooth that climbs
-    #: back additively spends most of its time well below the knee: a throttled 1M
-    #: backfill took 39.8 s while its signals were over their limits for 11.4 s)
-    recover: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -147,7 +142,6 @@ class Aimd:
         self.peak = 0.0  # the fastest rate seen (rows/s)
         self._last: float | None = None
         self._decreased = -math.inf
-        self._knee = 0.0  # the rate that went over at the last decrease (rows/s)
 
     @property
     def rate(self) -> float | None:
@@ -195,18 +189,14 @@ class Aimd:
         known = [x for x in (self.limit, self.cap, observed or None, self.peak or None) if x]
         if not known:
             return  # nothing flows yet: nothing to slow down
-        self._knee = min(known)
-        self.limit = max(t.min_rate, t.floor * self.peak, cut * self._knee)
+        self.limit = max(t.min_rate, t.floor * self.peak, cut * min(known))
         self._decreased = now
 
     def _increase(self, dt: float, observed: float) -> None:
         t = self.tuning
         if self.limit is not None and observed >= t.binding * self.limit:
-            back = t.recover * self._knee  # below it: climb back fast
             if self._ramping:
                 self.limit *= t.ramp**dt
-            elif self.limit < back:
-                self.limit = min(back, self.limit * t.ramp**dt)
             else:
                 self.limit += t.increase * max(self.peak, self.limit) * dt
         # a limit the copy does not use is lifted, but not a slow start's: before the

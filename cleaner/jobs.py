@@ -29,8 +29,10 @@ from schemaless.store import DataStore
 
 from .daemon import backfill_name
 from .estimate import max_added_ids
+from .metrics import HELD
 from .progress import Progress
 from .runtime import Shutdown
+from .throttler import held_text
 
 __all__ = ["RESTARTS", "Supervisor", "describe_exit", "forwarded_options"]
 
@@ -87,6 +89,7 @@ class _Worker:
     failed: str | None = None  # why it was given up
     rate: float = 0.0  # rows/s of its last run that finished
     figures: Counter[str] = field(default_factory=Counter)
+    held: dict[str, float] = field(default_factory=dict)  # HELD, over its runs
 
 
 class Supervisor:
@@ -236,6 +239,8 @@ class Supervisor:
         if figures.get("pid") != pid:  # died before its first heartbeat
             return
         w.figures.update({k: int(figures.get(k) or 0) for k in _SUMMED})
+        for k in HELD:
+            w.held[k] = w.held.get(k, 0.0) + float(figures.get(k) or 0.0)
         if finished:
             w.rate = float(figures.get("rows_per_s") or 0.0)
 
@@ -304,6 +309,9 @@ class Supervisor:
         rate = sum(w.rate for w in self.workers)
         if rate > 0:
             parts.append(f"{rate:,.0f} rows/s")
+        held = held_text({k: sum(w.held.get(k, 0.0) for w in self.workers) for k in HELD})
+        if held:
+            parts.append("workers " + held)  # seconds summed over the workers
         rows, finished = self._seen
         return ", ".join(parts) + (
             f"; checkpoints: {rows:,} rows, shards {finished}/{len(self._tops)} done"

@@ -8,7 +8,11 @@ from dataclasses import dataclass, field, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Figures", "MetricsServer", "prometheus_text"]
+__all__ = ["HELD", "Figures", "MetricsServer", "prometheus_text"]
+
+#: Seconds the throttle held a copy back, one figure per kind of signal
+#: (``aimd.Breach.kind``).
+HELD = tuple(f"throttled_{kind}_s" for kind in ("canary", "clients", "load", "lag", "paused"))
 
 #: Figures that only grow (Prometheus counters); the others are gauges.
 _COUNTERS = frozenset(
@@ -31,7 +35,7 @@ _COUNTERS = frozenset(
         "expired_purged",
         "expired_kept",
         "expire_skipped",
-        *(f"throttled_{kind}_s" for kind in ("canary", "clients", "load", "lag", "paused")),
+        *HELD,
     }
 )
 

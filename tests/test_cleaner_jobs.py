@@ -14,6 +14,7 @@ from test_cleaner import BY_LINK
 from test_cleaner_cli import building, cluster_env, spawn
 
 from schemaless import DataStore
+from schemaless.cleaner.daemon import backfill_name
 from schemaless.cleaner.jobs import Supervisor, describe_exit, forwarded_options
 from schemaless.cleaner.main import main, worker_args
 from schemaless.local import LocalCluster
@@ -159,3 +160,18 @@ def test_a_worker_that_keeps_dying_is_reported(
     # servers) before dying, and the restart resumed after them
     for part in (0, 1):
         assert 2 * 10 <= part_rows(store, part, 2)[0] <= 4 * 10
+
+
+def test_the_summary_adds_up_what_held_each_worker_back(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    store, _ = building(make_store, local_cluster, 10)
+    supervisor = Supervisor(store, "by_link", 2, lambda k: [])
+    catalog = store.cluster.catalog
+    for w, held in zip(supervisor.workers, (3.0, 4.5), strict=True):
+        name = backfill_name("by_link", (w.part, 2))
+        catalog.heartbeat(name, {"pid": 100 + w.part, "throttled_canary_s": held})
+        supervisor._collect(w, 100 + w.part, finished=True)  # as after its exit
+    catalog.heartbeat("backfill:by_link:1/2", {"pid": 200, "throttled_clients_s": 1.0})
+    supervisor._collect(supervisor.workers[0], 200, finished=True)  # a restarted run
+    assert "workers throttled 8.5s (canary 7.5s, clients' p99 1.0s)" in supervisor.summary()

@@ -23,14 +23,14 @@ from schemaless.store import DataStore
 from .backfill import Backfill
 from .expire import Expiry
 from .feedtrim import trim_feed
-from .metrics import Figures, MetricsServer, prometheus_text
+from .metrics import Figures, MetricsServer, held_text, prometheus_text
 from .progress import Progress
 from .purge import purge_tombstones
 from .recent import RecentPass
 from .repair import Repairer
 from .runtime import Runtime, Shutdown, Stopped
 from .sweep import Sweep
-from .throttler import Throttler, ThrottleSettings, held_text
+from .throttler import Throttler, ThrottleSettings
 
 __all__ = ["Cleaner", "backfill_name"]
 

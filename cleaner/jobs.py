@@ -29,10 +29,9 @@ from schemaless.store import DataStore
 
 from .daemon import backfill_name
 from .estimate import max_added_ids
-from .metrics import HELD
+from .metrics import HELD, held_text
 from .progress import Progress
 from .runtime import Shutdown
-from .throttler import held_text
 
 __all__ = ["RESTARTS", "Supervisor", "describe_exit", "forwarded_options"]
 

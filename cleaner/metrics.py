@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["HELD", "Figures", "MetricsServer", "prometheus_text"]
+__all__ = ["HELD", "Figures", "MetricsServer", "held_text", "prometheus_text"]
 
 #: Seconds the throttle held a copy back, one figure per kind of signal
-#: (``aimd.Breach.kind``).
-HELD = tuple(f"throttled_{kind}_s" for kind in ("canary", "clients", "load", "lag", "paused"))
+#: (``throttled_<aimd.Breach.kind>_s``), and the kind as the summary names it.
+HELD = {
+    "throttled_canary_s": "canary",
+    "throttled_clients_s": "clients' p99",
+    "throttled_load_s": "load",
+    "throttled_lag_s": "replica lag",
+    "throttled_paused_s": "paused",
+}
 
 #: Figures that only grow (Prometheus counters); the others are gauges.
 _COUNTERS = frozenset(
@@ -148,3 +154,11 @@ class MetricsServer:
         """Stop serving."""
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+def held_text(figures: Mapping[str, Any]) -> str:
+    """``throttled 31.2s (canary 25.0s, clients' p99 6.2s)``: how long each kind of
+    signal held the copy back (figures ``HELD``); "" if none did."""
+    held = {name: float(figures.get(figure) or 0.0) for figure, name in HELD.items()}
+    parts = [f"{name} {seconds:.1f}s" for name, seconds in held.items() if seconds >= 0.05]
+    return f"throttled {sum(held.values()):.1f}s ({', '.join(parts)})" if parts else ""

@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from schemaless.catalog import now_us
 from schemaless.errors import SchemalessError
@@ -32,7 +31,7 @@ from .metrics import Figures
 from .prober import ProbeProcess
 from .throttle import TokenBucket
 
-__all__ = ["ThrottleSettings", "Throttler", "held_text", "parse_load"]
+__all__ = ["ThrottleSettings", "Throttler", "parse_load"]
 
 log = logging.getLogger("schemaless.cleaner")
 
@@ -48,24 +47,6 @@ def parse_load(text: str) -> dict[str, int]:
             raise ValueError(f"expected STATUS_VARIABLE=N (N > 0), got {part!r}")
         out[name] = int(value)
     return out
-
-
-#: The signal kinds of ``aimd.Breach``, as the summary names them.
-_KINDS = {
-    "canary": "canary",
-    "clients": "clients' p99",
-    "load": "load",
-    "lag": "replica lag",
-    "paused": "paused",
-}
-
-
-def held_text(figures: Mapping[str, Any]) -> str:
-    """``throttled 31.2s (canary 25.0s, clients' p99 6.2s)``: how long each kind of
-    signal held the copy back; "" if none did."""
-    held = {name: float(figures.get(f"throttled_{kind}_s") or 0.0) for kind, name in _KINDS.items()}
-    parts = [f"{name} {seconds:.1f}s" for name, seconds in held.items() if seconds >= 0.05]
-    return f"throttled {sum(held.values()):.1f}s ({', '.join(parts)})" if parts else ""
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ import io
 import pytest
 
 from schemaless.cleaner.aimd import Aimd, Breach, Limits, ServerSignals, Tuning, judge
+from schemaless.cleaner.metrics import held_text
 from schemaless.cleaner.progress import Progress
 from schemaless.cleaner.throttle import TokenBucket
-from schemaless.cleaner.throttler import held_text, parse_load
+from schemaless.cleaner.throttler import parse_load
 from schemaless.latency import LatencySample, p99, percentile, summarise
 
 LIMITS = Limits(

@@ -50,7 +50,7 @@ deps:
 venv: $(STAMP)
 
 # Re-installed only when pyproject.toml changes (or the venv is missing or broken).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml cleaner/_rows.c
 	@if ! $(PY) -m pip --version >/dev/null 2>&1; then \
 		echo "venv: creating $(VENV)"; rm -rf $(VENV); $(PYTHON) -m venv $(VENV); \
 	fi
@@ -67,6 +67,8 @@ lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	gcc -fsyntax-only -std=c11 -Wall -Wextra -Werror \
+		-I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" cleaner/_rows.c
 
 fmt: venv
 	$(PY) -m ruff format .

@@ -339,7 +339,7 @@ class Backfill:
         store = self.rt.store
         derived = derive(
             index,
-            store.codec.decode,
+            store.codec,
             rows,
             self._placement(store.cluster.current()),
             lambda key, version, body: store.decode(key, shard, version, body),

@@ -51,7 +51,7 @@ def test_derive_matches_the_index_and_shard_of() -> None:
     batch.append((99, new_id(), 3, None))  # a tombstone: no rows
     batch.append((100, new_id(), 4, b"\x09garbage"))
     place = Placement(16)
-    out = derive(BY_TAG, codec.decode, batch, place, _recover)
+    out = derive(BY_TAG, codec, batch, place, _recover)
 
     expected: dict[int, list[tuple[Any, ...]]] = {}
     for _, key, version, body in batch[:50]:

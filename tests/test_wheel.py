@@ -1,11 +1,12 @@
-"""The release: ``python -m build`` gives an sdist and a wheel that ``twine check``
-accepts; the wheel, installed into a fresh virtual environment outside the checkout,
+"""The release: ``python -m build`` gives an sdist and a platform wheel (with the
+Cleaner's C path, ``schemaless.cleaner._rows``) that ``twine check`` accepts; the wheel,
+installed into a fresh virtual environment outside the checkout,
 runs the CLI and a put/get against the test servers.
 
 Fast and offline: the build uses this venv's setuptools (``--no-isolation``); the
 fresh venv has no pip of its own (this venv's pip installs into it with ``--python``)
 and gets the dependencies (mysqlclient, msgpack, zstandard, click) from a directory of
-links to this venv's copies, named in a ``.pth`` file, so nothing is compiled or
+links to this venv's copies, named in a ``.pth`` file, so none of them is compiled or
 downloaded; ``pip install --no-index`` still checks the wheel's declared requirements
 against them.  Nothing of the checkout is importable there (no editable finder, no
 ``pythonpath``, the working directory is a temporary one).
@@ -18,6 +19,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import uuid
 import zipfile
 from pathlib import Path
@@ -64,9 +66,14 @@ def test_built_wheel_works_outside_the_checkout(
     dist = tmp_path / "dist"
     _run(sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, REPO, cwd=tmp_path)
     version = schemaless.__version__
-    wheel = dist / f"schemaless_mysql-{version}-py3-none-any.whl"
+    # a platform wheel: it carries the Cleaner's C path (schemaless.cleaner._rows)
+    wheels = list(dist.glob(f"schemaless_mysql-{version}-cp3*-linux_*.whl"))
     sdist = dist / f"schemaless_mysql-{version}.tar.gz"
-    assert wheel.exists() and sdist.exists(), sorted(p.name for p in dist.iterdir())
+    assert len(wheels) == 1 and sdist.exists(), sorted(p.name for p in dist.iterdir())
+    wheel = wheels[0]
+    with tarfile.open(sdist) as tar:
+        sources = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"cleaner/_rows.c", "cleaner/_rows.pyi"} <= sources
     assert "PASSED" in _run(
         sys.executable, "-m", "twine", "check", "--strict", wheel, sdist, cwd=tmp_path
     )
@@ -77,6 +84,8 @@ def test_built_wheel_works_outside_the_checkout(
     }
     assert {"schemaless/py.typed", "schemaless/aio.py", "schemaless/cli/main.py"} <= set(names)
     assert "schemaless/cleaner/daemon.py" in names
+    assert "schemaless/cleaner/_rows.pyi" in names
+    assert any(n.startswith("schemaless/cleaner/_rows.") and n.endswith(".so") for n in names)
 
     python = _fresh_venv(tmp_path)
     _run(
@@ -118,6 +127,7 @@ def test_built_wheel_works_outside_the_checkout(
             f"ds = DataStore({local_cluster.addresses!r}, prefix={prefix!r}, "
             f"option_file={str(local_cluster.option_file)!r})\n"
             "k = new_id(); ds.put({'id': k, 'n': 1}); assert ds.get(k)['n'] == 1\n"
+            "from schemaless.cleaner import batch; assert batch._rows is not None\n"
             "print(schemaless.__file__, schemaless.__version__)\n"
         )
         where, seen = _run(python, "-c", script, cwd=tmp_path, env=env).split()

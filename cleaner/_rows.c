@@ -15,6 +15,9 @@
  * position is returned, and the Python path decides (it raises, sets aside, or
  * recovers exactly as before).  So the two paths agree by construction on what this
  * accepts, and tests/test_cleaner_rows.py checks it against the Python path.
+ *
+ * int_text(rows) renders a group of those rows as the upsert's VALUES text, as
+ * cleaner/sql.py's rows_text does for them in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -448,9 +451,84 @@ static PyObject *digest64(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(out);
 }
 
+/* -- the upserts' text ------------------------------------------------------------ */
+
+static char *decimal(char *w, unsigned long long u, int negative) {
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (negative) *w++ = '-';
+    while (n) *w++ = tmp[--n];
+    return w;
+}
+
+/* One row (value, id, version) as text, or NULL with an error set. */
+static char *row_text(char *w, PyObject *row) {
+    static const char hex[] = "0123456789abcdef";
+    /* exact types only: no __index__ (Python code) can run and change the rows
+     * between the two passes of int_text */
+    if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 3 ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(row, 0)) ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(row, 1)) ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(row, 2))) {
+        PyErr_SetString(PyExc_TypeError, "rows must be (int, bytes, int) tuples");
+        return NULL;
+    }
+    long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 0));
+    if (value == -1 && PyErr_Occurred()) return NULL;
+    unsigned long long version = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(row, 2));
+    if (version == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    PyObject *key = PyTuple_GET_ITEM(row, 1);
+    const uint8_t *k = (const uint8_t *)PyBytes_AS_STRING(key);
+    Py_ssize_t n = PyBytes_GET_SIZE(key);
+    *w++ = '(';
+    w = decimal(w, value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value,
+                value < 0);
+    memcpy(w, ",X'", 3);
+    w += 3;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        *w++ = hex[k[i] >> 4];
+        *w++ = hex[k[i] & 15];
+    }
+    memcpy(w, "',", 2);
+    w += 2;
+    w = decimal(w, version, 0);
+    memcpy(w, "),", 2);
+    return w + 2;
+}
+
+static PyObject *int_text(PyObject *self, PyObject *rows) {
+    (void)self;
+    if (!PyList_Check(rows)) {
+        PyErr_SetString(PyExc_TypeError, "rows must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    size_t cap = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        cap += 48; /* parentheses, commas, quotes, two 20-digit numbers and a sign */
+        if (PyTuple_CheckExact(row) && PyTuple_GET_SIZE(row) == 3 &&
+            PyBytes_CheckExact(PyTuple_GET_ITEM(row, 1)))
+            cap += 2 * (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 1));
+    }
+    char *buf = PyMem_Malloc(cap);
+    if (buf == NULL) return PyErr_NoMemory();
+    char *w = buf;
+    for (Py_ssize_t i = 0; i < n && w != NULL; i++) w = row_text(w, PyList_GET_ITEM(rows, i));
+    PyObject *out = w == NULL ? NULL : PyUnicode_DecodeASCII(buf, n ? w - buf - 1 : 0, NULL);
+    PyMem_Free(buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"int_rows", int_rows, METH_VARARGS,
      "int_rows(rows, name, n_shards, payload, groups) -> positions left to Python"},
+    {"int_text", int_text, METH_O,
+     "int_text(rows) -> the SQL text of (int, bytes, int) rows: (1,X'0a',7),(2,X'0b',7)"},
     {"place_int", place_int, METH_VARARGS, "place_int(value, n_shards) -> logical shard"},
     {"digest64", digest64, METH_VARARGS,
      "digest64(data) -> BLAKE2b-64 of data, its bytes read big-endian"},

@@ -24,12 +24,8 @@ from schemaless.errors import CorruptEntity, InvalidEntity
 from schemaless.hashing import placer
 from schemaless.index import Index, key_encode
 
+from .native import rows as _rows
 from .scan import EntityRow
-
-try:
-    from . import _rows
-except ImportError:  # installed without a C compiler: the Python path does it all
-    _rows = None  # type: ignore[assignment]
 
 __all__ = ["Derived", "Placement", "Proof", "derive", "proof", "runs"]
 

@@ -3,8 +3,9 @@
 ``derive`` sends an index of one int column through ``_rows.int_rows`` first; every
 row that path takes must come out exactly as the Python path (``Codec.decode``,
 ``Index.value``, ``hashing.placer``) would give it, and every row it is unsure of must
-be left to Python.  The oracle here is the Python path itself: the same batch derived
-with the extension and without it (no database)."""
+be left to Python; ``int_text`` must render a group as ``rows_text`` does.  The oracle
+here is the Python path itself: the same batch derived and rendered with the extension
+and without it (no database)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from hypothesis import strategies as st
 
 from schemaless import Index
 from schemaless.cleaner import batch as batch_mod
+from schemaless.cleaner import sql as sql_mod
 from schemaless.cleaner.batch import Derived, Placement, derive, int_column
+from schemaless.cleaner.sql import rows_text
 from schemaless.codec import Codec, train_dictionary
 from schemaless.errors import CorruptEntity
 from schemaless.hashing import placer
@@ -225,3 +228,28 @@ def test_an_aware_datetime_round_trips_the_range_the_c_path_accepts() -> None:
         fast, slow, left = _both(codec, [body])
         _same(fast, slow)
         assert left == [] and codec.decode(body)["w"] == when
+
+
+_text_rows = st.lists(
+    st.tuples(st.integers(-(2**63), 2**63 - 1), st.binary(max_size=20), st.integers(0, 2**64 - 1))
+)
+
+
+@given(_text_rows)
+def test_int_text_is_the_python_rendering(rows: list[tuple[int, bytes, int]]) -> None:
+    render = rows_text(BY_N)
+    assert render is not None
+    fast = render(rows)
+    try:
+        sql_mod._rows = None  # type: ignore[assignment]
+        assert fast == render(rows) == _rows.int_text(rows)
+    finally:
+        sql_mod._rows = _rows
+
+
+def test_int_text_refuses_what_is_not_a_row() -> None:
+    bad_rows = [(1, b"k"), (2**63, b"k", 1), (1, b"k", -1), (1, bytearray(b"k"), 1), (True, b"", 1)]
+    for bad in [[row] for row in bad_rows]:
+        with pytest.raises((TypeError, OverflowError)):
+            _rows.int_text(bad)
+    assert _rows.int_text([]) == ""

@@ -18,10 +18,12 @@ With the dataset loaded, in the same run:
   ``ready``, as a service manager runs it (in a session of its own, as the servers
   run), while a writer thread in this process puts new entities the whole time.
   Three runs, each on an index of its own (the same definition): the default throttle
-  with ``--jobs 1``, the Cleaner's default (``--throttled-jobs``), then
-  ``--no-throttle`` with ``--jobs N`` (``--cleaner-jobs``, default 2) and with
-  ``--jobs 1``; the throttled run's speed is against the unthrottled one with as many
-  processes.  For each: its
+  with ``--jobs 1``, the Cleaner's default (``--throttled-jobs``; its progress lines,
+  with the throttle's limit and reason, are kept), then ``--no-throttle`` with ``--jobs
+  N`` (``--cleaner-jobs``, default 2) and with ``--jobs 1``; the throttled run's speed is
+  against the unthrottled one with as many processes.  Where the Cleaner has its C path,
+  a fourth run, unthrottled with ``--jobs 1`` and ``SCHEMALESS_NO_C=1``, is the A/B of
+  the C path against the Python path in the same run.  For each: its
   time against the ALTER, the Cleaner processes' CPU per entity, the servers' CPU
   against the insert floor's (less what the writer costs them: their CPU per second
   during the grace period, times the backfill's seconds), and the writer's p99 during
@@ -295,20 +297,37 @@ class CleanerRun:
     index: Index
     jobs: int
     throttle: bool
+    #: the Cleaner's environment on top of this process's (``SCHEMALESS_NO_C``)
+    env: tuple[tuple[str, str], ...] = ()
+    #: keep its progress lines (the throttle's limit and reason every 5 s)
+    progress: bool = False
 
 
-def cleaner_runs(jobs: int, throttled_jobs: int = 1) -> list[CleanerRun]:
+def cleaner_runs(jobs: int, throttled_jobs: int = 1, python_path: bool = False) -> list[CleanerRun]:
     """The runs, in order: the default throttle with ``throttled_jobs``, then
-    unthrottled with ``jobs`` and with 1."""
+    unthrottled with ``jobs`` and with 1; with ``python_path``, last, unthrottled with
+    one process on the Python path only (the A/B of the C path)."""
 
     def index(n: int) -> Index:
         return Index(f"{NEW_INDEX.name}_{n}", {"updated": "int"}, shard_on="updated")
 
-    return [
-        CleanerRun("cleaner_throttled", index(1), throttled_jobs, True),
+    runs = [
+        CleanerRun("cleaner_throttled", index(1), throttled_jobs, True, progress=True),
         CleanerRun("cleaner", index(2), jobs, False),
         CleanerRun("cleaner_jobs1", index(3), 1, False),
     ]
+    if python_path:
+        no_c = (("SCHEMALESS_NO_C", "1"),)
+        runs.append(CleanerRun("cleaner_python", index(4), 1, False, env=no_c))
+    return runs
+
+
+def _c_path_built() -> bool:
+    """Whether the Cleaner has its C path here (then a run on its Python path is the
+    A/B)."""
+    from schemaless.cleaner.native import rows
+
+    return rows is not None
 
 
 def _compiled() -> None:
@@ -337,12 +356,13 @@ def _run_cleaner(
     env = dict(os.environ)
     env["SCHEMALESS_LOCAL_DIR"] = local_dir
     env.pop("SCHEMALESS_URL", None)
+    env.update(run.env)
     cmd = [
         str(exe),
         f"--index={run.index.name}",
         f"--prefix={b.prefix}_i3",
         f"--jobs={run.jobs}",
-        "--quiet",
+        *([] if run.progress else ["--quiet"]),
         *([] if run.throttle else ["--no-throttle"]),
         *args,
     ]
@@ -358,8 +378,21 @@ def _run_cleaner(
     if pids:
         cpu["servers_cpu_s"] = round(_cpu_seconds(pids) - servers_cpu, 2)
     state = store.cluster.refresh().indexes[run.index.name].state
-    how = "cleaner " + " ".join(cmd[1:]) + f" (exit {proc.returncode})"
-    return took, state, how, proc.stdout.decode(errors="replace").strip()[-600:], cpu
+    how = " ".join([*(f"{k}={v}" for k, v in run.env), "cleaner", *cmd[1:]])
+    how += f" (exit {proc.returncode})"
+    return took, state, how, proc.stdout.decode(errors="replace").strip(), cpu
+
+
+_PROGRESS = re.compile(r"progress: [^:]+: (.*)")
+
+
+def _split_output(output: str) -> tuple[str, list[str]]:
+    """A Cleaner's output: its tail without the progress lines (the summary), and the
+    progress lines (rows, rows/s, the throttle's limit and why), timestamps dropped."""
+    lines = output.splitlines()
+    progress = [m.group(1) for m in map(_PROGRESS.search, lines) if m]
+    rest = "\n".join(line for line in lines if not _PROGRESS.search(line))
+    return rest[-600:], progress
 
 
 def _cleaner_run(
@@ -388,10 +421,11 @@ def _cleaner_run(
     idle_stop = time.perf_counter()
     # the servers' CPU per second for the writer alone, to take out of the backfill's
     writer_cpu = (_cpu_seconds(pids) - idle_cpu) / (idle_stop - idle_start)
-    took, state, how, summary, cpu = _run_cleaner(
+    took, state, how, output, cpu = _run_cleaner(
         b, run, cfg.cluster_dir_abs, pids, cfg.cleaner_args
     )
     during_stop = time.perf_counter()
+    summary, progress = _split_output(output)
     # The Cleaner's own clock ("done after N s": from opening the datastore to ready)
     # leaves out the interpreter's start; fall back to the process's wall time.
     own = max(
@@ -403,6 +437,7 @@ def _cleaner_run(
         "state": state,
         "how": how,
         "summary": summary,
+        **({"progress": progress} if progress else {}),
         "vs_alter": round(own / alter, 2),
         # the throttle's signals that held the copy back, as its summary names them
         "held": " ".join(re.findall(r"throttled [0-9.]+s \([^)]*\)", summary)),
@@ -483,7 +518,7 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
     writer = _Writer(b)
     writer.start()
     try:
-        for run in cleaner_runs(cfg.cleaner_jobs, cfg.throttled_jobs):
+        for run in cleaner_runs(cfg.cleaner_jobs, cfg.throttled_jobs, _c_path_built()):
             out[run.key] = _cleaner_run(
                 b, cfg, writer, run, pids, single, floor_cpu.get("servers_cpu_s", 0.0)
             )

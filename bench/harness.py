@@ -445,7 +445,7 @@ def format_backfill(bf: dict[str, Any]) -> str:
                 + _servers_cpu(r)
                 + f"  [{r['note']}]"
             )
-    for key in ("cleaner", "cleaner_jobs1", "cleaner_throttled"):
+    for key in ("cleaner", "cleaner_jobs1", "cleaner_python", "cleaner_throttled"):
         c = bf.get(key)
         if c:
             lines += _format_cleaner(c)
@@ -471,6 +471,8 @@ def _format_cleaner(c: dict[str, Any]) -> list[str]:
         lines.append(f"    speed: {c['speed_vs_unthrottled']:.2f}x the unthrottled run's")
     if c.get("held"):
         lines.append(f"    what held it back: {c['held']}")
+    for step in c.get("progress", []):
+        lines.append(f"    progress: {step}")
     w = c.get("writer")
     if w:
         lines.append(

@@ -150,7 +150,8 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     for key in ("naive", "insert_floor"):
         assert bf[key]["rows"] == 300 and _positive(bf[key]["vs_alter"]), key
     assert bf["insert_floor"]["servers_cpu_s"] >= 0
-    for key, jobs in (("cleaner", 2), ("cleaner_jobs1", 1), ("cleaner_throttled", 1)):
+    runs = (("cleaner", 2), ("cleaner_jobs1", 1), ("cleaner_python", 1), ("cleaner_throttled", 1))
+    for key, jobs in runs:
         cleaner = bf[key]
         assert cleaner["state"] == "ready", cleaner
         assert "--batch 100" in cleaner["how"] and f"--jobs={jobs}" in cleaner["how"]
@@ -160,6 +161,13 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
         assert cleaner["writer"]["during_ops"] > 0
         # what held it back, from its summary: nothing without the throttle
         assert cleaner["held"] == "" or key == "cleaner_throttled", cleaner["summary"]
+    # the A/B of the C path: the same run on the Python path alone
+    assert bf["cleaner_python"]["how"].startswith("SCHEMALESS_NO_C=1 cleaner ")
+    assert "SCHEMALESS_NO_C" not in bf["cleaner_jobs1"]["how"]
+    # the throttled run keeps its progress lines (the limit and why), not the others
+    assert "progress" not in bf["cleaner"] and "progress" not in bf["cleaner_python"]
+    steps = bf["cleaner_throttled"]["progress"]
+    assert steps and all("rows/s" in step for step in steps), steps
     throttled, same = bf["cleaner_throttled"], bf["cleaner_jobs1"]  # as many processes
     assert throttled["speed_vs_unthrottled"] == round(same["seconds"] / throttled["seconds"], 2)
     text = format_table(data)

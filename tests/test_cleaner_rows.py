@@ -10,7 +10,10 @@ and without it (no database)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -253,3 +256,13 @@ def test_int_text_refuses_what_is_not_a_row() -> None:
         with pytest.raises((TypeError, OverflowError)):
             _rows.int_text(bad)
     assert _rows.int_text([]) == ""
+
+
+def test_schemaless_no_c_turns_the_c_path_off() -> None:
+    code = "from schemaless.cleaner import batch, sql; print(batch._rows is sql._rows is None)"
+    for value, off in (("1", "True"), ("0", "False"), ("", "False")):
+        env = {**os.environ, "SCHEMALESS_NO_C": value}
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.strip() == off, done.stderr

@@ -51,7 +51,7 @@ class Tuning:
     #: slow start: the first limit (rows/s; None: no limit until a breach), which
     #: grows ``ramp`` times a second while every signal is clear and the copy uses it,
     #: until the first breach (a copy that starts at full speed hurts before any
-    #: signal can show it)
+    #: signal can show it); a cut below ``start`` starts it again
     start: float | None = 5000.0
     ramp: float = 1.5
 
@@ -185,12 +185,15 @@ class Aimd:
 
     def _decrease(self, now: float, observed: float, cut: float) -> None:
         t = self.tuning
-        self._ramping = False
         known = [x for x in (self.limit, self.cap, observed or None, self.peak or None) if x]
         if not known:
             return  # nothing flows yet: nothing to slow down
         self.limit = max(t.min_rate, t.floor * self.peak, cut * min(known))
         self._decreased = now
+        # Below the slow start's first rate the copy can hardly be what is slow, and
+        # its peak says nothing of what it could do: once clear, it climbs back as it
+        # began (TCP's slow start after a timeout), not by a share of that peak.
+        self._ramping = t.start is not None and self.limit < t.start
 
     def _increase(self, dt: float, observed: float) -> None:
         t = self.tuning

@@ -70,6 +70,25 @@ def test_aimd_starts_slow_and_ramps_until_the_first_breach() -> None:
     assert aimd.rate == 2_200.0
 
 
+def test_aimd_starts_slowly_again_after_a_cut_below_its_first_rate() -> None:
+    # a breach while the copy is barely running (something else is slow): the cut takes
+    # the limit below the first rate, and once clear it ramps as at the start instead
+    # of adding 10 % of a peak the copy never reached
+    aimd = Aimd(tuning=Tuning(start=1_000.0, ramp=2.0, decrease=0.5, increase=0.1))
+    aimd.update(0.0, 1_000.0, [])
+    aimd.update(1.0, 1_000.0, SLOW)
+    assert aimd.rate == 500.0
+    aimd.update(2.0, 500.0, [])
+    aimd.update(3.0, 1_000.0, [])
+    assert aimd.rate == 2_000.0 and aimd.reason.startswith("recovering (last: ")
+    aimd.update(4.0, 2_000.0, [])
+    assert aimd.rate == 4_000.0
+    aimd.update(5.0, 4_000.0, SLOW)  # a cut that stays above the first rate: additive
+    assert aimd.rate == 2_000.0
+    aimd.update(6.0, 2_000.0, [])
+    assert aimd.rate == 2_400.0  # + 10 % of the peak (4,000)
+
+
 def test_aimd_slow_start_holds_before_the_copy_begins() -> None:
     # the first steps come before the first batch (nothing reserved yet): the slow
     # start's limit must not be lifted as one the copy does not use

@@ -445,6 +445,8 @@ def format_backfill(bf: dict[str, Any]) -> str:
                 + _servers_cpu(r)
                 + f"  [{r['note']}]"
             )
+    if "settle_s" in bf:
+        lines.append(f"  the servers settled for {bf['settle_s']:.1f} s before the Cleaner's runs")
     for key in ("cleaner", "cleaner_jobs1", "cleaner_python", "cleaner_throttled"):
         c = bf.get(key)
         if c:

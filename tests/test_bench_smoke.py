@@ -150,6 +150,7 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     for key in ("naive", "insert_floor"):
         assert bf[key]["rows"] == 300 and _positive(bf[key]["vs_alter"]), key
     assert bf["insert_floor"]["servers_cpu_s"] >= 0
+    assert 0 <= bf["settle_s"] <= 61 and "the servers settled for" in format_table(data)
     runs = (("cleaner", 2), ("cleaner_jobs1", 1), ("cleaner_python", 1), ("cleaner_throttled", 1))
     for key, jobs in runs:
         cleaner = bf[key]

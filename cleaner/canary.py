@@ -160,14 +160,20 @@ class Canary:
                 lags.append(lag)
         return max(lags) if lags else None
 
-    def latency_ms(self, now: float, window: float, quantile: float) -> float | None:
-        """The ``quantile`` of the probes that ended in the last ``window`` seconds, or
-        the age of the probe in flight if larger (None before the first probe)."""
+    def latency_ms(
+        self, now: float, window: float, quantile: float, least: int = 1
+    ) -> float | None:
+        """The ``quantile`` of the probes that ended in the last ``window`` seconds, the
+        probe in flight counted at its age.  With fewer than ``least`` of them (a p90 of
+        three probes is their slowest one) only the age of the probe in flight, which
+        shows a stalled server at once; None if none is in flight."""
         recent = [s for end, s in list(self._samples) if now - end <= window]
         started = self._started
+        if len(recent) < least:
+            return None if started is None else (now - started) * 1000
         if started is not None:
             recent.append(now - started)
-        return percentile(recent, quantile) * 1000 if recent else None
+        return percentile(recent, quantile) * 1000
 
     def reset(self) -> None:
         """Forget the probes so far (after the baseline)."""

@@ -214,13 +214,15 @@ class Throttler:
             self._clients_read = now
             self._clients = self._read_clients(now)
         window = self.settings.window
+        # half the probes a window holds: the first windows of a copy hold a few
+        least = max(1, int(window / self.settings.interval / 2))
         signals = []
         for sid, canary in self.canaries.items():
             clients, published = self._clients.get(sid, (None, None))
             signals.append(
                 ServerSignals(
                     sid,
-                    canary.latency_ms(now, window, self.settings.quantile),
+                    canary.latency_ms(now, window, self.settings.quantile, least),
                     clients,
                     dict(canary.status),
                     canary.lag,

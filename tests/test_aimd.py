@@ -7,6 +7,7 @@ import io
 import pytest
 
 from schemaless.cleaner.aimd import Aimd, Breach, Limits, ServerSignals, Tuning, judge
+from schemaless.cleaner.canary import Canary, Sample
 from schemaless.cleaner.metrics import held_text
 from schemaless.cleaner.progress import Progress
 from schemaless.cleaner.throttle import TokenBucket
@@ -271,3 +272,18 @@ def test_the_progress_line_ends_with_the_throttle_note() -> None:
         .rstrip()
         .endswith("rows/s | limit 5,000 rows/s, throttled: server 1 p99 4.1 ms > 3.0 ms")
     )
+
+
+def test_a_canary_window_of_a_few_probes_shows_only_the_probe_in_flight() -> None:
+    canary = Canary(None, "db", "c")  # type: ignore[arg-type]  # no probe is sent here
+    assert canary.latency_ms(10.0, 4.0, 0.9, least=3) is None
+    canary.record(Sample(9.0, 9.05))  # one slow probe (a connect, a hiccup)
+    canary.record(Sample(9.5, 9.501))
+    assert canary.latency_ms(10.0, 4.0, 0.9, least=3) is None  # two: not a p90 yet
+    assert canary.latency_ms(10.0, 4.0, 0.9) == pytest.approx(50.0)  # least=1: the slow one
+    canary.began(9.9)
+    assert canary.latency_ms(10.0, 4.0, 0.9, least=3) == pytest.approx(100.0)  # its age
+    for i in range(10):
+        canary.record(Sample(9.9 + i / 100, 9.902 + i / 100))
+    p90 = canary.latency_ms(10.0, 4.0, 0.9, least=3)
+    assert p90 is not None and p90 < 10.0  # twelve probes: their p90, not the slow one

@@ -288,7 +288,7 @@ def _cpu_seconds(pids: list[int]) -> float:
 
 def _settle(pids: list[int], busy: float = 0.1, limit: float = 60.0) -> float:
     """Wait until the servers use less than ``busy`` of a core over a second (InnoDB's
-    purge and flushing after the references' million-row writes, which would otherwise
+    purge and flushing after the references' million-row writes, if any is left, would
     land on the first Cleaner run and its idle window), at most ``limit`` seconds; the
     seconds waited."""
     start = time.perf_counter()

@@ -108,6 +108,16 @@ static uint64_t blake2b64(const uint8_t *data, size_t len) {
     return out;
 }
 
+/* The logical shard of an int value: BLAKE2b-64 of index.key_encode(value) (TAG_INT,
+ * then value + 2**63 as 8 bytes big-endian), modulo n_shards. */
+static uint64_t place(int64_t value, uint64_t n_shards) {
+    uint8_t key[9];
+    uint64_t biased = (uint64_t)value ^ 0x8000000000000000ULL;
+    key[0] = 0x02;
+    for (int i = 0; i < 8; i++) key[1 + i] = (uint8_t)(biased >> (56 - 8 * i));
+    return blake2b64(key, sizeof key) % n_shards;
+}
+
 /* -- msgpack, as Codec.decode reads it: well formed, or not clean ------------------- */
 
 #define MAX_DEPTH 64 /* deeper than any entity encode() writes (32): left to Python */
@@ -188,24 +198,30 @@ static int ext_ok(int8_t code, const uint8_t *d, size_t n) {
     return (local >= DT_MIN && local <= DT_MAX) ? 0 : -1;
 }
 
+/* A map key at c, a str (a key of another type is left to Python): its bytes in *k,
+ * *len; a value must follow it. */
+static int read_key(Cur *c, const uint8_t **k, size_t *len) {
+    uint64_t n;
+    if (c->p >= c->end) return -1;
+    uint8_t b = *c->p++;
+    if (b >= 0xa0 && b <= 0xbf) n = b & 0x1f;
+    else if (b == 0xd9 || b == 0xda || b == 0xdb) {
+        if (be(c, (size_t)1 << (b - 0xd9), &n)) return -1;
+    } else return -1;
+    if (n > (uint64_t)(c->end - c->p) || str_body(c, (size_t)n, k)) return -1;
+    *len = (size_t)n;
+    return c->p < c->end ? 0 : -1; /* a value follows */
+}
+
 static int skip(Cur *c, int depth);
 
 static int skip_items(Cur *c, uint64_t n, int depth, int map) {
     if (depth > MAX_DEPTH) return -1;
     if (n > (uint64_t)(c->end - c->p)) return -1; /* each item takes a byte at least */
     for (uint64_t i = 0; i < n; i++) {
-        if (map) {
-            const uint8_t *k;
-            uint8_t b;
-            uint64_t len;
-            if (c->p >= c->end) return -1;
-            b = *c->p++;
-            if (b >= 0xa0 && b <= 0xbf) len = b & 0x1f;
-            else if (b == 0xd9 || b == 0xda || b == 0xdb) {
-                if (be(c, (size_t)1 << (b - 0xd9), &len)) return -1;
-            } else return -1; /* a key that is not a str: left to Python */
-            if (len > (uint64_t)(c->end - c->p) || str_body(c, (size_t)len, &k)) return -1;
-        }
+        const uint8_t *k;
+        size_t len;
+        if (map && read_key(c, &k, &len)) return -1;
         if (skip(c, depth + 1)) return -1;
     }
     return 0;
@@ -312,15 +328,8 @@ static int property(const uint8_t *p, size_t len, const char *name, size_t name_
     if (n > (uint64_t)(c.end - c.p)) return -1;
     int found = NONE;
     for (uint64_t i = 0; i < n; i++) {
-        uint64_t klen;
-        if (c.p >= c.end) return -1;
-        b = *c.p++;
-        if (b >= 0xa0 && b <= 0xbf) klen = b & 0x1f;
-        else if (b == 0xd9 || b == 0xda || b == 0xdb) {
-            if (be(&c, (size_t)1 << (b - 0xd9), &klen)) return -1;
-        } else return -1;
-        if (klen > (uint64_t)(c.end - c.p) || str_body(&c, (size_t)klen, &k)) return -1;
-        if (c.p >= c.end) return -1;
+        size_t klen;
+        if (read_key(&c, &k, &klen)) return -1;
         if (klen == name_len && memcmp(k, name, name_len) == 0) {
             found = read_int(&c, out); /* a later duplicate key wins, as in a dict */
             if (found < 0) return -1;
@@ -368,11 +377,7 @@ static int one_row(PyObject *row, const char *name, size_t name_len, uint64_t n_
     Py_DECREF(data);
     if (kind == NONE) return 1;
     if (kind != INT) return 0;
-    uint8_t key[9];
-    uint64_t biased = (uint64_t)value ^ 0x8000000000000000ULL; /* value + 2**63 */
-    key[0] = 0x02;                                           /* index.TAG_INT */
-    for (int i = 0; i < 8; i++) key[1 + i] = (uint8_t)(biased >> (56 - 8 * i));
-    uint64_t shard = blake2b64(key, sizeof key) % n_shards;
+    uint64_t shard = place(value, n_shards);
     PyObject *v = PyLong_FromLongLong(value);
     if (v == NULL) return -1;
     PyObject *out = PyTuple_Pack(3, v, PyTuple_GET_ITEM(row, 1), PyTuple_GET_ITEM(row, 2));
@@ -435,11 +440,7 @@ static PyObject *place_int(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "n_shards must be positive");
         return NULL;
     }
-    uint8_t key[9];
-    uint64_t biased = (uint64_t)value ^ 0x8000000000000000ULL;
-    key[0] = 0x02;
-    for (int i = 0; i < 8; i++) key[1 + i] = (uint8_t)(biased >> (56 - 8 * i));
-    return PyLong_FromUnsignedLongLong(blake2b64(key, sizeof key) % n_shards);
+    return PyLong_FromUnsignedLongLong(place(value, n_shards));
 }
 
 static PyObject *digest64(PyObject *self, PyObject *args) {

@@ -405,10 +405,15 @@ _PROGRESS = re.compile(r"progress: [^:]+: (.*)")
 def _split_output(output: str) -> tuple[str, list[str]]:
     """A Cleaner's output: its tail without the progress lines (the summary), and the
     progress lines (rows, rows/s, the throttle's limit and why), timestamps dropped."""
-    lines = output.splitlines()
-    progress = [m.group(1) for m in map(_PROGRESS.search, lines) if m]
-    rest = "\n".join(line for line in lines if not _PROGRESS.search(line))
-    return rest[-600:], progress
+    progress: list[str] = []
+    rest: list[str] = []
+    for line in output.splitlines():
+        m = _PROGRESS.search(line)
+        if m:
+            progress.append(m.group(1))
+        else:
+            rest.append(line)
+    return "\n".join(rest)[-600:], progress
 
 
 def _cleaner_run(

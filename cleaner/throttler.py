@@ -38,6 +38,16 @@ log = logging.getLogger("schemaless.cleaner")
 _STATUS_VAR = re.compile(r"[A-Za-z_]{1,64}\Z")
 
 
+def _shown(signals: list[ServerSignals]) -> str:
+    """``server 0 canary 1.2 ms clients 3.4 ms``, for each server (a debug line)."""
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f} ms"
+
+    shown = (f"server {s.sid} canary {ms(s.canary_ms)} clients {ms(s.clients_ms)}" for s in signals)
+    return ", ".join(shown)
+
+
 def parse_load(text: str) -> dict[str, int]:
     """``Threads_running=25[,NAME=N...]`` -> ``{"Threads_running": 25, ...}``."""
     out: dict[str, int] = {}
@@ -231,7 +241,10 @@ class Throttler:
                 )
             )
         breaches = judge(signals, self.limits)
-        self.aimd.update(now, self._observed(now), breaches)
+        observed = self._observed(now)
+        self.aimd.update(now, observed, breaches)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("throttle: %.0f rows/s, %s; %s", observed, self.describe(), _shown(signals))
         self.figures.set(throttle_limit=self.aimd.rate, throttle=self.aimd.reason)
         if breaches and self._first is not None and self._stepped is not None:
             self.figures.add(**{f"throttled_{breaches[0].kind}_s": now - self._stepped})

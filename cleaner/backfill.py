@@ -152,7 +152,8 @@ class Backfill:
             self.duplicates_left = True
             return IndexState.BUILDING
         rt.figures.set(state="building the by_entity key")
-        rest = rt.rest if rt.throttler is not None else None  # throttled: one table at a time
+        # throttled: one table per server at a time, each round followed by a rest
+        rest = rt.rest if rt.throttler is not None else None
         add = partial(cluster.add_entity_keys, index=info.index, rest=rest)
         rt.retry("building the by_entity key", lambda: add(cluster.current()))
         failpoints.hit("cleaner.after_entity_key")

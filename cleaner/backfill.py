@@ -152,8 +152,7 @@ class Backfill:
             self.duplicates_left = True
             return IndexState.BUILDING
         rt.figures.set(state="building the by_entity key")
-        # throttled: one table per server at a time, each round followed by a rest
-        rest = rt.rest if rt.throttler is not None else None
+        rest = rt.rest if rt.throttler is not None else None  # throttled: one table at a time
         add = partial(cluster.add_entity_keys, index=info.index, rest=rest)
         rt.retry("building the by_entity key", lambda: add(cluster.current()))
         failpoints.hit("cleaner.after_entity_key")

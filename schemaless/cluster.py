@@ -311,24 +311,23 @@ class Cluster:
         none, servers in parallel, one table per call (each call's read timeout bounds
         one table's build); a metadata lock waited for more than 5 s is an error to
         retry (docs/architecture.md, "The ``by_entity`` key is built last").  With
-        ``rest``: ``rest(seconds it took)`` after each round of one table per server
-        but the last (a throttled backfill's gentle build: each server busy about half
-        the time at most)."""
+        ``rest``: one table at a time in the whole cluster, ``rest(seconds it took)``
+        after each (a throttled backfill's gentle build)."""
 
         head = "SET STATEMENT lock_wait_timeout = 5 FOR "  # not the pooled session's
+        servers = self.all_servers(topo).__getitem__
         batches = {
             sid: [bare(head + index.entity_key_sql(topo.dbs[s])) for s in shards]
             for sid, shards in by_server(topo, range(topo.n_shards), int).items()
         }
-        began = time.monotonic()
-
-        def pace(position: int) -> None:
-            nonlocal began
-            if rest is not None and position:
-                rest(time.monotonic() - began)
-            began = time.monotonic()
-
-        rounds(self.all_servers(topo).__getitem__, batches, before=pace)
+        if rest is None:
+            rounds(servers, batches)
+            return
+        for sid, statements in batches.items():
+            for statement in statements:
+                started = time.monotonic()
+                rounds(servers, {sid: [statement]})
+                rest(time.monotonic() - started)
 
     def _on_shards(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
         """Run the statements ``sql(db)`` of every logical shard, servers in parallel."""

@@ -161,19 +161,26 @@ class Canary:
         return max(lags) if lags else None
 
     def latency_ms(
-        self, now: float, window: float, quantile: float, least: int = 1
+        self, now: float, window: float, quantile: float, least: int = 1, stall: float = 0.0
     ) -> float | None:
-        """The ``quantile`` of the probes that ended in the last ``window`` seconds, the
-        probe in flight counted at its age.  With fewer than ``least`` of them (a p90 of
-        three probes is their slowest one) only the age of the probe in flight, which
-        shows a stalled server at once; None if none is in flight."""
+        """The ``quantile`` of the probes that ended in the last ``window`` seconds and
+        the probe in flight (at its age so far), but at most their second slowest: one
+        slow probe is a hiccup, not a trend (a p90 of nine probes or fewer would be
+        their slowest).  With fewer than ``least`` of them, None.  A probe in flight
+        for ``stall`` seconds or more counts at its age in any case: a stalled server
+        answers no other probe.  None if there is nothing to tell."""
         recent = [s for end, s in list(self._samples) if now - end <= window]
         started = self._started
+        age = None if started is None else now - started
+        if age is not None:
+            recent.append(age)
+        stalled = age if age is not None and age >= stall > 0 else None
         if len(recent) < least:
-            return None if started is None else (now - started) * 1000
-        if started is not None:
-            recent.append(now - started)
-        return percentile(recent, quantile) * 1000
+            return None if stalled is None else stalled * 1000
+        value = percentile(recent, quantile)
+        if len(recent) > 1:
+            value = min(value, sorted(recent)[-2])
+        return max(value, stalled or 0.0) * 1000
 
     def reset(self) -> None:
         """Forget the probes so far (after the baseline)."""

@@ -229,10 +229,12 @@ class Throttler:
         signals = []
         for sid, canary in self.canaries.items():
             clients, published = self._clients.get(sid, (None, None))
+            # a probe in flight for twice the limit: the server stalls
+            stall = 2 * self.limits.canary_ms.get(sid, 0.0) / 1000
             signals.append(
                 ServerSignals(
                     sid,
-                    canary.latency_ms(now, window, self.settings.quantile, least),
+                    canary.latency_ms(now, window, self.settings.quantile, least, stall),
                     clients,
                     dict(canary.status),
                     canary.lag,

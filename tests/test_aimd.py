@@ -274,16 +274,33 @@ def test_the_progress_line_ends_with_the_throttle_note() -> None:
     )
 
 
-def test_a_canary_window_of_a_few_probes_shows_only_the_probe_in_flight() -> None:
+def test_a_canary_window_of_a_few_probes_shows_only_a_stall() -> None:
     canary = Canary(None, "db", "c")  # type: ignore[arg-type]  # no probe is sent here
-    assert canary.latency_ms(10.0, 4.0, 0.9, least=3) is None
+    assert canary.latency_ms(10.0, 4.0, 0.9, least=3, stall=0.02) is None
     canary.record(Sample(9.0, 9.05))  # one slow probe (a connect, a hiccup)
     canary.record(Sample(9.5, 9.501))
-    assert canary.latency_ms(10.0, 4.0, 0.9, least=3) is None  # two: not a p90 yet
-    assert canary.latency_ms(10.0, 4.0, 0.9) == pytest.approx(50.0)  # least=1: the slow one
-    canary.began(9.9)
-    assert canary.latency_ms(10.0, 4.0, 0.9, least=3) == pytest.approx(100.0)  # its age
+    assert canary.latency_ms(10.0, 4.0, 0.9, least=3, stall=0.02) is None  # not a p90 yet
+    canary.began(9.99)
+    assert canary.latency_ms(10.0, 4.0, 0.9, least=4, stall=0.02) is None  # 10 ms: no stall
+    assert canary.latency_ms(10.0, 4.0, 0.9, least=4) is None  # no stall given: none
+    assert canary.latency_ms(10.05, 4.0, 0.9, least=4, stall=0.02) == pytest.approx(60.0)
     for i in range(10):
         canary.record(Sample(9.9 + i / 100, 9.902 + i / 100))
     p90 = canary.latency_ms(10.0, 4.0, 0.9, least=3)
     assert p90 is not None and p90 < 10.0  # twelve probes: their p90, not the slow one
+
+
+def test_one_slow_probe_alone_is_no_breach_however_few_the_probes() -> None:
+    """A p90 (nearest rank) of nine probes or fewer is their slowest: the signal is at
+    most the second slowest, as it is in a full window of sixteen."""
+    canary = Canary(None, "db", "c")  # type: ignore[arg-type]
+    for i in range(5):
+        canary.record(Sample(9.0 + i / 10, 9.001 + i / 10))
+    canary.record(Sample(9.6, 9.65))  # 50 ms
+    assert canary.latency_ms(10.0, 4.0, 0.9) == pytest.approx(1.0)
+    canary.record(Sample(9.7, 9.73))  # a second one: 30 ms
+    assert canary.latency_ms(10.0, 4.0, 0.9) == pytest.approx(30.0)
+    canary.began(9.95)  # in flight for 50 ms: a sample like the others
+    assert canary.latency_ms(10.0, 4.0, 0.9) == pytest.approx(50.0)
+    # a probe in flight past the stall threshold counts alone, at its age
+    assert canary.latency_ms(10.2, 4.0, 0.9, stall=0.2) == pytest.approx(250.0)

@@ -173,9 +173,10 @@ def machine_info(servers: Servers) -> dict[str, Any]:
     """What the figures were measured on."""
     rows = servers.admin(
         0,
-        "SELECT @@version, @@innodb_flush_log_at_trx_commit, @@innodb_buffer_pool_size",
+        "SELECT @@version, @@innodb_flush_log_at_trx_commit, @@innodb_buffer_pool_size,"
+        " @@innodb_log_file_size",
     )
-    version, flush, pool = rows[0]
+    version, flush, pool, redo = rows[0]
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
@@ -199,6 +200,7 @@ def machine_info(servers: Servers) -> dict[str, Any]:
         "innodb_flush_log_at_trx_commit": int(flush),
         "durable": int(flush) == 1,
         "innodb_buffer_pool_mib": int(pool) // 2**20,
+        "innodb_log_file_mib": int(redo) // 2**20,
     }
 
 
@@ -221,10 +223,15 @@ def library_version() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def set_server_globals(servers: Servers, durable: bool | None, buffer_pool_mib: int) -> None:
-    """Make every server durable (or not) and size its buffer pool, for this run."""
+def set_server_globals(
+    servers: Servers, durable: bool | None, buffer_pool_mib: int, redo_log_mib: int = 0
+) -> None:
+    """Make every server durable (or not), size its buffer pool and its redo log (0:
+    leave it; resized online, MariaDB 10.9 and later), for this run."""
     for i in range(len(servers.addresses)):
         if durable is not None:
             servers.admin(i, f"SET GLOBAL innodb_flush_log_at_trx_commit = {1 if durable else 2}")
         if buffer_pool_mib:
             servers.admin(i, f"SET GLOBAL innodb_buffer_pool_size = {int(buffer_pool_mib) << 20}")
+        if redo_log_mib:
+            servers.admin(i, f"SET GLOBAL innodb_log_file_size = {int(redo_log_mib) << 20}")

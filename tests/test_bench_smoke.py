@@ -44,6 +44,7 @@ def _run_tiny(servers: Servers, **settings: Any) -> tuple[Config, dict[str, Any]
         prefix=prefix,
         durable=None,  # leave the shared test cluster's settings alone
         buffer_pool_mib=0,
+        redo_log_mib=0,
         warmup=0.02,
         **settings,
     )

@@ -300,31 +300,6 @@ def _settle(pids: list[int], busy: float = 0.1, limit: float = 60.0) -> float:
     return time.perf_counter() - start
 
 
-def _dirty_pages(b: Bench, i: int) -> int:
-    rows = b.servers.admin(i, "SHOW GLOBAL STATUS LIKE 'Innodb_buffer_pool_pages_dirty'")
-    return int(rows[0][1])
-
-
-def _flush(b: Bench, limit: float = 60.0) -> dict[str, float]:
-    """Have every server write its dirty pages out (``innodb_max_dirty_pages_pct`` 0
-    until 1 % of them or 1000 pages are left, at most ``limit`` seconds), so a run does
-    not pay for the flushing the run before it left (the insert floor leaves a
-    million rows' worth); the dirty pages found and the seconds it took."""
-    start = time.perf_counter()
-    n = len(b.servers.addresses)
-    found = sum(_dirty_pages(b, i) for i in range(n))
-    for i in range(n):
-        (pct,) = b.servers.admin(i, "SELECT @@innodb_max_dirty_pages_pct")[0]
-        left = max(_dirty_pages(b, i) // 100, 1000)
-        b.servers.admin(i, "SET GLOBAL innodb_max_dirty_pages_pct = 0")
-        try:
-            while _dirty_pages(b, i) > left and time.perf_counter() - start < limit:
-                time.sleep(0.2)
-        finally:
-            b.servers.admin(i, "SET GLOBAL innodb_max_dirty_pages_pct = %s", (float(pct),))
-    return {"dirty_pages": found, "flush_s": round(time.perf_counter() - start, 1)}
-
-
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -454,7 +429,6 @@ def _cleaner_run(
     the Cleaner; its figures and the writer's latencies idle and during (``pids``: the
     servers' processes on the local cluster, none elsewhere)."""
     store = b.stores["i3"]
-    flushed = _flush(b)
     store.declare_index(run.index)
     info = store.cluster.refresh().indexes[run.index.name]
     # The Cleaner waits until every writer maintains the index: two catalog refresh
@@ -486,7 +460,6 @@ def _cleaner_run(
         "summary": summary,
         **({"progress": progress} if progress else {}),
         "vs_alter": round(own / alter, 2),
-        **flushed,
         # the throttle's signals that held the copy back, as its summary names them
         "held": " ".join(re.findall(r"throttled [0-9.]+s \([^)]*\)", summary)),
         "cpu_us_per_entity": round(cpu["cleaner_cpu_s"] * 1e6 / cfg.entities, 1),

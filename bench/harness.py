@@ -473,10 +473,6 @@ def _format_cleaner(c: dict[str, Any]) -> list[str]:
         f"    Cleaner processes' CPU {c['cleaner_cpu_s']:.2f} s ({c['cpu_us_per_entity']:.1f} us"
         f" per entity){_servers_cpu(c)}{floor}",
     ]
-    if "dirty_pages" in c:
-        lines.append(
-            f"    before it: {c['dirty_pages']:,} dirty pages written out ({c['flush_s']:.1f} s)"
-        )
     if "speed_vs_unthrottled" in c:
         lines.append(f"    speed: {c['speed_vs_unthrottled']:.2f}x the unthrottled run's")
     if c.get("held"):

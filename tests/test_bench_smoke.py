@@ -161,8 +161,6 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
         assert _positive(cleaner["seconds"]) and _positive(cleaner["cpu_us_per_entity"]), cleaner
         assert cleaner["servers_cpu_s"] >= 0 and cleaner["cores"] >= 1
         assert cleaner["writer"]["during_ops"] > 0
-        # the servers wrote out the dirty pages the step before left them, first
-        assert cleaner["dirty_pages"] >= 0 and 0 <= cleaner["flush_s"] <= 61, cleaner
         # what held it back, from its summary: nothing without the throttle
         assert cleaner["held"] == "" or key == "cleaner_throttled", cleaner["summary"]
     # the A/B of the C path: the same run on the Python path alone
@@ -176,7 +174,6 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     assert throttled["speed_vs_unthrottled"] == round(same["seconds"] / throttled["seconds"], 2)
     text = format_table(data)
     assert "Cleaner processes' CPU" in text and "x the unthrottled run's" in text
-    assert "dirty pages written out" in text
     assert "Cleaner CPU <= 10 us per entity" in {t["target"] for t in data["targets"]}
 
 

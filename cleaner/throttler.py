@@ -224,8 +224,9 @@ class Throttler:
             self._clients_read = now
             self._clients = self._read_clients(now)
         window = self.settings.window
-        # half the probes a window holds: the first windows of a copy hold a few
-        least = max(1, int(window / self.settings.interval / 2))
+        # three probes: the signal is at most the second slowest, so two of them slow
+        # (a window of one or two would be one probe's word)
+        least = 3
         signals = []
         for sid, canary in self.canaries.items():
             clients, published = self._clients.get(sid, (None, None))

@@ -31,6 +31,9 @@ log = logging.getLogger("schemaless.cleaner")
 LOCK_WAIT = 1
 #: probes kept per server (the window is shorter: see ``Canary.latency_ms``)
 KEPT = 64
+#: probes a window needs for a signal: it is at most their second slowest, so two of
+#: three must be slow (a window of one or two would be one probe's word)
+LEAST = 3
 
 
 @dataclass(frozen=True)
@@ -177,9 +180,10 @@ class Canary:
         stalled = age if age is not None and age >= stall > 0 else None
         if len(recent) < least:
             return None if stalled is None else stalled * 1000
-        value = percentile(recent, quantile)
-        if len(recent) > 1:
-            value = min(value, sorted(recent)[-2])
+        ordered = sorted(recent)
+        value = percentile(ordered, quantile)
+        if len(ordered) > 1:
+            value = min(value, ordered[-2])
         return max(value, stalled or 0.0) * 1000
 
     def reset(self) -> None:

@@ -26,7 +26,7 @@ from schemaless.schema import canary_db
 from schemaless.store import DataStore
 
 from .aimd import Aimd, Limits, ServerSignals, Tuning, judge
-from .canary import Canary
+from .canary import LEAST, Canary
 from .metrics import Figures
 from .prober import ProbeProcess
 from .throttle import TokenBucket
@@ -224,9 +224,6 @@ class Throttler:
             self._clients_read = now
             self._clients = self._read_clients(now)
         window = self.settings.window
-        # three probes: the signal is at most the second slowest, so two of them slow
-        # (a window of one or two would be one probe's word)
-        least = 3
         signals = []
         for sid, canary in self.canaries.items():
             clients, published = self._clients.get(sid, (None, None))
@@ -235,7 +232,7 @@ class Throttler:
             signals.append(
                 ServerSignals(
                     sid,
-                    canary.latency_ms(now, window, self.settings.quantile, least, stall),
+                    canary.latency_ms(now, window, self.settings.quantile, LEAST, stall),
                     clients,
                     dict(canary.status),
                     canary.lag,

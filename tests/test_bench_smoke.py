@@ -77,6 +77,7 @@ def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
     )
     assert {"meta", "load", "round_trips", "ops", "codec", "targets"} <= set(data)
     assert data["meta"]["machine"]["servers"] == 2
+    assert data["meta"]["machine"]["innodb_log_file_mib"] > 0  # what the runs had
     assert [r["op"] for r in data["ops"]] == cfg.ops
     for row in data["ops"]:
         assert row["threads"] == 1

@@ -53,7 +53,12 @@ class Tuning:
     #: until the first breach (a copy that starts at full speed hurts before any
     #: signal can show it); a cut below ``start`` starts it again
     start: float | None = 20000.0
-    ramp: float = 1.5
+    ramp: float = 2.0
+    #: seconds the observed rate lags the limit (it is measured over a window: half
+    #: of it); while the limit ramps, "the copy uses it" compares the observed rate
+    #: with the limit of that long ago (a rate that follows a limit doubling a second
+    #: averages about half of it over the last two seconds)
+    lag: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,10 @@ class Aimd:
 
     def _increase(self, dt: float, observed: float) -> None:
         t = self.tuning
-        if self.limit is not None and observed >= t.binding * self.limit:
+        used = self.limit  # the limit the observed rate reflects
+        if used is not None and self._ramping:
+            used /= t.ramp**t.lag
+        if self.limit is not None and used is not None and observed >= t.binding * used:
             if self._ramping:
                 self.limit *= t.ramp**dt
             else:

@@ -71,6 +71,26 @@ def test_aimd_starts_slow_and_ramps_until_the_first_breach() -> None:
     assert aimd.rate == 2_200.0
 
 
+def test_aimd_slow_start_counts_the_observed_rate_as_lagging_its_limit() -> None:
+    # the observed rate is an average over a window: a copy that follows a limit
+    # doubling a second shows about half of it, and must not stall the ramp; a copy
+    # that cannot go faster stops it within ramp**lag / binding of its rate
+    aimd = Aimd(tuning=Tuning(start=1_000.0, ramp=2.0, lag=1.0, binding=0.7))
+    aimd.update(0.0, 0.0, [])
+    now = 0.0
+    for _ in range(8):
+        now += 0.25
+        aimd.update(now, 0.55 * (aimd.rate or 0.0), [])
+    assert aimd.rate == pytest.approx(4_000.0)
+    for _ in range(40):
+        now += 0.25
+        aimd.update(now, 4_000.0, [])
+    rate = aimd.rate or 0.0
+    assert 2 * 4_000.0 / 0.7 <= rate <= 2 * 4_000.0 / 0.7 * 2**0.25
+    aimd.update(now + 0.25, 4_000.0, [])
+    assert aimd.rate == rate  # no longer used: it holds
+
+
 def test_aimd_starts_slowly_again_after_a_cut_below_its_first_rate() -> None:
     # a breach while the copy is barely running (something else is slow): the cut takes
     # the limit below the first rate, and once clear it ramps as at the start instead

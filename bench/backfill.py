@@ -539,17 +539,58 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
     out["settle_s"] = round(_settle(pids), 1)
     writer = _Writer(b)
     writer.start()
+    same = "cleaner_jobs1" if cfg.throttled_jobs == 1 else "cleaner"
     try:
         for run in cleaner_runs(cfg.cleaner_jobs, cfg.throttled_jobs, _c_path_built()):
             out[run.key] = _cleaner_run(
                 b, cfg, writer, run, pids, single, floor_cpu.get("servers_cpu_s", 0.0)
             )
+        pairs = [throttle_pair(out["cleaner_throttled"], out[same])]
+        for n in range(1, cfg.throttle_pairs):
+            runs = pair_runs(n, cfg.throttled_jobs)
+            pairs.append(throttle_pair(*(_run_and_drop(b, cfg, writer, r, pids) for r in runs)))
     finally:
         writer.stop.set()
         writer.join()
     if writer.error is not None:
         raise writer.error
-    throttled = out["cleaner_throttled"]
-    fast = out["cleaner_jobs1" if cfg.throttled_jobs == 1 else "cleaner"]
-    throttled["speed_vs_unthrottled"] = round(fast["seconds"] / throttled["seconds"], 2)
+    out["cleaner_throttled"]["speed_vs_unthrottled"] = pairs[0]["speed"]
+    out["throttle_pairs"] = pairs
+    return out
+
+
+def pair_runs(n: int, jobs: int) -> tuple[CleanerRun, CleanerRun]:
+    """The ``n``-th extra pair: the default throttle, then unthrottled, ``jobs`` each."""
+
+    def index(k: int) -> Index:
+        return Index(f"{NEW_INDEX.name}_p{n}_{k}", {"updated": "int"}, shard_on="updated")
+
+    throttled = CleanerRun(f"pair{n}_throttled", index(1), jobs, True, progress=True)
+    return throttled, CleanerRun(f"pair{n}_unthrottled", index(2), jobs, False)
+
+
+def throttle_pair(throttled: dict[str, Any], unthrottled: dict[str, Any]) -> dict[str, Any]:
+    """One pair's figures: the throttled copy's speed against the unthrottled one's
+    (as many processes, the same run), and the writer's p99 during it against idle."""
+    w = throttled.get("writer", {})
+    return {
+        "throttled_s": throttled["seconds"],
+        "unthrottled_s": unthrottled["seconds"],
+        "speed": round(unthrottled["seconds"] / throttled["seconds"], 2),
+        "p99_ratio": w.get("p99_ratio"),
+        "idle_p99_ms": w.get("idle_p99_ms"),
+        "during_p99_ms": w.get("during_p99_ms"),
+        "held": throttled.get("held", ""),
+    }
+
+
+def _run_and_drop(
+    b: Bench, cfg: Config, writer: _Writer, run: CleanerRun, pids: list[int]
+) -> dict[str, Any]:
+    """A Cleaner run of an extra pair, then its index dropped and purged (the writer,
+    on the same store, stops maintaining it at once; it maintains as many indexes in
+    every pair after the first)."""
+    out = _cleaner_run(b, cfg, writer, run, pids, 1.0, 0.0)
+    b.stores["i3"].drop_index(run.index.name)
+    b.stores["i3"].purge_index(run.index.name)
     return out

@@ -14,6 +14,7 @@ import itertools
 import json
 import re
 import shlex
+import statistics
 import sys
 import threading
 import time
@@ -89,6 +90,9 @@ class Config:
     dump: bool = False
     cleaner_jobs: int = 2  # the unthrottled backfill's worker processes (`--jobs N`)
     throttled_jobs: int = 1  # the throttled backfill's: the Cleaner's default
+    #: throttled/unthrottled pairs whose medians judge the throttle (one run of each is
+    #: a draw: the writer's idle p99 alone varied 4.6-14.5 ms between windows)
+    throttle_pairs: int = 3
     cleaner_args: list[str] = field(default_factory=list)  # more options of the cleaner
     keep: bool = False
     round_trip_samples: int = 10
@@ -341,11 +345,19 @@ def _backfill_targets(bf: dict[str, Any], entities: int) -> list[dict[str, Any]]
         ratio = fast["servers_vs_floor"]
         out.append({"target": "servers' CPU for the backfill <= 1.5x the insert floor's",
                     "measured": ratio, "met": ratio <= 1.5})  # fmt: skip
-    if throttled.get("writer"):
-        p99, speed = throttled["writer"]["p99_ratio"], throttled["speed_vs_unthrottled"]
-        out.append({"target": "writer p99 during a default (throttled) backfill <= 2x idle",
+    first = {  # results from before the pairs have the one pair only
+        "p99_ratio": throttled.get("writer", {}).get("p99_ratio"),
+        "speed": throttled.get("speed_vs_unthrottled"),
+    }
+    pairs = [p for p in bf.get("throttle_pairs", [first]) if p["p99_ratio"] is not None]
+    if pairs:
+        p99 = statistics.median(p["p99_ratio"] for p in pairs)
+        speed = statistics.median(p["speed"] for p in pairs)
+        both = sum(p["p99_ratio"] <= 2.0 and p["speed"] >= 0.5 for p in pairs)
+        of = f" (median of {len(pairs)} pairs; both met in {both})" if len(pairs) > 1 else ""
+        out.append({"target": f"writer p99 during a default (throttled) backfill <= 2x idle{of}",
                     "measured": p99, "met": p99 <= 2.0})  # fmt: skip
-        out.append({"target": "throttled backfill keeps >= 50% of its unthrottled speed",
+        out.append({"target": f"throttled backfill keeps >= 50% of its unthrottled speed{of}",
                     "measured": speed, "met": speed >= 0.5})  # fmt: skip
     return out
 
@@ -455,6 +467,14 @@ def format_backfill(bf: dict[str, Any]) -> str:
         c = bf.get(key)
         if c:
             lines += _format_cleaner(c)
+    pairs = bf.get("throttle_pairs", [])
+    for n, pair in enumerate(pairs if len(pairs) > 1 else [], 1):
+        lines.append(
+            f"  pair {n}: throttled {pair['throttled_s']:.2f} s, unthrottled"
+            f" {pair['unthrottled_s']:.2f} s: speed {pair['speed']:.2f}x; writer p99"
+            f" {pair['idle_p99_ms']} -> {pair['during_p99_ms']} ms = {pair['p99_ratio']}x"
+            + (f"; {pair['held']}" if pair["held"] else "")
+        )
     return "\n".join(lines)
 
 
@@ -549,6 +569,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
         "--cleaner-jobs; its speed is against the unthrottled run with as many",
     )
     p.add_argument(
+        "--throttle-pairs",
+        type=int,
+        default=3,
+        help="throttled and unthrottled runs (--throttled-jobs each), in pairs, whose "
+        "medians judge the throttle; the first pair is the runs above, default 3",
+    )
+    p.add_argument(
         "--cleaner-args",
         default="",
         help="more options of the backfill's cleaner, e.g. '--batch 500 --max-latency-ms 5'",
@@ -573,6 +600,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, str | None]:
         dump=a.dump,
         cleaner_jobs=max(1, a.cleaner_jobs),
         throttled_jobs=_throttled_jobs(p, a.throttled_jobs, max(1, a.cleaner_jobs)),
+        throttle_pairs=max(1, a.throttle_pairs),
         cleaner_args=shlex.split(a.cleaner_args),
         keep=a.keep,
     )

@@ -548,7 +548,8 @@ def backfill_bench(b: Bench, cfg: Config) -> dict[str, Any]:
         pairs = [throttle_pair(out["cleaner_throttled"], out[same])]
         for n in range(1, cfg.throttle_pairs):
             runs = pair_runs(n, cfg.throttled_jobs)
-            pairs.append(throttle_pair(*(_run_and_drop(b, cfg, writer, r, pids) for r in runs)))
+            done = (_run_and_drop(b, cfg, writer, r, pids, single) for r in runs)
+            pairs.append(throttle_pair(*done))
     finally:
         writer.stop.set()
         writer.join()
@@ -585,12 +586,12 @@ def throttle_pair(throttled: dict[str, Any], unthrottled: dict[str, Any]) -> dic
 
 
 def _run_and_drop(
-    b: Bench, cfg: Config, writer: _Writer, run: CleanerRun, pids: list[int]
+    b: Bench, cfg: Config, writer: _Writer, run: CleanerRun, pids: list[int], alter: float
 ) -> dict[str, Any]:
     """A Cleaner run of an extra pair, then its index dropped and purged (the writer,
     on the same store, stops maintaining it at once; it maintains as many indexes in
     every pair after the first)."""
-    out = _cleaner_run(b, cfg, writer, run, pids, 1.0, 0.0)
+    out = _cleaner_run(b, cfg, writer, run, pids, alter, 0.0)
     b.stores["i3"].drop_index(run.index.name)
     b.stores["i3"].purge_index(run.index.name)
     return out

@@ -52,7 +52,7 @@ class Tuning:
     #: grows ``ramp`` times a second while every signal is clear and the copy uses it,
     #: until the first breach (a copy that starts at full speed hurts before any
     #: signal can show it); a cut below ``start`` starts it again
-    start: float | None = 20000.0
+    start: float | None = 40000.0
     ramp: float = 2.0
     #: seconds the observed rate lags the limit (it is measured over a window: half
     #: of it); while the limit ramps, "the copy uses it" compares the observed rate

@@ -16,7 +16,7 @@ from schemaless.store import DataStore
 
 from .expiry import expiry_property
 from .options import BadOption, Connection, pass_connection
-from .output import echo_table, human_bytes, json_line
+from .output import echo_table, human_bytes, json_line, warn_unreachable
 from .stats import ServerFigures, server_figures
 
 __all__ = ["init", "show_shards"]
@@ -125,6 +125,7 @@ def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool
     with conn.store() as ds:
         topo = ds.cluster.current()
         figures = server_figures(ds, estimate=estimate)
+    warn_unreachable(f.address for f in figures if f.live is None)
     if as_json:
         for f in figures:
             click.echo(json_line(_server_json(f, topo.prefix, per_shard)))
@@ -143,9 +144,6 @@ def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool
             click.echo(
                 f"catalog {topo.prefix}_catalog on {f.address}: {human_bytes(f.catalog_size)}"
             )
-    unreachable = [f.address for f in figures if f.live is None]
-    if unreachable:
-        click.echo(f"unreachable (figures unknown): {', '.join(unreachable)}")
 
 
 def _echo_shards(

@@ -18,7 +18,7 @@ from schemaless.store import DataStore
 
 from .dry_run import show_dry_run
 from .options import BadOption, Connection, Group, follow_up, pass_connection
-from .output import echo_table, human_duration, json_line
+from .output import echo_table, human_duration, json_line, warn_unreachable
 from .stats import (
     Backfill,
     Heartbeat,
@@ -217,7 +217,8 @@ def list_(conn: Connection, as_json: bool) -> None:
     """
     with conn.store() as ds:
         infos = sorted(ds.indexes().values(), key=lambda i: i.index.name)
-        progress = _overall(ds, [i for i in infos if i.state == IndexState.BUILDING])
+        progress, unreachable = _overall(ds, [i for i in infos if i.state == IndexState.BUILDING])
+    warn_unreachable(unreachable)
     if as_json:
         for info in infos:
             out = _info_json(info)
@@ -242,12 +243,14 @@ def list_(conn: Connection, as_json: bool) -> None:
     echo_table(["name", "state", "backfill", "properties", "shard on", "multi"], rows)
 
 
-def _overall(ds: DataStore, building: list[IndexInfo]) -> dict[str, float | None]:
-    """Overall backfill fraction of each building index (the maxima read once)."""
+def _overall(ds: DataStore, building: list[IndexInfo]) -> tuple[dict[str, float | None], list[str]]:
+    """Overall backfill fraction of each building index (the maxima read once), and
+    the servers that did not answer."""
     if not building:
-        return {}
+        return {}, []
     tops = max_added_ids(ds, ds.cluster.current())
-    return {i.index.name: backfill(ds, i.index.name, tops).fraction for i in building}
+    snaps = [backfill(ds, i.index.name, tops) for i in building]
+    return {s.index: s.fraction for s in snaps}, snaps[0].unreachable
 
 
 def _info_json(info: IndexInfo) -> dict[str, Any]:
@@ -309,6 +312,7 @@ def status(
                     else:
                         click.echo()
                 _echo_report(report, snap, all_shards)
+            warn_unreachable(snap.unreachable if snap is not None else ())
             if not watch or info.state != IndexState.BUILDING:
                 return
             time.sleep(watch)

@@ -37,6 +37,7 @@ __all__ = [
     "human_duration",
     "json_line",
     "render_table",
+    "warn_unreachable",
 ]
 
 _MAX_CELL = 48
@@ -209,3 +210,13 @@ def human_duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def warn_unreachable(addresses: Iterable[str]) -> None:
+    """Name on stderr the servers that did not answer, whose figures are printed as
+    ``unknown`` (the command still exits 0: docs/cli.md, "A partial cluster")."""
+    missing = sorted(set(addresses))
+    if missing:
+        click.echo(
+            f"warning: unreachable: {', '.join(missing)} (figures shown as unknown)", err=True
+        )

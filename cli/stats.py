@@ -119,6 +119,11 @@ class Backfill:
         return 1.0 if total == 0 else done / total
 
     @property
+    def unreachable(self) -> list[str]:
+        """The servers whose shards' figures could not be read."""
+        return sorted({s.server for s in self.shards if s.top is None})
+
+    @property
     def rows(self) -> int:
         """Rows the Cleaner reports as backfilled so far."""
         return sum(s.rows for s in self.shards)

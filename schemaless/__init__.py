@@ -16,6 +16,7 @@ from .catalog import IndexState
 from .entity import Entity
 from .errors import (
     CatalogError,
+    CatalogUnavailable,
     ConflictError,
     CorruptEntity,
     EntityTooLarge,
@@ -43,6 +44,7 @@ from .store import DataStore
 
 __all__ = [
     "CatalogError",
+    "CatalogUnavailable",
     "ChangeEvent",
     "ConflictError",
     "CorruptEntity",

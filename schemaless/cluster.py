@@ -17,10 +17,11 @@ from typing import TypeVar
 from . import forking
 from .catalog import Catalog, Topology
 from .codec import Codec
-from .connection import Batch, ConnectOptions, Server, Tracer, gather
+from .connection import ConnectOptions, Server, Tracer
 from .dsn import Address
 from .errors import (
     CatalogError,
+    CatalogUnavailable,
     InvalidQuery,
     PermissionDenied,
     ShardUnavailable,
@@ -40,6 +41,9 @@ G = TypeVar("G")
 
 #: Logical shards created when a datastore is initialised without saying how many.
 DEFAULT_SHARDS = 64
+#: The max_allowed_packet a batch assumes of a server not connected to yet (MySQL's
+#: default since 5.6; MariaDB's is 16 MiB): its own is read on its first connection.
+SAFE_PACKET = 4 * 1024 * 1024
 _PACKET_MARGIN = 64 * 1024
 
 
@@ -74,7 +78,7 @@ class Cluster:
         self._all_servers: tuple[Topology, Mapping[int, Server]] | None = None
         self.catalog = Catalog(self.server(addresses[0]), prefix)
         self.latency = LatencyReporter(self.catalog)  # the Cleaner switches it off
-        if not self.catalog.exists():
+        if not self._catalog_exists():
             if not create:
                 raise CatalogError(
                     f"no datastore {prefix!r} on {addresses[0]}: run `schemaless init` first"
@@ -96,14 +100,25 @@ class Cluster:
                 f"refusing to change it to {n_shards}"
             )
         known = set(self.topology.servers.values())
-        unknown = [str(a) for a in addresses if a not in known]
+        # The first address is where the catalog was found, however it was spelt.
+        unknown = [str(a) for a in addresses[1:] if a not in known]
         if unknown:
             raise CatalogError(
                 f"servers {', '.join(unknown)} are not part of datastore {prefix!r} "
                 f"(its servers: {', '.join(sorted(str(a) for a in known))})"
             )
         self._sync_codec(self.topology)
-        self._limit_body_size()
+
+    def _catalog_exists(self) -> bool:
+        """Whether the catalog is there; ``CatalogUnavailable`` if its server is not."""
+        try:
+            return self.catalog.exists()
+        except ShardUnavailable as exc:
+            raise CatalogUnavailable(
+                f"cannot open datastore {self.catalog.prefix!r}: its catalog's server "
+                f"{self.catalog.server.name} is unreachable ({exc}); start that server "
+                "(no other server can stand in for it), then open again"
+            ) from exc
 
     # -- servers and topology ------------------------------------------------------------
 
@@ -112,7 +127,8 @@ class Cluster:
         with self._lock:
             server = self._servers.get(address)
             if server is None:
-                server = self._servers[address] = Server(address, self.options, self.tracer)
+                server = Server(address, self.options, self.tracer, self._learnt_packet)
+                self._servers[address] = server
             return server
 
     def servers(self) -> list[Server]:
@@ -371,16 +387,18 @@ class Cluster:
                 self.codec.add_dictionary(dict_id, self.catalog.dictionary(dict_id))
         self.codec.use_dictionary(topo.active_dictionary)
 
-    def _limit_body_size(self) -> None:
-        """Keep bodies, and the statement batches that carry them, below every server's
-        max_allowed_packet."""
-        servers = self.all_servers(self.topology)
-        packets = gather(
-            {sid: Batch(s, "SELECT @@max_allowed_packet") for sid, s in servers.items()}
-        )
-        smallest = min(int(rows[0][0][0]) for rows in packets.values())
-        self.max_batch_bytes = smallest - _PACKET_MARGIN
-        self.codec.max_body_bytes = min(self.codec.max_body_bytes, self.max_batch_bytes)
+    @property
+    def max_batch_bytes(self) -> int:
+        """The largest statement batch to send: below every server's max_allowed_packet,
+        where a server not connected to yet counts as ``SAFE_PACKET``."""
+        servers = self.all_servers(self.topology).values()
+        return min(s.max_packet or SAFE_PACKET for s in servers) - _PACKET_MARGIN
+
+    def _learnt_packet(self, packet: int) -> None:
+        """A server's max_allowed_packet, read on its first connection: bodies stay
+        below that of every server connected to (the catalog's from the open on)."""
+        with self._lock:
+            self.codec.max_body_bytes = min(self.codec.max_body_bytes, packet - _PACKET_MARGIN)
 
     def close(self) -> None:
         """Close every pool."""

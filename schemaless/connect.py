@@ -28,7 +28,9 @@ def open_store(
     local_dir: str | None = None,
     **kwargs: Any,
 ) -> DataStore:
-    """A DataStore from a URL, a list of servers (for init), or the local cluster."""
+    """A DataStore from a URL, a list of servers (for init), or the local cluster
+    (every server of it to create a datastore; else its first, the catalog's, as
+    the datastore knows its own servers)."""
     prefix = prefix or os.environ.get("SCHEMALESS_PREFIX") or DEFAULT_PREFIX
     url = url or os.environ.get("SCHEMALESS_URL")
     if servers:
@@ -38,10 +40,11 @@ def open_store(
     from .local import LocalCluster  # development tooling: loaded only when used
 
     cluster = LocalCluster(local_dir)
-    if not cluster.servers or not all(s.running() for s in cluster.servers):
+    needed = cluster.servers if create else cluster.servers[:1]
+    if not needed or not all(s.running() for s in needed):
         raise CatalogError(
             "no --url or SCHEMALESS_URL given and the local cluster "
             f"({cluster.base_dir}) is not running: run `schemaless local up`"
         )
     kwargs.setdefault("option_file", str(cluster.option_file))
-    return DataStore(cluster.addresses, prefix=prefix, create=create, **kwargs)
+    return DataStore([s.address for s in needed], prefix=prefix, create=create, **kwargs)

@@ -173,11 +173,15 @@ class Server:
         address: Address,
         options: ConnectOptions,
         tracer: Tracer | None = None,
+        on_packet: Callable[[int], None] | None = None,
     ) -> None:
         self.address = address
         self.name = str(address)
         self.options = options
         self.tracer = tracer
+        #: the server's max_allowed_packet, read on its first connection (None before)
+        self.max_packet: int | None = None
+        self._on_packet = on_packet  # told the packet once it is known
         self.latency = LatencySample()  # write round trips, for the Cleaner's throttle
         self._idle: deque[_Conn] = deque()
         self._lock = threading.Lock()
@@ -230,8 +234,25 @@ class Server:
             error = self._translate(exc, sent=False, commits=False)
             self._note(exc, error, silent=isinstance(error, ShardTimeout))
             raise error from exc
+        if self.max_packet is None:
+            self._learn_packet(conn)
         self._open.add(conn)
         return conn
+
+    def _learn_packet(self, conn: _Conn) -> None:
+        """Read ``max_packet`` on a first connection (one round trip per server and
+        process); a failure discards the connection like a failed connect."""
+        try:
+            conn.db.query("SELECT @@max_allowed_packet")
+            packet = int(_read_results(conn.db, None)[0][0][0])
+        except MySQLdb.Error as exc:
+            _close_quietly(conn.db)
+            error = self._translate(exc, sent=False, commits=False)
+            self._note(exc, error, silent=isinstance(error, ShardTimeout))
+            raise error from exc
+        self.max_packet = packet
+        if self._on_packet is not None:
+            self._on_packet(packet)
 
     def after_fork(self) -> None:
         """In a forked child: the connections are the parent's sessions.  Detach their

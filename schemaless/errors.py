@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "CatalogError",
+    "CatalogUnavailable",
     "ConflictError",
     "CorruptEntity",
     "EntityTooLarge",
@@ -132,6 +133,11 @@ class ShardUnavailable(TransientError):
 
 class ShardTimeout(ShardUnavailable):
     """A server did not answer within the configured timeout."""
+
+
+class CatalogUnavailable(ShardUnavailable):
+    """Opening a datastore could not read its catalog: the catalog's server (the first
+    of ``mysql_shards``) is down or does not answer."""
 
 
 class OutcomeUnknown(TransientError):

@@ -125,8 +125,9 @@ class DataStore:
             self._expire_on(check_property(expire_on))
         if changes:
             enable_changes(self.cluster)
-        for index in indexes:
-            self.declare_index(index)
+        for index in indexes:  # one the catalog has needs its server only
+            if self._declared(index, self.cluster.refresh(), finish=False) is None:
+                self.declare_index(index)
 
     @property
     def timeout(self) -> float:
@@ -411,9 +412,11 @@ class DataStore:
         with self.cluster.catalog.lock("declare", busy, wait=20):
             return self._declare(index)
 
-    def _declared(self, index: Index, topo: Topology) -> str | None:
-        """The state of ``index`` if the catalog has it (finishing a declaration that
-        died); None if it has no index of that name; an error if another definition."""
+    def _declared(self, index: Index, topo: Topology, *, finish: bool = True) -> str | None:
+        """The state of ``index`` if the catalog has it (with ``finish``, finishing a
+        declaration that died: that needs every server, so opening leaves it to
+        ``declare_index``); None if it has no index of that name; an error if another
+        definition."""
         existing = topo.indexes.get(index.name)
         if existing is None:
             return None
@@ -426,7 +429,7 @@ class DataStore:
             raise IndexDefinitionError(
                 f"index {index.name!r} was dropped; purge it before declaring it again"
             )
-        if existing.state == IndexState.BUILDING:  # finish a declaration that died
+        if finish and existing.state == IndexState.BUILDING:  # a declaration that died
             with contextlib.suppress(PermissionDenied):  # an admin's to finish
                 self.cluster.retire_fences(topo)
         return existing.state

@@ -1,0 +1,265 @@
+"""One server of three stopped, then frozen (SIGSTOP): a new process opens with the
+catalog alone and serves every call whose shards are on the healthy servers; calls
+that need the sick one fail fast with ``ShardUnavailable``; the CLI shows the sick
+server's figures as ``unknown``; the catalog's own server down is ``CatalogUnavailable``
+within the connect timeout."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from schemaless import CatalogUnavailable, DataStore, Index
+from schemaless.cli.main import cli
+from schemaless.hashing import shard_of
+from schemaless.local import LocalCluster
+
+from .helpers import ids_on, scratch_cluster, values_on
+
+CLIENT = Path(__file__).with_name("partial_client.py")
+REPO = Path(__file__).resolve().parents[2]
+#: The timeouts of the fresh clients (seconds).
+TIMEOUT = 1.0
+#: What opening may take at most: never a timeout's wait on the sick server.
+OPEN_LIMIT = 0.9 * TIMEOUT
+SICK = 2  # the server made sick (server 0 holds the catalog)
+_ROUNDS = itertools.count(1)  # each test's own values of n
+
+BY_N = Index("by_n", {"n": "int"})
+BY_M = Index("by_m", {"m": "int"})  # declared over data: stays building
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with scratch_cluster("partial", servers=3, durable=False) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def store(cluster: LocalCluster) -> Iterator[DataStore]:
+    """A datastore of 6 logical shards (2 a server), ``by_n`` ready, ``by_m`` building."""
+    ds = DataStore(
+        cluster.addresses,
+        [BY_N],
+        prefix="p_" + uuid.uuid4().hex[:10],
+        option_file=str(cluster.option_file),
+        shards=6,
+        refresh_interval=0.2,
+    )
+    ds.put({"n": 0})
+    assert ds.declare_index(BY_M) == "building"
+    yield ds
+    ds.close()
+
+
+@pytest.fixture
+def entities(store: DataStore, cluster: LocalCluster) -> Iterator[dict[int, list[dict[str, Any]]]]:
+    """Per server: two entities whose entity and ``by_n`` rows both live there; every
+    server running again after the test."""
+    out = {}
+    for sid in range(3):
+        values = values_on(store, BY_N, sid, 2, start=10_000 * next(_ROUNDS) + 1000 * sid)
+        out[sid] = [{"id": k, "n": n} for k, n in zip(ids_on(store, sid, 2), values, strict=True)]
+        store.put_many(out[sid])
+    yield out
+    for s in cluster.servers:
+        if s.pid() is None:
+            cluster.start_server(s.index)
+        else:
+            cluster.resume_server(s.index)
+
+
+def _client(
+    cluster: LocalCluster, store: DataStore, plan: list[Any], servers: list[str] | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the plan in a fresh process: (the open's outcome, each operation's)."""
+    cmd = [
+        sys.executable,
+        str(CLIENT),
+        *(servers or cluster.addresses),
+        f"--prefix={store.cluster.topology.prefix}",
+        f"--option-file={cluster.option_file}",
+        f"--timeout={TIMEOUT}",
+        "--index=by_n:n",
+        "--index=by_m:m",
+    ]
+    done = subprocess.run(
+        cmd, input=json.dumps(plan).encode(), capture_output=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    return lines[0], lines[1:]
+
+
+def _hex(entity: dict[str, Any]) -> str:
+    return str(entity["id"].hex())
+
+
+def _sicken(cluster: LocalCluster, how: str, sid: int) -> None:
+    if how == "stopped":
+        cluster.stop_server(sid)
+    else:
+        cluster.pause_server(sid)
+
+
+@pytest.mark.parametrize("how", ["stopped", "frozen"])
+def test_a_new_process_serves_the_healthy_shards(
+    cluster: LocalCluster,
+    store: DataStore,
+    entities: dict[int, list[dict[str, Any]]],
+    how: str,
+) -> None:
+    healthy = entities[0] + entities[1]
+    sick = entities[SICK]
+    fresh = {"id": ids_on(store, 1, 1)[0].hex(), "n": values_on(store, BY_N, 0, 1, 7000)[0]}
+    far = {"id": ids_on(store, 1, 1)[0].hex(), "n": values_on(store, BY_N, SICK, 1, 7000)[0]}
+    plan = [
+        ["get", _hex(healthy[0])],
+        ["get", _hex(healthy[2])],
+        ["get_many", [_hex(e) for e in healthy]],
+        ["put", fresh],
+        ["get", fresh["id"]],
+        ["query", {"n": healthy[1]["n"]}],
+        ["query", {"n__in": [e["n"] for e in healthy]}],
+        ["delete", _hex(healthy[3])],
+        ["get", _hex(healthy[3])],
+        # what needs the sick server
+        ["get", _hex(sick[0])],
+        ["get_many", [_hex(healthy[0]), _hex(sick[1])]],
+        ["put", {"id": _hex(sick[0]), "n": 1}],
+        ["put", far],  # its by_n row lives on the sick server
+        ["query", {"n": sick[0]["n"]}],
+        ["query", {"n__in": [healthy[0]["n"], sick[0]["n"]], "partial": True}],
+        ["delete", _hex(sick[1])],
+    ]
+    _sicken(cluster, how, SICK)
+    opened, out = _client(cluster, store, plan)
+    assert "opened" in opened, opened
+    assert opened["opened"] < OPEN_LIMIT, opened
+    results = [o.get("ok", o.get("error")) for o in out]
+    assert results[:3] == [healthy[0]["n"], healthy[2]["n"], [e["n"] for e in healthy]], out
+    assert isinstance(results[3], int) and results[4] == fresh["n"], out
+    assert results[5] == {"ids": [_hex(healthy[1])], "missing": []}, out
+    assert sorted(results[6]["ids"]) == sorted(_hex(e) for e in healthy), out
+    assert results[6]["missing"] == [], out
+    assert results[7:9] == [True, None], out  # deleted, then gone
+    for o in out[9:14] + out[15:]:
+        assert o.get("error") in ("ShardUnavailable", "ShardTimeout"), out
+        assert o["seconds"] < TIMEOUT + 1.0, out
+    assert results[14]["ids"] == [_hex(healthy[0])], out
+    (row,) = BY_N.rows({"n": sick[0]["n"]})
+    assert results[14]["missing"] == [shard_of(BY_N.shard_key(row), 6)], out
+
+
+def test_the_catalog_server_down_is_a_typed_error_in_time(
+    cluster: LocalCluster, store: DataStore, entities: dict[int, list[dict[str, Any]]]
+) -> None:
+    for how in ("stopped", "frozen"):
+        _sicken(cluster, how, 0)
+        started = time.monotonic()
+        with pytest.raises(CatalogUnavailable) as info:
+            DataStore(
+                cluster.addresses,
+                prefix=store.cluster.topology.prefix,
+                option_file=str(cluster.option_file),
+                create=False,
+                connect_timeout=TIMEOUT,
+                read_timeout=TIMEOUT,
+            )
+        assert time.monotonic() - started < TIMEOUT + 1.0, how
+        assert cluster.addresses[0] in str(info.value) and "start that server" in str(info.value)
+        if how == "stopped":
+            cluster.start_server(0)
+        else:
+            cluster.resume_server(0)
+
+
+# -- the CLI ---------------------------------------------------------------------------
+
+
+def _cli(cluster: LocalCluster, store: DataStore, *args: str, stdin: str | None = None) -> Result:
+    """A ``schemaless`` command on the local cluster (it opens with the catalog)."""
+    env = {
+        "SCHEMALESS_LOCAL_DIR": str(cluster.base_dir),
+        "SCHEMALESS_PREFIX": store.cluster.topology.prefix,
+        "SCHEMALESS_URL": None,
+        "SCHEMALESS_USER": None,
+        "SCHEMALESS_PASSWORD": None,
+        "SCHEMALESS_OPTION_FILE": None,
+    }
+    return CliRunner(env=env).invoke(cli, list(args), input=stdin, catch_exceptions=False)
+
+
+def _partial_figures(result: Result, sick: str) -> None:
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert "unknown" in result.stdout, result.stdout
+    assert sick in result.stderr and "unreachable" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("how", ["stopped", "frozen"])
+def test_the_cli_shows_a_sick_server_as_unknown(
+    cluster: LocalCluster,
+    store: DataStore,
+    entities: dict[int, list[dict[str, Any]]],
+    how: str,
+) -> None:
+    sick = cluster.addresses[SICK]
+    _sicken(cluster, how, SICK)
+    _partial_figures(_cli(cluster, store, "shards"), sick)
+    if how == "frozen":
+        return  # each command waits out a connect timeout: one is enough
+    _partial_figures(_cli(cluster, store, "index", "list"), sick)
+    _partial_figures(_cli(cluster, store, "index", "status", "by_m"), sick)
+    listed = _cli(cluster, store, "servers", "list")
+    assert listed.exit_code == 0 and sick in listed.stdout, listed.stdout
+    healthy = entities[0][0]
+    got = _cli(cluster, store, "get", _hex(healthy), "--json")
+    assert got.exit_code == 0 and str(healthy["n"]) in got.stdout, got.stdout
+    put = _cli(cluster, store, "put", stdin=json.dumps({"id": _hex(entities[1][0]), "n": 5}))
+    assert put.exit_code == 0, put.stderr
+    found = _cli(cluster, store, "query", "by_n", "--where", f"n = {healthy['n']}", "--json")
+    assert found.exit_code == 0 and _hex(healthy) in found.stdout, found.stdout
+    failed = _cli(cluster, store, "get", _hex(entities[SICK][0]))
+    assert failed.exit_code == 1 and sick in failed.stderr, failed.stderr
+
+
+# -- local mode --------------------------------------------------------------------------
+
+
+def test_local_mode_opens_a_datastore_of_fewer_servers(
+    cluster: LocalCluster, store: DataStore, entities: dict[int, list[dict[str, Any]]]
+) -> None:
+    """A datastore on the first two of the local cluster's three servers: every command
+    used to be refused ("servers ... are not part of datastore"), `servers add` too."""
+    prefix = "p2_" + uuid.uuid4().hex[:8]
+    two = DataStore(
+        cluster.addresses[:2], prefix=prefix, option_file=str(cluster.option_file), shards=4
+    )
+    try:
+        env = {"SCHEMALESS_LOCAL_DIR": str(cluster.base_dir), "SCHEMALESS_PREFIX": prefix}
+        runner = CliRunner(env={**env, "SCHEMALESS_URL": None, "SCHEMALESS_OPTION_FILE": None})
+        shown = runner.invoke(cli, ["shards"], catch_exceptions=False)
+        assert shown.exit_code == 0 and "on 2 servers" in shown.stdout, shown.output
+        added = runner.invoke(cli, ["servers", "add", cluster.addresses[2]])
+        assert added.exit_code == 0, added.output
+        assert set(map(str, two.cluster.refresh().servers.values())) == set(cluster.addresses)
+        # the catalog's server named otherwise than as recorded (127.1 is 127.0.0.1)
+        port = cluster.addresses[0].rsplit(":", 1)[1]
+        other = runner.invoke(
+            cli,
+            ["shards", "--url", f"127.1:{port}"],
+            env={"SCHEMALESS_OPTION_FILE": str(cluster.option_file)},
+        )
+        assert other.exit_code == 0, other.output
+    finally:
+        two.close()

@@ -33,7 +33,7 @@ from .names import quote
 from .scatter import Scattered, Statement, bare, by_server, rounds, scatter, unreachable_only
 from .schema import entities_table_sql, fence_epoch, fence_table, fence_table_sql
 
-__all__ = ["DEFAULT_SHARDS", "Cluster", "unreachable_only"]
+__all__ = ["DEFAULT_SHARDS", "SAFE_PACKET", "Cluster", "unreachable_only"]
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from schemaless import (
     new_id,
 )
 from schemaless.catalog import now_us
+from schemaless.cluster import SAFE_PACKET
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
@@ -368,6 +369,30 @@ def test_body_limit_follows_max_allowed_packet(make_store: Any) -> None:
     store = make_store(max_body_bytes=1 << 40)
     packet = int(store.cluster.catalog.server.run("SELECT @@max_allowed_packet")[0][0][0])
     assert store.codec.max_body_bytes < packet
+
+
+def test_packets_are_read_on_each_servers_first_connection(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    """Opening talks to the catalog's server alone; until another server is connected
+    to, a batch assumes SAFE_PACKET of it, then its own max_allowed_packet."""
+    store = same_store(local_cluster, make_store())
+    try:
+        servers = list(store.cluster.all_servers(store.cluster.topology).values())
+        assert len(servers) > 1
+        catalog = store.cluster.catalog.server
+        assert catalog.max_packet is not None
+        assert [s.max_packet for s in servers if s.name != catalog.name] == [None] * (
+            len(servers) - 1
+        )
+        assert store.cluster.max_batch_bytes <= SAFE_PACKET - 64 * 1024
+        assert store.codec.max_body_bytes <= catalog.max_packet - 64 * 1024
+        store.get_many([new_id() for _ in range(64)])  # every server, surely
+        packets = [s.max_packet for s in servers]
+        assert None not in packets
+        assert store.cluster.max_batch_bytes == min(p or 0 for p in packets) - 64 * 1024
+    finally:
+        store.close()
 
 
 def test_trained_dictionary_shrinks_bodies_and_old_bodies_stay_readable(make_store: Any) -> None:

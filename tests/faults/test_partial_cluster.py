@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from schemaless import CatalogUnavailable, DataStore, Index
+from schemaless import CatalogError, CatalogUnavailable, DataStore, Index
 from schemaless.cli.main import cli
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
@@ -80,13 +80,13 @@ def entities(store: DataStore, cluster: LocalCluster) -> Iterator[dict[int, list
 
 
 def _client(
-    cluster: LocalCluster, store: DataStore, plan: list[Any], servers: list[str] | None = None
+    cluster: LocalCluster, store: DataStore, plan: list[Any]
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the plan in a fresh process: (the open's outcome, each operation's)."""
     cmd = [
         sys.executable,
         str(CLIENT),
-        *(servers or cluster.addresses),
+        *cluster.addresses,
         f"--prefix={store.cluster.topology.prefix}",
         f"--option-file={cluster.option_file}",
         f"--timeout={TIMEOUT}",
@@ -236,16 +236,16 @@ def test_the_cli_shows_a_sick_server_as_unknown(
 # -- local mode --------------------------------------------------------------------------
 
 
-def test_local_mode_opens_a_datastore_of_fewer_servers(
-    cluster: LocalCluster, store: DataStore, entities: dict[int, list[dict[str, Any]]]
-) -> None:
+def test_local_mode_opens_a_datastore_of_fewer_servers(cluster: LocalCluster) -> None:
     """A datastore on the first two of the local cluster's three servers: every command
-    used to be refused ("servers ... are not part of datastore"), `servers add` too."""
+    used to be refused ("servers ... are not part of datastore"), `servers add` too.
+    The servers after the first must still be the datastore's."""
     prefix = "p2_" + uuid.uuid4().hex[:8]
-    two = DataStore(
-        cluster.addresses[:2], prefix=prefix, option_file=str(cluster.option_file), shards=4
-    )
+    options = {"prefix": prefix, "option_file": str(cluster.option_file)}
+    two = DataStore(cluster.addresses[:2], shards=4, **options)
     try:
+        with pytest.raises(CatalogError, match="not part of datastore"):
+            DataStore([cluster.addresses[0], cluster.addresses[2]], create=False, **options)
         env = {"SCHEMALESS_LOCAL_DIR": str(cluster.base_dir), "SCHEMALESS_PREFIX": prefix}
         runner = CliRunner(env={**env, "SCHEMALESS_URL": None, "SCHEMALESS_OPTION_FILE": None})
         shown = runner.invoke(cli, ["shards"], catch_exceptions=False)

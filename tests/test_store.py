@@ -387,7 +387,11 @@ def test_packets_are_read_on_each_servers_first_connection(
         )
         assert store.cluster.max_batch_bytes <= SAFE_PACKET - 64 * 1024
         assert store.codec.max_body_bytes <= catalog.max_packet - 64 * 1024
+        # a body within the default limit but above a batch for an unknown server: alone
+        big = [{"id": new_id(), "blob": os.urandom(4_150_000)}, {"id": new_id(), "n": 1}]
+        store.put_many(big)
         store.get_many([new_id() for _ in range(64)])  # every server, surely
+        assert store.get_many([e["id"] for e in big]) == big
         packets = [s.max_packet for s in servers]
         assert None not in packets
         assert store.cluster.max_batch_bytes == min(p or 0 for p in packets) - 64 * 1024

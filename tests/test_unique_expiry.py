@@ -224,3 +224,23 @@ def test_oracle_writers_share_a_few_values_with_short_expiry_times(
         if name not in held:
             store.put({"name": name})
     settled(store)
+
+
+def test_a_backfill_counts_no_expired_entity_as_a_duplicate(
+    make_store: Callable[..., DataStore],
+) -> None:
+    """A unique index declared over a live entity and an expired one (not yet deleted)
+    that share a value, in both orders on one logical shard: the live one keeps the
+    value and the index becomes ready."""
+    store = make_store(shards=1, expire_on="exp")
+    past = time.time() - 1
+    first_live = [{"name": "a"}, {"name": "a", "exp": past}]
+    first_expired = [{"name": "b", "exp": past}, {"name": "b"}]
+    for entity in [*first_live, *first_expired]:
+        store.put(entity)  # one at a time: in this order by added_id
+    assert store.declare_index(BY_NAME) == "building"
+    assert Cleaner(store, batch=1).backfill("by_name") == "ready"
+    assert store.cluster.catalog.duplicates("by_name") == {}
+    assert owners(store) == {("a",): first_live[0]["id"], ("b",): first_expired[1]["id"]}
+    assert_clean(store)
+    settled(store)

@@ -31,9 +31,11 @@ from schemaless.errors import (
     IndexDefinitionError,
     SchemalessError,
 )
+from schemaless.expiry import expired
 from schemaless.ids import id_hex
 from schemaless.index import Index
 from schemaless.scatter import by_server
+from schemaless.store import DataStore
 from schemaless.unique import Violation
 
 from .access import read_entities, read_own, upsert_grouped, versions_proof
@@ -50,6 +52,24 @@ __all__ = ["Backfill", "grace_deadline"]
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     """Values for the catalog's JSON: bytes as ``0x...`` hex."""
     return {k: "0x" + v.hex() if isinstance(v, bytes) else v for k, v in values.items()}
+
+
+def _unexpired(
+    store: DataStore, shard: int, rows: list[EntityRow], found: list[Violation]
+) -> list[Violation]:
+    """The violations of entities (of this shard's batch) that have not expired: an
+    expired entity holds no unique value, so it duplicates none."""
+    prop = store.cluster.topology.expire_on
+    if prop is None or not found:
+        return found
+    now = time.time()
+    stored = {key: (version, body) for _, key, version, body in rows if body is not None}
+    out = []
+    for v in found:
+        got = stored.get(v.row.entity_id)
+        if got is None or not expired(store.decode(v.row.entity_id, shard, *got), prop, now):
+            out.append(v)
+    return out
 
 
 def grace_deadline(info: IndexInfo, topo: Topology) -> float:
@@ -376,7 +396,8 @@ class Backfill:
         pace = pacer if burst is not None else None
         contested = upsert_grouped(store, topo, index, derived.targets, burst, pace)
         if contested:
-            self._duplicates(topo, shard, store.claims.settle(topo, contested))
+            found = store.claims.settle(topo, contested)
+            self._duplicates(topo, shard, _unexpired(store, shard, rows, found))
         if rows:
             self._recheck(topo, index, shard, after, rows, derived)
         last = rows[-1][0] if rows else after

@@ -3,17 +3,21 @@
 Decodes every live entity on every shard, computes the rows each index should hold,
 and diffs them with the index tables: rows ``missing`` (a committed entity the index
 would miss), ``extra`` (orphans: rows no live entity produces) and ``behind`` (a row
-the entity produces whose ``entity_version`` is below the entity's version).
+the entity produces whose ``entity_version`` is below the entity's version).  A unique
+index's row of an expired entity not yet deleted is neither expected nor an orphan: a
+claimer may have taken it over (docs/architecture.md, "Unique indexes").
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemaless.catalog import IndexState
 from schemaless.errors import CorruptEntity, InvalidEntity
+from schemaless.expiry import expired
 from schemaless.hashing import shard_of
 from schemaless.index import Index
 from schemaless.store import DataStore
@@ -50,14 +54,20 @@ class Diff:
         }
 
 
+Rows = dict[str, dict[RowKey, int]]
+
+
 def expected_rows(
     store: DataStore, indexes: Iterable[Index]
-) -> tuple[dict[str, dict[RowKey, int]], dict[str, list[bytes]], list[bytes]]:
+) -> tuple[Rows, dict[str, list[bytes]], list[bytes], Rows]:
     """Rows every index should hold (-> entity version), the entities that cannot be
-    indexed per index, and the ids whose bodies cannot be decoded."""
+    indexed per index, the ids whose bodies cannot be decoded, and the unique rows of
+    expired entities (which may be there or not)."""
     topo = store.cluster.current()
+    now = time.time()
     indexes = list(indexes)
-    expected: dict[str, dict[RowKey, int]] = {i.name: {} for i in indexes}
+    expected: Rows = {i.name: {} for i in indexes}
+    loose: Rows = {i.name: {} for i in indexes}
     unindexable: dict[str, list[bytes]] = {i.name: [] for i in indexes}
     corrupt: list[bytes] = []
     for shard in range(topo.n_shards):
@@ -70,7 +80,9 @@ def expected_rows(
                 except CorruptEntity:
                     corrupt.append(key)
                     continue
+                gone = expired(entity, topo.expire_on, now)
                 for index in indexes:
+                    held = loose if gone and index.unique else expected
                     try:
                         rows = index.rows(entity)
                     except InvalidEntity:
@@ -78,8 +90,8 @@ def expected_rows(
                         continue
                     for row in rows:
                         target = shard_of(index.shard_key(row), topo.n_shards)
-                        expected[index.name][(target, row, key)] = version
-    return expected, unindexable, corrupt
+                        held[index.name][(target, row, key)] = version
+    return expected, unindexable, corrupt, loose
 
 
 def diff_indexes(store: DataStore, names: Iterable[str] | None = None) -> dict[str, Diff]:
@@ -98,7 +110,7 @@ def _diff_indexes(store: DataStore, wanted: set[str] | None) -> dict[str, Diff]:
         for name, info in topo.indexes.items()
         if info.state != IndexState.DROPPED and (wanted is None or name in wanted)
     ]
-    expected, unindexable, _ = expected_rows(store, indexes)
+    expected, unindexable, _, loose = expected_rows(store, indexes)
     out: dict[str, Diff] = {}
     for index in indexes:
         want = dict(expected[index.name])
@@ -108,7 +120,8 @@ def _diff_indexes(store: DataStore, wanted: set[str] | None) -> dict[str, Diff]:
                 rk = (shard, values, key)
                 entity_version = want.pop(rk, None)
                 if entity_version is None:
-                    diff.extra[rk] = row_version
+                    if rk not in loose[index.name]:
+                        diff.extra[rk] = row_version
                 elif row_version < entity_version:
                     diff.behind[rk] = (row_version, entity_version)
         diff.missing = want

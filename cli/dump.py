@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import click
 
 from schemaless.cleaner.daemon import Cleaner
-from schemaless.dump import ENCODINGS, dump, read_manifest, restore
+from schemaless.dump import ENCODINGS, Settings, dump, read_manifest, restore
 from schemaless.results import scalar
 from schemaless.store import DataStore
 
@@ -48,7 +48,8 @@ def _bar(length: int, label: str) -> Iterator[Callable[[int], None]]:
 @workers_option
 @pass_connection
 def dump_command(conn: Connection, directory: str, encoding: str, workers: int) -> None:
-    """Dump every live entity (id, body, version) and the index definitions into DIR.
+    """Dump every live entity (id, body, version), the index definitions and the
+    datastore's settings (expiry property, change feed) into DIR.
 
     Each logical shard is read in its own consistent snapshot, several at once;
     DIR must not hold a dump already.  `schemaless restore DIR` loads it into a
@@ -83,7 +84,9 @@ def restore_command(conn: Connection, directory: str, no_backfill: bool, workers
 
     The datastore may have any shard count and servers (create it first with
     `schemaless init`); it must be empty, or hold an interrupted restore of the
-    same dump: running the command again finishes it, without duplicates.
+    same dump: running the command again finishes it, without duplicates.  It
+    gets the dump's expiry property and change feed; a datastore set otherwise
+    is refused.
 
     \b
     Example:
@@ -91,11 +94,15 @@ def restore_command(conn: Connection, directory: str, no_backfill: bool, workers
         schemaless restore ./backup-2024-06-01
     """
     started = time.monotonic()
-    total = sum(read_manifest(directory)["files"].values())
+    manifest = read_manifest(directory)
+    total = sum(manifest["files"].values())
+    settings = Settings.of(manifest)
     with conn.store() as ds:
         with _bar(total, "restoring") as progress:
             building = restore(ds, directory, workers=workers, progress=progress)
         click.echo(f"restored {total} entities in {time.monotonic() - started:.1f}s")
+        if settings is not None:
+            click.echo(_settings_line(settings))
         for name in building:
             if no_backfill:
                 click.echo(
@@ -104,6 +111,12 @@ def restore_command(conn: Connection, directory: str, no_backfill: bool, workers
                 continue
             state = Cleaner(ds).backfill(name)
             click.echo(f"index {name}: {state}")
+
+
+def _settings_line(settings: Settings) -> str:
+    expiry = settings.expire_on
+    expires = "never expire" if expiry is None else f"expire at the time in {expiry!r}"
+    return f"settings: entities {expires}; change feed {'on' if settings.changes else 'off'}"
 
 
 def _estimate(ds: DataStore) -> int:

@@ -6,11 +6,14 @@ JSON object a line: ``version``, ``updated`` and the ``entity`` in the CLI's ``$
 convention for bytes, UUIDs and datetimes) or ``shard-NNNN.native`` (msgpack records
 ``[id, version, updated, body]`` with the stored body as is: no decoding, and the codec
 dictionaries it names in the manifest), and ``manifest.json``, written last: the
-encoding, the source's prefix and shard count, the index definitions and each file's
-entity count.  Each shard is read in its own ``START TRANSACTION WITH CONSISTENT
+encoding, the source's prefix and shard count, its settings (the expiry property and
+whether the change feed is on), the index definitions (unique ones flagged) and each
+file's entity count.  Each shard is read in its own ``START TRANSACTION WITH CONSISTENT
 SNAPSHOT``, shards in parallel; the dump is a snapshot per shard, not across shards.
 
-Restore writes the entity rows directly (``INSERT ... ON DUPLICATE KEY UPDATE`` that
+Restore gives a target with the default settings the dump's, and refuses a target
+whose settings differ (a dump made before settings were carried restores as before,
+with a warning).  It writes the entity rows directly (``INSERT ... ON DUPLICATE KEY UPDATE`` that
 keeps the larger version: idempotent), before any index exists, then declares the
 dump's indexes: on a datastore with entities they are ``building``, so the Cleaner's
 backfill (run by ``schemaless restore`` unless told not to) writes their rows.  So the
@@ -25,6 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,6 +43,8 @@ import MySQLdb
 from .catalog import IndexState, Topology
 from .codec import Codec
 from .errors import CatalogError, CorruptEntity, InvalidEntity, SchemalessError, ServerError
+from .expiry import check_property
+from .feed import enable_changes
 from .hashing import shard_of
 from .ids import id_hex, to_id
 from .index import Index
@@ -47,7 +53,9 @@ from .names import quote
 from .scatter import STATEMENT_BYTES, by_server, chunks, sql_bytes
 from .store import DataStore
 
-__all__ = ["ENCODINGS", "MANIFEST", "Record", "dump", "read_manifest", "restore"]
+__all__ = ["ENCODINGS", "MANIFEST", "Record", "Settings", "dump", "read_manifest", "restore"]
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 ENCODINGS = ("jsonl", "native")
@@ -70,6 +78,33 @@ class Record:
 
 class DumpError(CatalogError):
     """A dump directory that cannot be written or read back."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The datastore settings a dump carries (the manifest's ``settings``)."""
+
+    expire_on: str | None
+    changes: bool
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any]) -> Settings | None:
+        """The manifest's settings; None for a dump made before they were carried."""
+        found = manifest.get("settings")
+        if found is None:
+            return None
+        try:
+            prop = found["expire_on"]
+            changes = found["changes"]
+            if not isinstance(changes, bool):
+                raise TypeError(f"changes must be true or false, got {changes!r}")
+            return cls(None if prop is None else check_property(prop), changes)
+        except (TypeError, KeyError, SchemalessError) as exc:
+            raise DumpError(f"{MANIFEST}: bad settings {found!r} ({exc})") from None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest's form."""
+        return {"expire_on": self.expire_on, "changes": self.changes}
 
 
 # -- dump ------------------------------------------------------------------------------
@@ -112,6 +147,7 @@ def dump(
         "encoding": encoding,
         "prefix": topo.prefix,
         "shards": topo.n_shards,
+        "settings": Settings(topo.expire_on, topo.changes).as_dict(),
         "indexes": indexes,
         "files": {f"shard-{s:04d}.{encoding}": n for s, (n, _) in enumerate(results)},
         "dictionaries": {str(i): ds.cluster.catalog.dictionary(i).hex() for i in dict_ids},
@@ -206,15 +242,18 @@ def restore(
     (backfill them: ``Cleaner(ds).backfill(name)`` or ``cleaner --index=NAME``).
 
     ``ds`` must be empty, or hold an interrupted restore of the same dump, which this
-    call finishes.  ``progress(n)`` is called with the entities of each batch written
-    (skipped ones included)."""
+    call finishes.  It gets the dump's settings (expiry property, change feed) unless
+    it has other ones, which is refused first.  ``progress(n)`` is called with the
+    entities of each batch written (skipped ones included)."""
     src = Path(directory)
     manifest = read_manifest(src)
     indexes = [Index.from_dict(d) for d in manifest["indexes"]]
+    settings = Settings.of(manifest)
     job = f"restore:{manifest['dump_id']}"
     topo = ds.cluster.refresh()
     done = _check_target(ds, topo, job, indexes, len(manifest["files"]))
     codec = _dump_codec(ds, manifest)
+    _apply_settings(ds, topo, settings)
 
     def one(name: str) -> None:
         shard = int(name.split("-")[1].split(".")[0])
@@ -241,15 +280,53 @@ def _check_target(
     names = {index.name: index for index in indexes}
     for name, info in topo.indexes.items():
         if names.get(name) != info.index:
-            raise CatalogError(
-                f"the target datastore has index {name!r}, which this dump does not define: "
-                "restore into a datastore without indexes (they come from the dump)"
-            )
+            raise _not_empty(topo, f"index {name!r}, which this dump does not define")
         if sum(d for _, d, _ in done.values()) < files:
-            raise CatalogError(f"index {name!r} exists before the entities were restored")
+            raise _not_empty(topo, f"index {name!r} but no finished restore of this dump")
     if not done and not ds._empty(topo):
-        raise CatalogError("the target datastore already holds entities: restore into a new one")
+        raise _not_empty(topo, "entities")
     return done
+
+
+def _not_empty(topo: Topology, what: str) -> CatalogError:
+    """A target that is neither empty nor this dump's interrupted restore: what to do."""
+    return CatalogError(
+        f"the target datastore {topo.prefix!r} already has {what}: a restore never merges "
+        "into a datastore in use; restore into a new, empty one (`schemaless init --prefix "
+        "NEW ...`, then `schemaless restore DIR --prefix NEW`), or drop this one first"
+    )
+
+
+def _apply_settings(ds: DataStore, topo: Topology, settings: Settings | None) -> None:
+    """Give the target the dump's settings, or refuse (before anything is written)
+    if it has other ones than the defaults and the dump's; a dump without settings
+    leaves the target's as they are (a warning)."""
+    if settings is None:
+        log.warning(
+            "this dump was made before dumps carried the datastore's settings: the "
+            "expiry property and the change feed of %r are left as they are (set them "
+            "with `schemaless expiry PROPERTY` and `schemaless init --changes`)",
+            topo.prefix,
+        )
+        return
+    differences = []
+    if topo.expire_on is not None and topo.expire_on != settings.expire_on:
+        dumped = "never" if settings.expire_on is None else f"on {settings.expire_on!r}"
+        differences.append(
+            f"it expires entities on {topo.expire_on!r}, the dump's datastore {dumped}"
+        )
+    if topo.changes and not settings.changes:
+        differences.append("it has the change feed on, the dump's datastore had it off")
+    if differences:
+        raise CatalogError(
+            f"the target datastore {topo.prefix!r} has other settings than the dump: "
+            f"{'; '.join(differences)}: restore into a new datastore (`schemaless init "
+            "--prefix NEW ...`), or give this one the dump's settings first"
+        )
+    if settings.expire_on is not None and topo.expire_on is None:
+        ds._expire_on(settings.expire_on)
+    if settings.changes:
+        enable_changes(ds.cluster)
 
 
 def _dump_codec(ds: DataStore, manifest: dict[str, Any]) -> Codec | None:

@@ -3,10 +3,11 @@
 docs/architecture.md ("Unique indexes") gives the argument.  ``Claims.claim`` upserts
 rows (unique ones with the owner-preserving upsert) and reads back the owners of the
 unique ones in the same round trip; ``Claims.settle`` resolves the rows another entity
-owns: a live owner that produces the value is a ``Violation``; an orphan (its owner
-absent, a tombstone, or with a body that does not produce it, at a version not below
-the row's) is taken over under the version guard; an owner in flight (its stored
-version below the row's) is waited for a little, then fenced, then taken over.
+owns: a live owner that produces the value (and has not expired) is a ``Violation``;
+an orphan (its owner absent, a tombstone, or with a body that does not produce it or
+has expired, at a version not below the row's) is taken over under the version guard;
+an owner in flight (its stored version below the row's) is waited for a little, then
+fenced, then taken over.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .catalog import Topology, now_us
 from .cluster import Cluster
 from .entity import Entity
 from .errors import ConflictError, CorruptEntity, InvalidEntity
+from .expiry import expired
 from .ids import id_hex
 from .scatter import Statement, by_server, ids_by_server
 from .tables import by_id_sql
@@ -130,11 +132,15 @@ class Claims:
         )
 
     def _produces(self, owner: bytes, version: int, body: bytes, row: IndexRow) -> bool:
-        """Whether the owner's body produces the row; a body that cannot be read counts
-        as producing it (a row is never taken from an entity that cannot be checked)."""
+        """Whether the owner's body produces the row and has not expired (on this
+        client's clock, as reads decide: an expired owner holds no value); a body that
+        cannot be read counts as producing it (a row is never taken from an entity that
+        cannot be checked)."""
         shard = self.cluster.shard_of_id(owner)
         try:
-            return row.values in row.index.rows(self.decode(owner, shard, version, body))
+            entity = self.decode(owner, shard, version, body)
+            prop = self.cluster.topology.expire_on
+            return row.values in row.index.rows(entity) and not expired(entity, prop)
         except InvalidEntity:
             return False
         except CorruptEntity:

@@ -5,6 +5,7 @@ native encoding with a codec dictionary, bad input, and the CLI commands."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from conftest import assert_clean
 from test_cli import Cli, cluster_env
 
-from schemaless import CatalogError, CorruptEntity, DataStore, Index, new_id
+from schemaless import CatalogError, CorruptEntity, DataStore, Index, UniqueViolation, new_id
 from schemaless import dump as dumping
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.hashing import shard_of
@@ -113,7 +114,7 @@ def test_dump_under_writes_then_restore_into_another_shard_count(
     restored(target, expected)
     other = make_store(shards=2)
     other.put({"id": new_id(), "n": 1})
-    with pytest.raises(CatalogError, match="already holds entities"):
+    with pytest.raises(CatalogError, match=r"already has entities: .* restore into a new, empty"):
         dumping.restore(other, tmp_path / "d")
 
 
@@ -198,9 +199,101 @@ def test_cli_dump_and_restore(make_store: Any, local_cluster: LocalCluster, tmp_
     result = cli("restore", out, "--no-backfill")
     assert result.exit_code == 0, result.output
     assert "restored 60 entities" in result.output and "cleaner --index=by_tag" in result.output
+    assert "settings: entities never expire; change feed off" in result.output
     result = cli("restore", out)
     assert result.exit_code == 0 and "index by_user: ready" in result.output, result.output
     restored(target, live(src))
     again = cli("dump", out)
     assert again.exit_code == 1 and "already holds a dump" in again.output
+    into_src = Cli(cluster_env(local_cluster, src.cluster.topology.prefix))("restore", out)
+    assert into_src.exit_code == 1 and "restore into a new, empty one" in into_src.output
     assert len(items) == 60
+
+
+BY_EMAIL = Index("by_email", {"email": "str(64)"}, unique=True)
+
+
+@pytest.mark.parametrize("encoding", ["jsonl", "native"])
+def test_the_copy_has_the_expiry_the_feed_and_the_unique_index(
+    make_store: Any, tmp_path: Path, encoding: str
+) -> None:
+    src = make_store([BY_EMAIL], shards=4, expire_on="exp", changes=True)
+    now = time.time()
+    users = [{"email": f"u{i}@x", "exp": now + 3600} for i in range(40)]
+    src.put_many(users)
+    src.put_many([{"id": u["id"], "email": u["email"]} for u in users[::2]])  # never expire
+    gone = {"email": "gone@x", "exp": now - 1}  # expired, not yet deleted
+    src.put(gone)
+    taken = {"email": "t@x", "exp": now - 1}
+    src.put(taken)
+    holder = {"email": "t@x"}  # takes the value of the expired one at once
+    src.put(holder)
+    manifest = dumping.dump(src, tmp_path / "d", encoding=encoding)
+    assert manifest["settings"] == {"expire_on": "exp", "changes": True}
+    assert [Index.from_dict(d) for d in manifest["indexes"]] == [BY_EMAIL]
+    target = make_store(shards=3, refresh_interval=0.1)
+    assert dumping.restore(target, tmp_path / "d") == ["by_email"]
+    assert Cleaner(target, batch=7).backfill("by_email") == "ready"
+    topo = target.cluster.refresh()
+    assert (topo.expire_on, topo.changes) == ("exp", True)
+    assert live(target) == live(src)
+    assert_clean(target)
+    # the unique index refuses duplicates, and an expired holder's value is free
+    with pytest.raises(UniqueViolation):
+        target.put({"email": "u2@x"})
+    assert target.get_by("by_email", email="t@x") == holder
+    assert target.get(taken["id"]) is None
+    # expiry works: the dumped expired entities are hidden, then deleted
+    assert target.get(gone["id"]) is None
+    assert Cleaner(target).run_once()["expired_purged"] == 2
+    again = {"email": "new@x"}
+    target.put(again, ttl=3600)
+    # the feed is on: a write is an event
+    assert [e.entity for e in target.changes() if e.entity is not None] == [again]
+
+
+def test_a_target_with_other_settings_is_refused_and_one_with_the_same_is_not(
+    make_store: Any, tmp_path: Path
+) -> None:
+    src = make_store([BY_EMAIL], shards=2, expire_on="exp")
+    src.put({"email": "a@x"})
+    dumping.dump(src, tmp_path / "d")
+    refusals = [
+        (dict(expire_on="ttl"), "expires entities on 'ttl', the dump's datastore on 'exp'"),
+        (dict(changes=True), "has the change feed on, the dump's datastore had it off"),
+    ]
+    for kwargs, message in refusals:
+        target = make_store(shards=2, **kwargs)
+        with pytest.raises(CatalogError, match=message):
+            dumping.restore(target, tmp_path / "d")
+        assert live(target) == {} and target.indexes() == {}
+    same = make_store(shards=2, expire_on="exp", refresh_interval=0.1)
+    assert dumping.restore(same, tmp_path / "d") == ["by_email"]
+    assert live(same) == live(src)
+    src.put({"email": "b@x"})  # a target already in use: the message says what to do
+    with pytest.raises(CatalogError) as caught:
+        dumping.restore(src, tmp_path / "d")
+    assert "already has index 'by_email' but no finished restore of this dump" in str(caught.value)
+    assert "restore into a new, empty one" in str(caught.value)
+
+
+def test_a_dump_without_settings_restores_as_before_with_a_warning(
+    make_store: Any, tmp_path: Path, caplog: Any
+) -> None:
+    src = make_store(INDEXES, shards=2, expire_on="exp")
+    load(src, 30)
+    dumping.dump(src, tmp_path / "d")
+    path = tmp_path / "d" / dumping.MANIFEST
+    manifest = json.loads(path.read_text())
+    del manifest["settings"]  # as a dump made before settings were carried
+    path.write_text(json.dumps(manifest))
+    target = make_store(shards=3, refresh_interval=0.1)
+    with caplog.at_level("WARNING", logger="schemaless.dump"):
+        backfill(target, dumping.restore(target, tmp_path / "d"))
+    assert "made before dumps carried the datastore's settings" in caplog.text
+    assert target.cluster.refresh().expire_on is None
+    restored(target, live(src))
+    manifest["settings"] = {"expire_on": "no such", "changes": False}
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(dumping.DumpError, match="bad settings"):
+        dumping.restore(make_store(shards=2), tmp_path / "d")

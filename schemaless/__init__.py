@@ -18,6 +18,7 @@ from .errors import (
     CatalogError,
     ConflictError,
     CorruptEntity,
+    DataStoreClosed,
     EntityTooLarge,
     IndexDefinitionError,
     IndexNotReady,
@@ -36,7 +37,7 @@ from .errors import (
     UniqueViolation,
 )
 from .feed import ChangeEvent, FeedExpired
-from .ids import new_id
+from .ids import new_id, parse_id
 from .index import Index
 from .query import Page
 from .store import DataStore
@@ -47,6 +48,7 @@ __all__ = [
     "ConflictError",
     "CorruptEntity",
     "DataStore",
+    "DataStoreClosed",
     "Entity",
     "EntityTooLarge",
     "FeedExpired",
@@ -70,4 +72,5 @@ __all__ = [
     "UniqueViolation",
     "__version__",
     "new_id",
+    "parse_id",
 ]

@@ -16,6 +16,7 @@ __all__ = [
     "CatalogError",
     "ConflictError",
     "CorruptEntity",
+    "DataStoreClosed",
     "EntityTooLarge",
     "IndexDefinitionError",
     "IndexNotReady",
@@ -87,6 +88,10 @@ class UniqueViolation(ConflictError):
         super().__init__(message)
         self.index = index
         self.values = values
+
+
+class DataStoreClosed(SchemalessError):
+    """A call on a datastore after its ``close()``: a programming error, never retried."""
 
 
 class CorruptEntity(SchemalessError):

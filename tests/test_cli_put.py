@@ -43,9 +43,7 @@ def lines(n: int, bad: int, text: str = "ok") -> list[str]:
     return [json.dumps({"title": text if i != bad else "far too long"}) for i in range(1, n + 1)]
 
 
-def test_input_that_is_not_utf8_names_the_source_line_and_byte(
-    run: Cli, tmp_path: Path
-) -> None:
+def test_input_that_is_not_utf8_names_the_source_line_and_byte(run: Cli, tmp_path: Path) -> None:
     data = b'{"title": "a"}\n{"title": "caf\xe9"}\n'
     line = fails(run, "put", input=data)
     assert "stdin line 2: not UTF-8 text (byte 0xe9 at offset 29)" in line

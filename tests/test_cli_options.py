@@ -102,3 +102,14 @@ def test_the_cleaners_bad_values_exit_1_and_usage_errors_exit_2(run: Cli) -> Non
         assert result.output.splitlines() == [result.output.strip()]  # one line
     for argv in (["query"], ["query", "by_n", "--nosuch"], ["nosuch"]):
         assert run(*argv).exit_code == 2, argv
+
+
+def test_the_cleaner_logs_its_throttle_limits_readably(
+    local_cluster: LocalCluster, prefix: str
+) -> None:
+    runner = CliRunner(env=cluster_env(local_cluster, prefix))
+    result = runner.invoke(cleaner, ["--index", "by_n"])
+    assert result.exit_code == 0, result.output
+    assert "Limits(" not in result.output
+    assert "throttle limits: canary p90 at most " in result.output
+    assert "ms on server 1; clients' p99 at most " in result.output

@@ -113,3 +113,21 @@ def test_the_cleaner_logs_its_throttle_limits_readably(
     assert "Limits(" not in result.output
     assert "throttle limits: canary p90 at most " in result.output
     assert "ms on server 1; clients' p99 at most " in result.output
+
+
+def test_init_changes_says_one_true_thing(local_cluster: LocalCluster) -> None:
+    name = "feed_" + uuid.uuid4().hex[:8]
+    run = Cli(cluster_env(local_cluster, name))
+    try:
+        run.ok("init", "--shards", "2")
+        out = run.ok("init", "--changes").output.splitlines()
+        assert len(out) == 1 and out[0].endswith("; change feed turned on"), out
+        again = run.ok("init", "--changes").output.splitlines()
+        assert len(again) == 1 and again[0].endswith("; change feed on; nothing changed")
+        fresh = Cli(cluster_env(local_cluster, name + "_b")).ok(
+            "init", "--changes", "--shards", "2"
+        )
+        assert fresh.output.startswith("created datastore") and "change feed on" in fresh.output
+    finally:
+        drop_prefix(local_cluster, name)
+        drop_prefix(local_cluster, name + "_b")

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
+from conftest import REPO
 from test_cli import Cli, cluster_env, drop_prefix
 
 from schemaless.connect import open_store
@@ -48,3 +53,21 @@ def test_a_stopped_or_silent_cleaner_shows_no_rate_and_no_eta(local_cluster: Loc
             assert "rate 250 rows/s" not in out and ", ETA " not in out
     finally:
         drop_prefix(local_cluster, prefix)
+
+
+def test_make_local_status_prints_readable_lines(local_cluster: LocalCluster) -> None:
+    venv = Path(sys.prefix)
+    done = subprocess.run(
+        ["make", "-s", "-o", f"{venv}/.installed", f"VENV={venv}", "local-status"],
+        cwd=REPO,
+        env={**os.environ, "SCHEMALESS_LOCAL_DIR": str(local_cluster.base_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"local cluster in {local_cluster.base_dir}: ")
+    assert lines[1].split() == ["server", "address", "running", "pid", "data"]
+    assert lines[3].split()[:3] == ["0", local_cluster.servers[0].address, "yes"]
+    assert "{" not in done.stdout and "'running'" not in done.stdout

@@ -46,6 +46,10 @@ def test_connection_options_before_or_after_the_command(run: Cli, prefix: str) -
     assert "by_n" in run.ok("--prefix", prefix, "index", "list").output
     assert "expire" in run.ok("--prefix", prefix, "expiry").output.lower()
     assert "nosuch" in run.fails("--prefix", prefix, "index", "list", "--prefix", "nosuch")
+    # the command to run next repeats the options given, wherever they were given
+    out = run.ok("--prefix", prefix, "index", "create", "by_title", "--property", "title:str(16)")
+    assert f"cleaner --index=by_title --prefix {prefix}" in out.output
+    run.ok("index", "drop", "by_title", "--purge", "--prefix", prefix)
 
 
 def test_the_cleaner_takes_them_in_both_places(local_cluster: LocalCluster, prefix: str) -> None:

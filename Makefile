@@ -94,8 +94,7 @@ local-down: venv
 		from schemaless.local import LocalCluster; LocalCluster().down()'
 
 local-status: venv
-	@$(PY) -c 'from schemaless.local import LocalCluster; \
-		[print(s) for s in LocalCluster().status()]'
+	@$(VENV)/bin/schemaless local status
 
 # Not the local cluster data (.schemaless-local/, .pytest-cluster/).
 clean:

@@ -86,6 +86,24 @@ class Limits:
     max_lag: float | None = None
     quantile: float = 0.99  # of the canary signal, named in the reason (p90, p99)
 
+    def __str__(self) -> str:
+        """One readable line for the log: ``canary p99 at most 12.5 ms on server 0, ...``."""
+
+        def per_server(ms: Mapping[int, float]) -> str:
+            return ", ".join(f"{v:.1f} ms on server {sid}" for sid, v in sorted(ms.items()))
+
+        def loads(load: Mapping[str, int]) -> str:
+            return ", ".join(f"{name} {n}" for name, n in sorted(load.items()))
+
+        parts = [
+            f"canary p{self.quantile * 100:g} at most {per_server(self.canary_ms) or 'n/a'}",
+            f"clients' p99 at most {per_server(self.clients_ms) or 'n/a (no reports)'}",
+            f"load at most {loads(self.max_load) or 'n/a'}",
+            f"critical load {loads(self.critical_load) or 'n/a'}",
+            f"replica lag at most {self.max_lag:g} s" if self.max_lag is not None else "",
+        ]
+        return "; ".join(p for p in parts if p)
+
 
 @dataclass(frozen=True)
 class ServerSignals:

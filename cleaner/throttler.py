@@ -159,7 +159,7 @@ class Throttler:
             self.canaries[sid] = Canary(server, canary_db(topo.prefix), name, watched, replicas)
         self._run_each(self._baseline)  # here: no batch has run yet
         self.limits = self._limits()
-        log.info("throttle: limits %s", self.limits)
+        log.info("throttle limits: %s", self.limits)
         self.probes = ProbeProcess(self.canaries, self.settings.interval)
         self.probes.start()
         self._thread = threading.Thread(target=self._loop, name="cleaner-throttle", daemon=True)

@@ -104,17 +104,19 @@ def init(
         with conn.store(servers=servers, create=True, **kwargs) as ds:
             summary = _summary(ds)
         created = True
+    turned_on = False
     if changes:
         with conn.store(servers=servers) as ds:
-            was_on = ds.cluster.current().changes
+            turned_on = not ds.cluster.current().changes
             enable_changes(ds.cluster)
-        if not was_on and not created:
-            click.echo(f"datastore {conn.prefix!r}: change feed turned on")
-        summary += "; change feed on"
     if created:
-        click.echo(f"created datastore {conn.prefix!r}: {summary}")
+        feed = "; change feed on" if changes else ""
+        click.echo(f"created datastore {conn.prefix!r}: {summary}{feed}")
+    elif turned_on:
+        click.echo(f"datastore {conn.prefix!r} already exists: {summary}; change feed turned on")
     else:
-        click.echo(f"datastore {conn.prefix!r} already exists: {summary}; nothing changed")
+        feed = "; change feed on" if changes else ""
+        click.echo(f"datastore {conn.prefix!r} already exists: {summary}{feed}; nothing changed")
     if servers and not conn.url:
         first, _ = parse_address(servers[0])
         click.echo(f"connect with: export SCHEMALESS_URL={first}  (credentials not shown)")

@@ -16,7 +16,14 @@ from schemaless.query import MAX_LIMIT
 from schemaless.store import DataStore
 
 from .options import BadOption, CliError, Connection, pass_connection
-from .output import cell, echo_table, entities_from_text, entity_to_json, json_line
+from .output import (
+    cell,
+    decode_input,
+    echo_table,
+    entities_from_text,
+    entity_to_json,
+    json_line,
+)
 from .where import parse_where
 
 __all__ = ["delete", "get", "put", "query"]
@@ -86,10 +93,10 @@ def get(conn: Connection, ids: tuple[str, ...], as_json: bool) -> None:
 @click.option(
     "--file",
     "source",
-    type=click.File("r", encoding="utf-8"),
+    type=click.File("rb"),
     default="-",
     show_default=True,
-    help="Read the entities from this file instead of stdin.",
+    help="Read the entities from this file (UTF-8) instead of stdin.",
 )
 @click.option(
     "--ttl",
@@ -100,13 +107,14 @@ def get(conn: Connection, ids: tuple[str, ...], as_json: bool) -> None:
 @json_option
 @pass_connection
 def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None:
-    """Store entities read as JSON from stdin.
+    """Store entities read as JSON (UTF-8) from stdin.
 
     One JSON object, an array of them, or JSON lines.  Strings are text;
     {"$bytes": "<hex>"}, {"$uuid": "<uuid>"} and {"$datetime": "<ISO 8601>"}
     carry binary, UUID and datetime values; "id" may be 32 hex characters or a
     UUID string.  An entity without "id" gets a new one.
-    Prints each entity's id (hex) and new version.  Last writer wins.
+    Prints each entity's id (hex) and new version.  Last writer wins.  An error
+    names the line (or array item) of the entity.
 
     \b
     Example:
@@ -115,14 +123,16 @@ def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None
         schemaless put --file entities.jsonl --json
         echo '{"user": "ada"}' | schemaless put --ttl 3600
     """
+    name = str(getattr(source, "name", "-"))
+    name = "stdin" if name in ("-", "<stdin>") else name
     if source.isatty():
         click.echo("reading JSON entities from stdin (end with Ctrl-D)", err=True)
     stored = 0
     with conn.store() as ds:
-        batch: list[dict[str, Any]] = []
+        batch: list[tuple[str, dict[str, Any]]] = []
         try:
-            for _, entity in entities_from_text(source.read()):
-                batch.append(entity)
+            for item in entities_from_text(decode_input(source.read(), name), name):
+                batch.append(item)
                 if len(batch) >= _PUT_BATCH:
                     _put_batch(ds, batch, ttl, as_json)
                     stored += len(batch)
@@ -131,25 +141,39 @@ def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None
                 _put_batch(ds, batch, ttl, as_json)
                 stored += len(batch)
         except SchemalessError as exc:
-            if stored:
-                raise CliError(f"{exc} ({stored} entities were stored before this)") from exc
+            where = [f"{w}: " for w, e in batch if "id" in e and _names(exc, e["id"])]
+            if where or stored:
+                before = f" ({stored} entities were stored before this)" if stored else ""
+                raise CliError(f"{''.join(where[:1])}{exc}{before}") from exc
             raise
     if not stored:
-        raise CliError("no entities on stdin (expected a JSON object or JSON lines)")
+        raise CliError(f"no entities in {name} (expected a JSON object or JSON lines)")
     if not as_json:
         click.echo(f"stored {stored} entit{'y' if stored == 1 else 'ies'}", err=True)
 
 
 def _put_batch(
-    ds: DataStore, batch: list[dict[str, Any]], ttl: float | None, as_json: bool
+    ds: DataStore, batch: list[tuple[str, dict[str, Any]]], ttl: float | None, as_json: bool
 ) -> None:
-    versions = ds.put_many(batch, ttl=ttl) if len(batch) > 1 else [ds.put(batch[0], ttl=ttl)]
-    for entity, version in zip(batch, versions, strict=True):
+    entities = [entity for _, entity in batch]
+    if len(entities) > 1:
+        versions = ds.put_many(entities, ttl=ttl)
+    else:
+        versions = [ds.put(entities[0], ttl=ttl)]
+    for entity, version in zip(entities, versions, strict=True):
         key = id_hex(entity["id"])
         if as_json:
             click.echo(json_line({"id": key, "version": version}))
         else:
             click.echo(f"{key}  version {version}")
+
+
+def _names(exc: Exception, entity_id: Any) -> bool:
+    """Whether the error is about this entity (its message names the id)."""
+    try:
+        return id_hex(entity_id) in str(exc)
+    except InvalidId:
+        return False
 
 
 @click.command()
@@ -187,14 +211,24 @@ def _check_order(index: Index, order: str) -> str:
 
 
 def _columns(index: Index, entities: Iterable[Mapping[str, Any]], chosen: str | None) -> list[str]:
-    if chosen:
-        return [c.strip() for c in chosen.split(",") if c.strip()]
+    """The table's columns: those chosen (each one id, a property of the index or of an
+    entity shown), else id, the index's properties, then the rest."""
     cols = ["id", *index.properties]
     for entity in entities:
         for key in entity:
             if key not in cols:
                 cols.append(str(key))
-    return cols
+    if not chosen:
+        return cols
+    picked = [c.strip() for c in chosen.split(",") if c.strip()]
+    unknown = [c for c in picked if c not in cols]
+    if unknown or not picked:
+        raise BadOption(
+            f"no column {', '.join(map(repr, unknown)) or repr(chosen)} "
+            f"(columns: {', '.join(cols)})",
+            "--columns",
+        )
+    return picked
 
 
 @click.command()

@@ -32,6 +32,7 @@ __all__ = ["index"]
 
 _PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,61}\Z")
 _SHOW_SHARDS = 20
+_LIVE_S = 30.0  # a Cleaner silent this long (six of its 5 s heartbeats) is not at work
 
 
 def describe(idx: Index) -> str:
@@ -332,7 +333,7 @@ def _rate(
         scanned = (snap.scanned - first.scanned) / elapsed
         eta = remaining / scanned if remaining is not None and scanned > 0 else None
         return rows, (0.0 if remaining == 0 else eta), f"measured over {human_duration(elapsed)}"
-    fresh = [b for b in beats if b.age < 120]
+    fresh = [b for b in beats if _live(b)]
     found = _rates([b for b in fresh if _backfills(b, name)], name, scoped=False)
     if not found:  # a continuous Cleaner's figure, if it is about this index
         found = _rates([b for b in fresh if not _backfills(b, name)], name, scoped=True)[:1]
@@ -346,6 +347,21 @@ def _rate(
         )
         return rate, (0.0 if remaining == 0 else eta), source
     return None, (0.0 if remaining == 0 else None), ""
+
+
+def _live(beat: Heartbeat) -> bool:
+    """Whether a heartbeat is of a Cleaner still at work: recent, and not stopped."""
+    return beat.age < _LIVE_S and beat.figures.get("state") not in ("stopped", "done")
+
+
+def _stopped(beats: list[Heartbeat], index: str) -> str | None:
+    """When no Cleaner backfilling the index is at work: the last one's last word."""
+    mine = [b for b in beats if _backfills(b, index)]  # the newest first
+    if not mine or any(_live(b) for b in mine):
+        return None
+    state = mine[0].figures.get("state")
+    said = "stopped" if state in ("stopped", "done") else "silent"
+    return f"{mine[0].name} {said}, last seen {human_duration(mine[0].age)} ago"
 
 
 def _rates(beats: list[Heartbeat], index: str, *, scoped: bool) -> list[tuple[str, float]]:
@@ -373,6 +389,7 @@ def _report(
             "rows_per_s": rate,
             "eta_s": eta,
             "rate_source": source or None,
+            "stopped": None if source.startswith("measured") else _stopped(beats, name),
             "shards_done": snap.shards_done,
             "shards": [
                 {
@@ -474,8 +491,11 @@ def _echo_backfill(report: dict[str, Any], snap: Backfill | None, all_shards: bo
         )
         eta = bf["eta_s"]
         eta_text = human_duration(eta) if eta is not None else "unknown"
-        click.echo(f"  rate {rate_text}, ETA {eta_text}")
-        if rate is None:
+        if rate is None and bf["stopped"]:
+            click.echo(f"  no Cleaner at work: {bf['stopped']} (no rate, no ETA)")
+        else:
+            click.echo(f"  rate {rate_text}, ETA {eta_text}")
+        if rate is None and not bf["stopped"]:
             click.echo(f"  (measure it: schemaless index status {name} --watch 5)")
         shown = [s for s in snap.shards if all_shards or s.fraction != 1.0]
         rows = [

@@ -14,7 +14,7 @@ from .feed import changes
 from .grants import grants
 from .indexes import index
 from .local_cluster import local
-from .options import Group
+from .options import Group, connection_options
 from .topology import dictionary, replicas, servers, shards
 
 __all__ = ["cli"]
@@ -22,13 +22,15 @@ __all__ = ["cli"]
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, package_name="schemaless-mysql")
-def cli() -> None:
+@connection_options
+def cli(url: str | None, prefix: str) -> None:
     """Administer a schemaless datastore: shards, indexes, entities.
 
     Every command connects with --url (or SCHEMALESS_URL), the catalog server's
-    DSN, and --prefix (or SCHEMALESS_PREFIX); user and password come from the
-    DSN or SCHEMALESS_USER / SCHEMALESS_PASSWORD and are never printed.  With no
-    URL, the local cluster (`schemaless local up`) is used.
+    DSN, and --prefix (or SCHEMALESS_PREFIX), given before the command or after
+    it; user and password come from the DSN or SCHEMALESS_USER /
+    SCHEMALESS_PASSWORD and are never printed.  With no URL, the local cluster
+    (`schemaless local up`) is used.
 
     \b
     Example:
@@ -36,6 +38,7 @@ def cli() -> None:
         schemaless init --shards 16
         schemaless index create by_user --property user_id:uuid --shard-on user_id
         schemaless query by_user --where user_id=0190f3a4c2e47b3d8a1f5e6d7c8b9a01
+        schemaless --prefix app shards
     """
 
 

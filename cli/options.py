@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import click
@@ -60,6 +60,14 @@ class BadOption(click.BadParameter):
 
     def __init__(self, message: str, option: str) -> None:
         super().__init__(one_line(redact(message)), param_hint=f"'{option}'")
+
+    @classmethod
+    def of(cls, exc: click.BadParameter) -> BadOption:
+        """Click's own bad value (``--limit 0``: exit 2, with the usage) as one line,
+        exit 1, like every other bad option value."""
+        out = cls(exc.message, "")
+        out.ctx, out.param, out.param_hint = exc.ctx, exc.param, exc.param_hint
+        return out
 
     def show(self, file: Any = None) -> None:
         click.echo(f"Error: {self.format_message()}", file=file, err=True)
@@ -114,13 +122,30 @@ def redact(message: str) -> str:
 
 
 class Group(click.Group):
-    """A click group that turns library errors into one-line CLI errors."""
+    """A click group that turns library errors into one-line CLI errors, and a bad
+    option value (its own or a subcommand's) into a :class:`BadOption`.  Mistyped
+    command lines (an unknown option, a missing argument) stay click's usage errors,
+    exit status 2."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as exc:
+            _raise_bad_option(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except SchemalessError as exc:
             raise CliError(str(exc)) from exc
+        except click.BadParameter as exc:
+            _raise_bad_option(exc)
+
+
+def _raise_bad_option(exc: click.BadParameter) -> NoReturn:
+    if isinstance(exc, BadOption | click.MissingParameter):
+        raise exc
+    raise BadOption.of(exc) from exc
 
 
 # -- the connection ---------------------------------------------------------------------
@@ -176,28 +201,40 @@ class Connection:
 
 
 def pass_connection(f: F) -> F:
-    """Add the connection options and pass a :class:`Connection` as ``conn``."""
+    """Add the connection options and pass a :class:`Connection` as ``conn`` (the
+    options may also be given to a group before the command)."""
 
     @connection_options
     @functools.wraps(f)
     def wrapper(*args: Any, url: str | None, prefix: str, **kwargs: Any) -> Any:
-        return f(*args, conn=Connection(url or None, prefix), **kwargs)
+        return f(*args, conn=inherited_connection(click.get_current_context()), **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
 
+def _given(ctx: click.Context, name: str) -> Any:
+    """An option of the command or of a group above it (``schemaless --prefix app get``
+    and ``schemaless get --prefix app`` alike): the innermost one given on the command
+    line, else the command's own value (from the environment, or the default)."""
+    at = _where_given(ctx, name)
+    return (at or ctx).params.get(name)
+
+
+def _where_given(ctx: click.Context, name: str) -> click.Context | None:
+    """The innermost context (the command's, or a group's) given ``name`` on the
+    command line; None if none was."""
+    at: click.Context | None = ctx
+    while at is not None:
+        if at.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            return at
+        at = at.parent
+    return None
+
+
 def inherited_connection(ctx: click.Context) -> Connection:
-    """The connection of a subcommand that repeats its group's connection options
-    (``cleaner verify``): an option left at its default takes the group's value."""
-    parent = ctx.parent.params if ctx.parent is not None else {}
-    default = click.core.ParameterSource.DEFAULT
-
-    def value(name: str) -> Any:
-        if ctx.get_parameter_source(name) in (None, default) and name in parent:
-            return parent[name]
-        return ctx.params.get(name)
-
-    return Connection(value("url") or None, value("prefix"))
+    """The connection of a command whose connection options may also be given to its
+    group (``cleaner --prefix app verify``, ``schemaless --prefix app get``)."""
+    return Connection(_given(ctx, "url") or None, _given(ctx, "prefix"))
 
 
 def follow_up(program: str, *args: str) -> str:
@@ -209,11 +246,12 @@ def follow_up(program: str, *args: str) -> str:
     words = [program, *args]
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
-        given = click.core.ParameterSource.COMMANDLINE
-        url, prefix = ctx.params.get("url"), ctx.params.get("prefix")
-        if isinstance(url, str) and ctx.get_parameter_source("url") == given:
+        at_url, at_prefix = _where_given(ctx, "url"), _where_given(ctx, "prefix")
+        url = at_url.params["url"] if at_url else None
+        prefix = at_prefix.params["prefix"] if at_prefix else None
+        if isinstance(url, str):
             with suppress(CatalogError):
                 words.append(f"--url {parse_address(url)[0]}")
-        if isinstance(prefix, str) and ctx.get_parameter_source("prefix") == given:
+        if isinstance(prefix, str):
             words.append(f"--prefix {prefix}")
     return " ".join(words)

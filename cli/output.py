@@ -91,8 +91,22 @@ def with_id(entity: dict[str, Any]) -> dict[str, Any]:
     return entity
 
 
-def entities_from_text(text: str) -> Iterable[tuple[int, dict[str, Any]]]:
-    """``(line number, entity)`` from one JSON object, a JSON array, or JSON lines."""
+def decode_input(data: bytes, source: str) -> str:
+    """UTF-8 input as text (a leading byte order mark dropped); InvalidEntity naming
+    the source, line and byte offset of the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InvalidEntity(
+            f"{source} line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+            f"offset {exc.start}): write the entities in UTF-8"
+        ) from None
+
+
+def entities_from_text(text: str, source: str) -> Iterable[tuple[str, dict[str, Any]]]:
+    """``(where, entity)`` from one JSON object, a JSON array, or JSON lines; ``where``
+    names the source and the line (or array item) for messages."""
     stripped = text.strip()
     if not stripped:
         return
@@ -102,29 +116,29 @@ def entities_from_text(text: str) -> Iterable[tuple[int, dict[str, Any]]]:
         except json.JSONDecodeError:
             whole = None  # JSON lines (or broken JSON: reported line by line below)
         except ValueError as exc:
-            raise InvalidEntity(f"stdin: {exc}") from None
+            raise InvalidEntity(f"{source}: {exc}") from None
         if isinstance(whole, dict):
-            yield 1, _checked(1, whole)
+            yield source, _checked(source, whole)
             return
         if isinstance(whole, list):
             for n, item in enumerate(whole, 1):
                 if not isinstance(item, dict):
-                    raise InvalidEntity(f"stdin: item {n} is not a JSON object")
-                yield n, _checked(n, item)
+                    raise InvalidEntity(f"{source} item {n}: not a JSON object")
+                yield f"{source} item {n}", _checked(f"{source} item {n}", item)
             return
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                yield n, entity_from_json(line)
+                yield f"{source} line {n}", entity_from_json(line)
             except ValueError as exc:
-                raise InvalidEntity(f"stdin line {n}: {exc}") from None
+                raise InvalidEntity(f"{source} line {n}: {exc}") from None
 
 
-def _checked(n: int, entity: dict[str, Any]) -> dict[str, Any]:
+def _checked(where: str, entity: dict[str, Any]) -> dict[str, Any]:
     try:
         return with_id(entity)
     except ValueError as exc:
-        raise InvalidEntity(f"stdin entity {n}: {exc}") from None
+        raise InvalidEntity(f"{where}: {exc}") from None
 
 
 # -- tables ----------------------------------------------------------------------------

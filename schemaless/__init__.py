@@ -19,6 +19,7 @@ from .errors import (
     CatalogUnavailable,
     ConflictError,
     CorruptEntity,
+    DataStoreClosed,
     EntityTooLarge,
     IndexDefinitionError,
     IndexNotReady,
@@ -37,7 +38,7 @@ from .errors import (
     UniqueViolation,
 )
 from .feed import ChangeEvent, FeedExpired
-from .ids import new_id
+from .ids import new_id, parse_id
 from .index import Index
 from .query import Page
 from .store import DataStore
@@ -49,6 +50,7 @@ __all__ = [
     "ConflictError",
     "CorruptEntity",
     "DataStore",
+    "DataStoreClosed",
     "Entity",
     "EntityTooLarge",
     "FeedExpired",
@@ -72,4 +74,5 @@ __all__ = [
     "UniqueViolation",
     "__version__",
     "new_id",
+    "parse_id",
 ]

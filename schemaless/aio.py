@@ -31,7 +31,7 @@ from typing import Any, ParamSpec, TypeVar
 from . import store
 from .catalog import IndexInfo
 from .entity import Entity
-from .errors import ConflictError, InvalidEntity, ShardUnavailable
+from .errors import ConflictError, DataStoreClosed, InvalidEntity
 from .ids import id_hex, to_id
 from .index import Index
 from .query import Page
@@ -82,7 +82,7 @@ class DataStore:
         try:
             future = loop.run_in_executor(self._executor, call)
         except RuntimeError:  # the executor is shut down
-            raise ShardUnavailable("datastore closed") from None
+            raise DataStoreClosed("the datastore is closed") from None
         return await future
 
     async def close(self) -> None:

@@ -31,6 +31,7 @@ from .deadline import Watchdog
 from .dsn import Address, Credentials
 from .errors import (
     ConflictError,
+    DataStoreClosed,
     EntityTooLarge,
     InvalidEntity,
     OutcomeUnknown,
@@ -306,7 +307,7 @@ class Server:
                 finally:
                     self._waiting -= 1
             if self._closed:
-                raise ShardUnavailable(f"{self.name}: datastore closed")
+                raise DataStoreClosed(f"{self.name}: the datastore is closed")
             self._in_use += 1
             conn = self._idle.pop() if self._idle else None
         try:

@@ -1,6 +1,7 @@
 """Server addresses and credentials.
 
-A server is written ``host:port`` or ``mysql://user:password@host:port``.  User and
+A server is written ``host:port`` or ``mysql://user:password@host:port``; an IPv6
+address in brackets (``[::1]:3306``, ``mysql://u:p@[::1]:3306``).  User and
 password may also come from keyword arguments, the ``SCHEMALESS_USER`` and
 ``SCHEMALESS_PASSWORD`` environment variables, or a MySQL option file.  A password
 is never part of a ``repr``, a log line or an error message.
@@ -27,7 +28,8 @@ class Address:
     port: int = DEFAULT_PORT
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -74,42 +76,67 @@ class Credentials:
 
 
 def parse_address(spec: str) -> tuple[Address, Credentials]:
-    """Parse ``host:port`` or ``mysql://user:password@host:port``."""
+    """Parse ``host:port`` or ``mysql://user:password@host:port`` (IPv6 in brackets)."""
     if not isinstance(spec, str) or not spec.strip():
         raise CatalogError(f"invalid server address {type(spec).__name__!s}: expected host:port")
     text = spec.strip()
     if "://" in text:
-        parts = urlsplit(text)
-        if parts.scheme not in ("mysql", "mariadb"):
-            raise CatalogError(f"invalid server address scheme {parts.scheme!r}: use mysql://")
-        try:
-            port = parts.port or DEFAULT_PORT
-        except ValueError:
-            raise CatalogError(f"invalid port in server address {_redact(text)!r}") from None
-        if not parts.hostname:
-            raise CatalogError(f"missing host in server address {_redact(text)!r}")
-        creds = Credentials(
-            user=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password is not None else None,
-        )
-        return Address(parts.hostname, port), creds
+        return _parse_url(text)
     if any(c in text for c in "@/ \t\n"):
         shown = "***" + text[text.rindex("@") :] if "@" in text else text
         raise CatalogError(
             f"invalid server address {shown!r}: expected host:port, or "
             "mysql://user:password@host:port"
         )
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host, port_text = text, str(DEFAULT_PORT)
-    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise CatalogError(f"invalid server address {text!r}: expected host:port")
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest or str(DEFAULT_PORT)
+        ok = bool(sep) and ":" in host and (not rest or rest.startswith(":"))
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, str(DEFAULT_PORT)
+        ok = ":" not in host
+    if not ok or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        ipv6 = text.count(":") > 1 and not text.startswith("[")
+        hint = "; an IPv6 address goes in brackets: [::1]:3306" if ipv6 else ""
+        raise CatalogError(f"invalid server address {text!r}: expected host:port{hint}")
     return Address(host, int(port_text)), Credentials()
+
+
+def _parse_url(text: str) -> tuple[Address, Credentials]:
+    """``mysql://user:password@host:port``: nothing after the port (a database or options
+    would be silently ignored, so they are refused)."""
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        raise CatalogError(f"invalid server address {_redact(text)!r}") from None
+    if parts.scheme not in ("mysql", "mariadb"):
+        raise CatalogError(f"invalid server address scheme {parts.scheme!r}: use mysql://")
+    try:
+        port = parts.port or DEFAULT_PORT
+    except ValueError:
+        raise CatalogError(f"invalid port in server address {_redact(text)!r}") from None
+    if not parts.hostname:
+        raise CatalogError(f"missing host in server address {_redact(text)!r}")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise CatalogError(
+            f"server address {_redact(text)!r} has a path or options after the port: "
+            "write mysql://user:password@host:port (the datastore is named by --prefix)"
+        )
+    creds = Credentials(
+        user=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+    )
+    return Address(parts.hostname, port), creds
 
 
 def _redact(text: str) -> str:
     """The address with any password replaced by ``***``."""
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return "***" + text[text.rindex("@") :] if "@" in text else text
     if parts.password is None:
         return text
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)

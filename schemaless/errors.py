@@ -17,6 +17,7 @@ __all__ = [
     "CatalogUnavailable",
     "ConflictError",
     "CorruptEntity",
+    "DataStoreClosed",
     "EntityTooLarge",
     "IndexDefinitionError",
     "IndexNotReady",
@@ -88,6 +89,10 @@ class UniqueViolation(ConflictError):
         super().__init__(message)
         self.index = index
         self.values = values
+
+
+class DataStoreClosed(SchemalessError):
+    """A call on a datastore after its ``close()``: a programming error, never retried."""
 
 
 class CorruptEntity(SchemalessError):

@@ -285,7 +285,9 @@ class ColumnType:
     def __post_init__(self) -> None:
         sql, key_bytes, coercer = _spec(self.name)
         if (sql, key_bytes) != (self.sql, self.key_bytes):
-            raise ValueError(f"inconsistent ColumnType for {self.name!r}; use parse_type()")
+            raise ValueError(
+                f"inconsistent ColumnType for {self.name!r}; use schemaless.index.parse_type()"
+            )
         object.__setattr__(self, "_coerce", coercer)
 
     @property

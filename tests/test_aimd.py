@@ -324,3 +324,12 @@ def test_one_slow_probe_alone_is_no_breach_however_few_the_probes() -> None:
     assert canary.latency_ms(10.0, 4.0, 0.9) == pytest.approx(50.0)
     # a probe in flight past the stall threshold counts alone, at its age
     assert canary.latency_ms(10.2, 4.0, 0.9, stall=0.2) == pytest.approx(250.0)
+
+
+def test_limits_read_as_one_line() -> None:
+    limits = Limits({1: 15, 0: 12.34}, {}, {"Threads_running": 25}, {}, 5.0, 0.99)
+    assert str(limits) == (
+        "canary p99 at most 12.3 ms on server 0, 15.0 ms on server 1; clients' p99 at most "
+        "n/a (no reports); load at most Threads_running 25; critical load n/a; "
+        "replica lag at most 5 s"
+    )

@@ -15,10 +15,10 @@ from conftest import drop_datastore
 
 from schemaless import (
     ConflictError,
+    DataStoreClosed,
     Entity,
     Index,
     InvalidEntity,
-    ShardUnavailable,
     failpoints,
     new_id,
 )
@@ -180,8 +180,10 @@ def test_close_waits_for_running_calls_then_refuses_new_ones(
             writing = asyncio.create_task(ads.put({"id": key, "n": 1}))
             assert await asyncio.to_thread(inside.wait, 60)  # the put is running
         assert writing.done() and await writing > 0  # close() waited for it
-        with pytest.raises(ShardUnavailable, match="closed"):
-            await ads.get(key)
+        for call in (ads.get(key), ads.put({"id": key, "n": 2}), ads.query(BY_USER, user_id=key)):
+            with pytest.raises(DataStoreClosed, match="closed") as info:
+                await call
+            assert not info.value.retryable
 
     try:
         asyncio.run(main())

@@ -78,12 +78,12 @@ def test_every_command_has_help_with_an_example() -> None:
 
 def test_bad_options_name_the_option(make_store: Any, local_cluster: LocalCluster) -> None:
     result = CliRunner().invoke(main, ["--batch", "0"])
-    assert result.exit_code == 2 and "--batch" in result.output
+    assert result.exit_code == 1 and "--batch" in result.output
     result = CliRunner().invoke(main, ["--rate", "-5"])
-    assert result.exit_code == 2 and "--rate" in result.output
+    assert result.exit_code == 1 and "--rate" in result.output
     env = cluster_env(local_cluster, make_store(indexes=[BY_LINK]))
     result = CliRunner().invoke(main, ["verify", "--index", "nope"], env=env)
-    assert result.exit_code == 2 and "--index" in result.output
+    assert result.exit_code == 1 and "--index" in result.output
 
 
 def test_errors_are_one_clear_line(make_store: Any, local_cluster: LocalCluster) -> None:
@@ -206,9 +206,9 @@ def test_part_is_checked(make_store: Any, local_cluster: LocalCluster) -> None:
     env = cluster_env(local_cluster, make_store(indexes=[BY_LINK]))
     for bad in ("0/2", "3/2", "x", "1/0"):
         result = CliRunner().invoke(main, ["--index", "by_link", "--part", bad], env=env)
-        assert result.exit_code == 2 and "--part" in result.output, result.output
+        assert result.exit_code == 1 and "--part" in result.output, result.output
     result = CliRunner().invoke(main, ["--once", "--part", "1/2"], env=env)
-    assert result.exit_code == 2 and "needs --index" in result.output
+    assert result.exit_code == 1 and "needs --index" in result.output
 
 
 # -- signals and kills (subprocesses) -----------------------------------------------------

@@ -66,7 +66,7 @@ def test_jobs_options_are_checked(make_store: Any, local_cluster: LocalCluster) 
         (["--index", "by_link", "--jobs", "0"], "--jobs"),
     ):
         result = CliRunner().invoke(main, args, env=env)
-        assert result.exit_code == 2 and expected in result.output, result.output
+        assert result.exit_code == 1 and expected in result.output, result.output
     result = CliRunner().invoke(main, ["--index", "nope", "--jobs", "2"], env=env)
     assert result.exit_code == 1 and "Error: no index named 'nope'" in result.output
 

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import MySQLdb
+import pytest
+from conftest import same_store
 
 from schemaless import (
+    DataStoreClosed,
+    Index,
     OutcomeUnknown,
     SchemalessError,
     ShardTimeout,
     ShardUnavailable,
     TransientError,
+    new_id,
 )
-from schemaless.local import LocalClusterError
+from schemaless.local import LocalCluster, LocalClusterError
 
 
 def test_one_root_and_no_false_promise() -> None:
@@ -57,3 +63,29 @@ def test_catalog_lock_translates_driver_errors(make_store: Any) -> None:
     (error,) = errors
     assert isinstance(error, TransientError) and not isinstance(error, MySQLdb.Error), error
     assert isinstance(error.__cause__, MySQLdb.Error)
+
+
+def test_every_verb_after_close_is_a_programming_error(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    """Not a ShardUnavailable: a retry loop would spin on a closed datastore forever."""
+    live = make_store([Index("by_user", ["user_id"])])
+    store = same_store(local_cluster, live)
+    key = new_id()
+    store.put({"id": key, "user_id": key})
+    store.close()
+    calls: list[Callable[[], Any]] = [
+        lambda: store.get(key),
+        lambda: store.get_many([key, new_id()]),
+        lambda: store.put({"id": key, "user_id": key}),
+        lambda: store.put_many([{"id": new_id()}]),
+        lambda: store.update(key, lambda e: e),
+        lambda: store.delete(key),
+        lambda: store.delete_many([key]),
+        lambda: store.query("by_user", user_id=key),
+        lambda: list(store.iter("by_user", user_id=key)),
+    ]
+    for call in calls:
+        with pytest.raises(DataStoreClosed, match="closed") as info:
+            call()
+        assert not info.value.retryable and not isinstance(info.value, TransientError)

@@ -224,3 +224,14 @@ def test_fork_while_another_thread_holds_the_lock() -> None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail("new_id() deadlocked in a forked child")
+
+
+def test_the_function_an_id_error_names_is_exported() -> None:
+    """The error says to call parse_id(): ``from schemaless import parse_id`` works."""
+    import schemaless
+
+    text = ids.id_hex(ids.new_id())
+    with pytest.raises(InvalidId, match=r"use parse_id\(\)"):
+        ids.to_id(text)
+    assert "parse_id" in schemaless.__all__
+    assert schemaless.parse_id(text) == bytes.fromhex(text)

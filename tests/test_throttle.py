@@ -300,4 +300,4 @@ def test_bad_throttle_options_are_refused_before_anything_runs() -> None:
         (["--max-lag", "-1"], "Invalid value for '--max-lag'"),
     ):
         result = CliRunner().invoke(main, args, env={"SCHEMALESS_URL": "mysql://nowhere:1"})
-        assert result.exit_code == 2 and message in result.output, result.output
+        assert result.exit_code == 1 and message in result.output, result.output

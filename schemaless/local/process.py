@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ..errors import LocalClusterError
 from .server import (
-    HOST,
     POLL,
     LocalServer,
+    bind_addresses,
     find_binary,
     install_log_excerpt,
     is_server_process,
@@ -102,7 +102,7 @@ class Processes(ClusterState):
         text = f"""\
 # Written by schemaless.local; rewritten at every start.
 [mysqld]
-bind-address = {HOST}
+bind-address = {bind_addresses()}
 port = {s.port}
 socket = {s.socket}
 datadir = {s.datadir}

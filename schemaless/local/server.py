@@ -16,10 +16,12 @@ from ..errors import LocalClusterError
 
 __all__ = [
     "HOST",
+    "HOST6",
     "MARIADBD_DIRS",
     "POLL",
     "LocalServer",
     "all_threads_stopped",
+    "bind_addresses",
     "default_base_dir",
     "find_binary",
     "find_mariadbd",
@@ -36,6 +38,7 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
+HOST6 = "::1"  # the servers listen here too where the machine has IPv6 loopback
 MARIADBD_DIRS: Sequence[str] = ("/usr/sbin", "/usr/local/sbin", "/usr/local/mysql/bin")
 POLL = 0.05
 
@@ -117,6 +120,17 @@ def user_args(*, socket_user: bool = False) -> list[str]:
     if os.geteuid() == 0:
         return ["--user=root"]
     return [f"--auth-root-socket-user={getpass.getuser()}"] if socket_user else []
+
+
+def bind_addresses() -> str:
+    """The servers' ``bind-address``: ``127.0.0.1,::1``, or ``127.0.0.1`` alone on a
+    machine without IPv6 loopback (mariadbd would not start)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST6, 0))
+    except OSError:
+        return HOST
+    return f"{HOST},{HOST6}"
 
 
 def free_ports(n: int, avoid: set[int]) -> list[int]:

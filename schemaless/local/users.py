@@ -16,7 +16,7 @@ import MySQLdb
 
 from ..errors import LocalClusterError
 from .process import Processes
-from .server import HOST, LocalServer, write_atomic
+from .server import HOST, HOST6, LocalServer, write_atomic
 
 __all__ = ["APP_USER", "Users"]
 
@@ -30,7 +30,7 @@ class Users(Processes):
     over a server's socket."""
 
     def _marker(self, s: LocalServer) -> Path:
-        return s.datadir.parent / ".app-user"
+        return s.datadir.parent / ".app-user-v2"  # v2: also at ::1
 
     def _ensure_app_user(self, deadline: float) -> None:
         """Create the application user where it is missing (first init, new servers).
@@ -61,12 +61,12 @@ class Users(Processes):
         return pw or None
 
     def _create_user(self, s: LocalServer, password: str, deadline: float) -> None:
-        statements = [
-            f"CREATE OR REPLACE USER '{APP_USER}'@'{HOST}' IDENTIFIED BY %s",
-            f"CREATE OR REPLACE USER '{APP_USER}'@'localhost' IDENTIFIED BY %s",
-            f"GRANT ALL PRIVILEGES ON *.* TO '{APP_USER}'@'{HOST}' WITH GRANT OPTION",
-            f"GRANT ALL PRIVILEGES ON *.* TO '{APP_USER}'@'localhost' WITH GRANT OPTION",
-        ]
+        statements = []
+        for host in (HOST, HOST6, "localhost"):
+            statements += [
+                f"CREATE OR REPLACE USER '{APP_USER}'@'{host}' IDENTIFIED BY %s",
+                f"GRANT ALL PRIVILEGES ON *.* TO '{APP_USER}'@'{host}' WITH GRANT OPTION",
+            ]
         self._as_root(
             s,
             [(sql, (password,) if "%s" in sql else None) for sql in statements],

@@ -1,0 +1,73 @@
+"""``index status`` of a backfill whose Cleaner stopped: no rate, no ETA."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from conftest import REPO
+from test_cli import Cli, cluster_env, drop_prefix
+
+from schemaless.connect import open_store
+from schemaless.local import LocalCluster
+from schemaless.names import quote
+
+
+def test_a_stopped_or_silent_cleaner_shows_no_rate_and_no_eta(local_cluster: LocalCluster) -> None:
+    prefix = "st_" + uuid.uuid4().hex[:8]
+    run = Cli(cluster_env(local_cluster, prefix))
+    try:
+        run.ok("init", "--shards", "2")
+        run.ok("put", input="".join(json.dumps({"title": f"t{i}"}) + "\n" for i in range(5)))
+        run.ok("index", "create", "by_t", "--property", "title:str(16)")
+        with open_store(prefix=prefix, local_dir=str(local_cluster.base_dir)) as ds:
+            cat = ds.cluster.catalog
+            figures = {"index": "by_t", "rows_per_s": 250}
+
+            def status() -> str:
+                out = run.ok("index", "status", "by_t").output
+                assert "index by_t: building" in out
+                return out
+
+            cat.heartbeat("backfill:by_t", {**figures, "state": "backfilling"})
+            assert "rate 250 rows/s (from backfill:by_t's heartbeat), ETA " in status()
+
+            cat.heartbeat("backfill:by_t", {**figures, "state": "stopped"})
+            out = status()
+            assert "no Cleaner at work: backfill:by_t stopped, last seen " in out
+            assert "rate 250 rows/s" not in out and ", ETA " not in out
+            report = json.loads(run.ok("index", "status", "by_t", "--json").output)
+            assert report["backfill"]["rows_per_s"] is None and report["backfill"]["eta_s"] is None
+            assert report["backfill"]["stopped"].startswith("backfill:by_t stopped")
+
+            # killed: its last heartbeat says backfilling, a minute ago
+            cat.heartbeat("backfill:by_t", {**figures, "state": "backfilling"})
+            table = quote(f"{prefix}_catalog", "status")
+            cat.server.run(f"UPDATE {table} SET heartbeat = heartbeat - 60000000")
+            out = status()
+            assert "no Cleaner at work: backfill:by_t silent, last seen 1m" in out
+            assert "rate 250 rows/s" not in out and ", ETA " not in out
+    finally:
+        drop_prefix(local_cluster, prefix)
+
+
+def test_make_local_status_prints_readable_lines(local_cluster: LocalCluster) -> None:
+    venv = Path(sys.prefix)
+    done = subprocess.run(
+        ["make", "-s", "-o", f"{venv}/.installed", f"VENV={venv}", "local-status"],
+        cwd=REPO,
+        env={**os.environ, "SCHEMALESS_LOCAL_DIR": str(local_cluster.base_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"local cluster in {local_cluster.base_dir}: ")
+    assert lines[1].split() == ["server", "address", "running", "pid", "data"]
+    assert lines[3].split()[:3] == ["0", local_cluster.servers[0].address, "yes"]
+    assert "{" not in done.stdout and "'running'" not in done.stdout

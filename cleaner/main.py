@@ -331,7 +331,10 @@ def _clean(
         click.echo("stopped on request; checkpoints saved: run the same command to resume")
     elif index is not None and state != IndexState.READY:
         if not cleaner.part_done:
-            raise CliError(f"index {index!r} is {state}, not ready")
+            raise CliError(
+                f"index {index!r} is {state}, not ready (`schemaless index status {index}`"
+                " says why)"
+            )
         click.echo(f"part {part[0] + 1}/{part[1]} done; the index is ready when every part is")
 
 

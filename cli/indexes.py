@@ -12,12 +12,12 @@ from typing import Any
 import click
 
 from schemaless.catalog import IndexInfo, IndexState, backfill_job, now_us
-from schemaless.errors import IndexDefinitionError
+from schemaless.errors import IndexDefinitionError, IndexDoesNotFit
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
 from .dry_run import show_dry_run
-from .options import BadOption, Connection, Group, follow_up, pass_connection
+from .options import BadOption, CliError, Connection, Group, follow_up, pass_connection
 from .output import echo_table, human_duration, json_line
 from .stats import (
     Backfill,
@@ -104,6 +104,12 @@ def index() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 @click.option(
+    "--force",
+    is_flag=True,
+    help="Declare it even if sampled entities have values that do not fit the types or "
+    "(--unique) share a value: it then stays building until they are fixed.",
+)
+@click.option(
     "--unique",
     is_flag=True,
     help="At most one live entity per tuple of values (a put that would share one fails "
@@ -118,6 +124,7 @@ def create(
     multi: str | None,
     dry_run: bool,
     as_json: bool,
+    force: bool,
     unique: bool,
 ) -> None:
     """Declare an index: create its table on every shard and record it.
@@ -129,9 +136,12 @@ def create(
     again changes nothing.  Quote types with parentheses for the shell.  With
     --dry-run nothing is declared: a sample of the stored entities tells how
     many rows the index would hold, its size, which entities have values that
-    do not fit the types, and how long the backfill would take.  A --unique index
-    over entities that already share values stays building: `index status` lists
-    the duplicates; resolve them and run the backfill again.
+    do not fit the types, and how long the backfill would take.  Without --dry-run
+    the same kind of sample is checked first: if entities have values that do not
+    fit the types or (--unique) share a value, nothing is declared and the command
+    exits 1 with counts and examples; --force declares it anyway, and it stays
+    building (`index status` shows why) until they are fixed and the backfill runs
+    again.  Writes never fail because of a building index.
 
     \b
     Example:
@@ -148,7 +158,10 @@ def create(
             show_dry_run(ds, definition, as_json)
             return
         existed = ds.indexes().get(name)
-        state = ds.declare_index(definition)
+        try:
+            state = ds.declare_index(definition, force=force)
+        except IndexDoesNotFit as exc:
+            raise CliError(str(exc)) from None
         refresh = ds.cluster.topology.refresh_interval
     if as_json:
         click.echo(
@@ -300,6 +313,8 @@ def status(
             report = _report(info, snap, first, beats)
             if info.index.unique:
                 report["duplicates"] = _duplicates(ds, name)
+            if info.state == IndexState.BUILDING:
+                report["blocked"] = _blocked(ds, name)
             if as_json:
                 click.echo(json.dumps(report, sort_keys=True))
             else:
@@ -405,6 +420,33 @@ def _duplicates(ds: DataStore, name: str) -> dict[str, Any]:
             {"values": values, "ids": sorted(ids)} for _, (values, ids) in sorted(shared.items())
         ],
     }
+
+
+def _blocked(ds: DataStore, name: str) -> dict[str, Any]:
+    """What keeps a building index from becoming ready besides duplicates: writes that
+    met it with values it cannot hold, and entities its backfill set aside."""
+    (writes, shown), unfit = ds.cluster.catalog.blocks(name)
+    return {
+        "writes": writes,
+        "unfit": sum(count for count, _ in unfit.values()),
+        "examples": shown + [e for _, (_, some) in sorted(unfit.items()) for e in some][:10],
+    }
+
+
+def _echo_blocked(name: str, blocked: dict[str, Any]) -> None:
+    if not blocked["writes"] and not blocked["unfit"]:
+        return
+    click.echo(
+        f"blocked: it cannot become ready: {blocked['writes']:,} writes met it with values it "
+        f"cannot hold (no row written), {blocked['unfit']:,} entities set aside by the backfill;"
+        " e.g."
+    )
+    for e in blocked["examples"]:
+        click.echo(f"  entity {e['entity_id']}: {e['why']}")
+    click.echo(
+        "  fix them (change or delete those entities) and run the backfill again "
+        f"(`cleaner --index={name}` scans every shard again), or drop the index"
+    )
 
 
 def _echo_duplicates(dups: dict[str, Any]) -> None:
@@ -546,6 +588,8 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
     _echo_backfill(report, snap, all_shards)
     if "duplicates" in report:
         _echo_duplicates(report["duplicates"])
+    if "blocked" in report:
+        _echo_blocked(name, report["blocked"])
     _echo_daemons(report["daemons"])
     if state == IndexState.BUILDING:
         click.echo("next: " + follow_up("cleaner", f"--index={name}"))

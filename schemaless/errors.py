@@ -18,6 +18,7 @@ __all__ = [
     "CorruptEntity",
     "EntityTooLarge",
     "IndexDefinitionError",
+    "IndexDoesNotFit",
     "IndexNotReady",
     "InvalidEntity",
     "InvalidId",
@@ -60,6 +61,11 @@ class EntityTooLarge(InvalidEntity):
 
 class IndexDefinitionError(SchemalessError, ValueError):
     """A bad or conflicting index definition (name, property, type)."""
+
+
+class IndexDoesNotFit(IndexDefinitionError):
+    """A new index that the stored entities do not fit: values that do not fit its
+    column types, or (unique) values that repeat; declare it with ``force`` anyway."""
 
 
 class InvalidQuery(SchemalessError, ValueError):

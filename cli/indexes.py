@@ -11,8 +11,9 @@ from typing import Any
 
 import click
 
+from schemaless import fit
 from schemaless.catalog import IndexInfo, IndexState, backfill_job, now_us
-from schemaless.errors import IndexDefinitionError, IndexDoesNotFit
+from schemaless.errors import IndexDefinitionError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
@@ -157,11 +158,10 @@ def create(
         if dry_run:
             show_dry_run(ds, definition, as_json)
             return
-        existed = ds.indexes().get(name)
-        try:
-            state = ds.declare_index(definition, force=force)
-        except IndexDoesNotFit as exc:
-            raise CliError(str(exc)) from None
+        existed = ds.cluster.refresh().indexes.get(name)
+        if existed is None and not force:
+            _check_fit(ds, definition)
+        state = ds.declare_index(definition, force=True)  # checked above
         refresh = ds.cluster.topology.refresh_interval
     if as_json:
         click.echo(
@@ -176,6 +176,17 @@ def create(
         )
         return
     _echo_created(definition, existed is not None, state, refresh)
+
+
+def _check_fit(ds: DataStore, definition: Index) -> None:
+    """Refuse an index that a sample of the stored entities does not fit: the examples
+    on stdout, the counts as the error."""
+    found = fit.sample(ds.cluster, ds.decode, definition)
+    if not found.fits:
+        click.echo(f"index {definition.name}: nothing declared; e.g.")
+        for line in found.examples():
+            click.echo(line)
+        raise CliError(found.summary())
 
 
 def _definition(

@@ -72,21 +72,29 @@ class Fit:
                     break
         return rows
 
-    def refusal(self) -> str:
-        """Why the index is not declared, with counts and examples (one line each)."""
-        name = self.index.name
-        lines = [f"index {name!r} does not fit the stored entities ({self.checked:,} sampled):"]
+    def summary(self) -> str:
+        """One line: why the index is not declared, and how to declare it anyway."""
+        found = []
         if self.unfit:
-            lines.append(f"  {self.unfit:,} have a value that does not fit its column's type, e.g.")
-            lines += [f"    entity {k} on shard {s}: {why}" for k, s, why in self.unfit_examples]
+            found.append(f"{self.unfit:,} have a value that does not fit its column's type")
         if self.repeated:
-            lines.append(f"  {self.repeated:,} share a value of the unique index, e.g.")
-            lines += [f"    entity {k} on shard {s}: {why}" for k, s, why in self.repeat_examples]
-        lines.append(
-            "  the index would stay building until they are fixed; fix the data first, or "
-            "declare it anyway with force (CLI: --force)"
+            found.append(f"{self.repeated:,} share a value of the unique index with another")
+        return (
+            f"index {self.index.name!r} does not fit the stored entities: of {self.checked:,}"
+            f" sampled, {' and '.join(found)}; it could not become ready until they are "
+            "fixed: fix them first, or declare it anyway with force (CLI: --force)"
         )
-        return "\n".join(lines)
+
+    def examples(self) -> list[str]:
+        """One line per example entity."""
+        return [
+            f"  entity {key} on shard {shard}: {why}"
+            for key, shard, why in self.unfit_examples + self.repeat_examples
+        ]
+
+    def refusal(self) -> str:
+        """The summary, then the examples."""
+        return "\n".join([self.summary(), *self.examples()])
 
 
 def sample(

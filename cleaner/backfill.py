@@ -204,7 +204,12 @@ class Backfill:
         if rt.retry("marking ready", lambda: cluster.catalog.set_ready(self.name)):
             log.info("index %r backfilled: now ready", self.name)
             return IndexState.READY
-        state = rt.retry("reading the catalog", cluster.refresh).indexes[self.name].state
+        return self._not_ready()
+
+    def _not_ready(self) -> IndexState:
+        """The state of an index that the ready transition did not change (logged)."""
+        cluster = self.rt.store.cluster
+        state = self.rt.retry("reading the catalog", cluster.refresh).indexes[self.name].state
         if state == IndexState.BUILDING:
             self.blocked = True
             log.error(

@@ -112,8 +112,7 @@ class DataStore:
             codec=Codec(max_body_bytes=max_body_bytes),
             max_replica_lag=max_replica_lag,
         )
-        self.codec = self.cluster.codec
-        self.clock = VersionClock()
+        self.codec, self.clock = self.cluster.codec, VersionClock()
         #: The deadline of each call (by default read_timeout) and the map it follows.
         self.calls = Calls(self.cluster, read_timeout if timeout is None else timeout, move_wait)
         self.reader = Reader(self.cluster, self.codec, self.calls)

@@ -228,7 +228,7 @@ class Backfill:
         """Whether every logical shard of this process's part is backfilled (and, for a
         unique index, no duplicate was left)."""
         done = bool(self._shards) and all(s.done for s in self._shards.values())
-        return done and not self.duplicates_left and not self.blocked
+        return done and not self.duplicates_left
 
     def _all_parts_done(self, topo: Topology) -> bool:
         """Whether the checkpoints say every logical shard is done (all parts)."""

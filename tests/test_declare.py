@@ -351,3 +351,25 @@ def test_cli_create_refuses_misfits_and_duplicates_and_status_says_why(
     assert all(key in status for key in longs) and "--index=by_title" in status
     report = json.loads(run.ok("index", "status", "by_title", "--json").output)
     assert (report["blocked"]["writes"], report["blocked"]["unfit"]) == (1, 2)
+
+
+def test_cleaner_jobs_reopens_a_blocked_index_before_its_parts(
+    make_store: Callable[..., DataStore], local_cluster: Any
+) -> None:
+    """``cleaner --jobs 2`` over a blocked index: it stays building while a misfit is
+    stored; fixed, the supervisor reopens it, the parts rescan, and it becomes ready."""
+    from test_cleaner_cli import cluster_env, invoke
+
+    store = make_store()
+    entities = titled(store, long=1, short=60)
+    store.declare_index(BY_TITLE, force=True)
+    env = cluster_env(local_cluster, store)
+    first = invoke(env, "--index", "by_title", "--jobs", "2")
+    assert first.exit_code == 1 and "index status by_title` says why" in first.output
+    assert blocks(store, "by_title") == (0, 1)
+    (long,) = [e for e in entities if len(e["title"]) > 8]
+    store.update(long["id"], lambda e: {**e, "title": "short"})
+    second = invoke(env, "--index", "by_title", "--jobs", "2")
+    assert second.exit_code == 0, second.output
+    assert state(store, "by_title") == "ready" and blocks(store, "by_title") == (0, 0)
+    assert_clean(store)

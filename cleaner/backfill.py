@@ -33,6 +33,7 @@ from schemaless.catalog import IndexInfo, IndexState, Topology, backfill_job
 from schemaless.errors import (
     CatalogError,
     IndexDefinitionError,
+    PermissionDenied,
     SchemalessError,
 )
 from schemaless.ids import id_hex
@@ -75,11 +76,21 @@ def reopen(rt: Runtime, name: str) -> bool:
     writes, unfit = rt.retry("reading what blocks the index", lambda: catalog.blocks(name))
     if not writes[0] and not unfit:
         return False
-    for _ in range(_REOPEN_ATTEMPTS):
-        if rt.retry("reopening the index", partial(_next_epoch, rt, name)):
-            break
-    else:
-        raise CatalogError(f"index {name!r}: declarations kept racing the rescan; try again")
+    try:
+        for _ in range(_REOPEN_ATTEMPTS):
+            if rt.retry("reopening the index", partial(_next_epoch, rt, name)):
+                break
+        else:
+            raise CatalogError(f"index {name!r}: declarations kept racing the rescan; try again")
+    except PermissionDenied:
+        log.warning(
+            "index %r is blocked (see `schemaless index status %s`): forgetting the blocks "
+            "takes a new index epoch, which this user may not create; once the data is "
+            "fixed, run this backfill as a user that may create tables (the admin)",
+            name,
+            name,
+        )
+        return False
     now = rt.retry("reading the catalog", cluster.refresh)
     rt.retry("dropping old fences", lambda: cluster.retire_fences(now))
     log.info(

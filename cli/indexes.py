@@ -456,7 +456,8 @@ def _echo_blocked(name: str, blocked: dict[str, Any]) -> None:
         click.echo(f"  entity {e['entity_id']}: {e['why']}")
     click.echo(
         "  fix them (change or delete those entities) and run the backfill again "
-        f"(`cleaner --index={name}` scans every shard again), or drop the index"
+        f"(`cleaner --index={name}`, as a user that may create tables: it scans every "
+        "shard again), or drop the index"
     )
 
 

@@ -34,7 +34,6 @@ __all__ = [
     "IndexState",
     "Topology",
     "backfill_job",
-    "blocked_job",
     "now_us",
     "sweep_job",
     "unfit_job",
@@ -68,12 +67,6 @@ def backfill_job(index: str) -> str:
 def sweep_job(index: str) -> str:
     """The checkpoint job of an index's sweep (a cursor per shard)."""
     return f"sweep:{index}"
-
-
-def blocked_job(index: str) -> str:
-    """The checkpoint row (shard 0) of the writes that met a building index with values
-    it cannot hold (``rows_done``: how many; ``cursor``: a few, one JSON line each)."""
-    return f"blocked:{index}"
 
 
 def unfit_job(index: str) -> str:
@@ -380,19 +373,22 @@ class Catalog:
     def set_ready(self, name: str) -> bool:
         """Mark a building index ready unless a write or a backfill recorded values it
         cannot hold (``block_index``, ``save_unfit``); True if it is ready now.  The
-        index row is locked first, as ``block_index`` locks it, so a block either
-        commits before this reads the marks or finds the index ready."""
+        index row is locked first (``block_index`` holds a shared lock on it), so a
+        block either commits before this reads the blocks or finds the index ready."""
         out = self.server.run(
-            "START TRANSACTION; SET @marks = NULL;"
+            "START TRANSACTION; SET @marks = NULL, @writes = NULL;"
             f" SELECT state FROM {self._t('indexes')} WHERE name = %s FOR UPDATE;"
             f" SELECT COUNT(*) INTO @marks FROM {self._t('checkpoints')}"
-            " WHERE job IN (%s, %s) AND rows_done > 0 LOCK IN SHARE MODE;"
+            " WHERE job = %s AND rows_done > 0 LOCK IN SHARE MODE;"
+            f" SELECT COUNT(*) INTO @writes FROM {self._t('blocks')}"
+            " WHERE index_name = %s AND writes > 0 LOCK IN SHARE MODE;"
             f" UPDATE {self._t('indexes')} SET state = %s, changed = {_SERVER_US}"
-            " WHERE name = %s AND state = %s AND @marks = 0; SELECT ROW_COUNT(); COMMIT",
+            " WHERE name = %s AND state = %s AND @marks + @writes = 0;"
+            " SELECT ROW_COUNT(); COMMIT",
             (
                 name,
-                blocked_job(name),
                 unfit_job(name),
+                name,
                 IndexState.READY.value,
                 name,
                 IndexState.BUILDING.value,
@@ -404,19 +400,20 @@ class Catalog:
     def block_index(self, name: str, example: dict[str, Any]) -> bool:
         """Record that a write met building index ``name`` with values it cannot hold
         (``example``: JSON, one of the first few kept), so that it cannot become ready;
-        False (nothing recorded) if the index is not building."""
+        False (nothing recorded) if the index is not building.  The index row's shared
+        lock is all it needs on ``indexes`` (the application user's grants)."""
         line = json.dumps(example, sort_keys=True) + "\n"
         out = self.server.run(
             "START TRANSACTION; SET @state = NULL;"
-            f" SELECT state INTO @state FROM {self._t('indexes')} WHERE name = %s FOR UPDATE;"
-            f" INSERT INTO {self._t('checkpoints')}"
-            " (job, shard, position, done, rows_done, `cursor`, updated)"
-            " SELECT %s, 0, 0, 0, 1, %s, %s FROM DUAL WHERE @state = %s"
+            f" SELECT state INTO @state FROM {self._t('indexes')} WHERE name = %s"
+            " LOCK IN SHARE MODE;"
+            f" INSERT INTO {self._t('blocks')} (index_name, writes, examples, updated)"
+            " SELECT %s, 1, %s, %s FROM DUAL WHERE @state = %s"
             " ON DUPLICATE KEY UPDATE"
-            f" `cursor` = IF(rows_done < {_BLOCK_EXAMPLES}, CONCAT(`cursor`, VALUES(`cursor`)),"
-            " `cursor`), rows_done = rows_done + 1, updated = VALUES(updated);"
+            f" examples = IF(writes < {_BLOCK_EXAMPLES}, CONCAT(examples, VALUES(examples)),"
+            " examples), writes = writes + 1, updated = VALUES(updated);"
             " SELECT @state; COMMIT",
-            (name, blocked_job(name), line.encode(), now_us(), IndexState.BUILDING.value),
+            (name, name, line.encode(), now_us(), IndexState.BUILDING.value),
             commits=True,
             idempotent=False,
         )
@@ -427,18 +424,19 @@ class Catalog:
         writes that met it (how many, the first few) and the entities each logical
         shard's backfill set aside (``shard -> (how many, some)``)."""
         out = self.server.run(
-            f"SELECT job, shard, rows_done, `cursor` FROM {self._t('checkpoints')}"
-            " WHERE job IN (%s, %s) AND rows_done > 0",
-            (blocked_job(name), unfit_job(name)),
+            f"SELECT writes, examples FROM {self._t('blocks')} WHERE index_name = %s;"
+            f" SELECT shard, rows_done, `cursor` FROM {self._t('checkpoints')}"
+            " WHERE job = %s AND rows_done > 0",
+            (name, unfit_job(name)),
         )
         writes: tuple[int, list[Any]] = (0, [])
-        unfit: dict[int, tuple[int, list[Any]]] = {}
-        for job, shard, count, cursor in out[0]:
-            text = bytes(cursor or b"").decode()
-            if job == blocked_job(name):
-                writes = (int(count), [json.loads(line) for line in text.splitlines() if line])
-            else:
-                unfit[int(shard)] = (int(count), json.loads(text or "[]"))
+        for count, examples in out[0]:
+            lines = bytes(examples).decode().splitlines()
+            writes = (int(count), [json.loads(line) for line in lines if line])
+        unfit = {
+            int(shard): (int(count), json.loads(bytes(cursor or b"[]")))
+            for shard, count, cursor in out[1]
+        }
         return writes, unfit
 
     def reopen_index(self, name: str, epoch: int) -> bool:
@@ -448,14 +446,15 @@ class Catalog:
         met the index before this commits before the old fences go, or fails and
         writes again, blocking it anew); False if the epoch is no longer ``epoch``."""
         meta = self._t("meta")
-        jobs = (blocked_job(name), unfit_job(name), unique_job(name), backfill_job(name))
+        jobs = (unfit_job(name), unique_job(name), backfill_job(name))
         out = self.server.run(
             f"START TRANSACTION; {self._lock_map};"
             f" UPDATE {meta} SET value = value + 1 WHERE name = 'index_epoch' AND value = %s;"
             " SET @moved = ROW_COUNT();"
-            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s, %s)"
+            f" DELETE FROM {self._t('blocks')} WHERE index_name = %s AND @moved > 0;"
+            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s)"
             " AND @moved > 0; SELECT @moved; COMMIT",
-            (str(epoch), *jobs),
+            (str(epoch), name, *jobs),
             commits=True,
         )
         return bool(out[1][0][0])
@@ -480,15 +479,16 @@ class Catalog:
         """Remove a dropped index from the catalog (after its tables are gone)."""
         self.server.run(
             f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = %s;"
-            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s, %s, %s)",
+            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s, %s);"
+            f" DELETE FROM {self._t('blocks')} WHERE index_name = %s",
             (
                 name,
                 IndexState.DROPPED.value,
                 backfill_job(name),
                 sweep_job(name),
                 unique_job(name),
-                blocked_job(name),
                 unfit_job(name),
+                name,
             ),
         )
 

@@ -448,9 +448,9 @@ def _echo_blocked(name: str, blocked: dict[str, Any]) -> None:
     if not blocked["writes"] and not blocked["unfit"]:
         return
     click.echo(
-        f"blocked: it cannot become ready: {blocked['writes']:,} writes met it with values it "
-        f"cannot hold (no row written), {blocked['unfit']:,} entities set aside by the backfill;"
-        " e.g."
+        f"blocked: it cannot become ready: writes met it with values it cannot hold (no row "
+        f"written; {blocked['writes']:,} recorded, once per client process), "
+        f"{blocked['unfit']:,} entities set aside by the backfill; e.g."
     )
     for e in blocked["examples"]:
         click.echo(f"  entity {e['entity_id']}: {e['why']}")

@@ -333,7 +333,8 @@ class Writer:
         if mark in self._blocked:
             return True
         failpoints.hit("put.before_block")
-        example = {"entity_id": id_hex(key), "why": str(exc)}
+        shown = id_hex(key)
+        example = {"entity_id": shown, "why": str(exc).removeprefix(f"entity {shown}: ")}
         if not self.cluster.catalog.block_index(index.name, example):
             return False
         log.warning("index %r cannot become ready: %s", index.name, exc)

@@ -344,9 +344,12 @@ def test_cli_create_refuses_misfits_and_duplicates_and_status_says_why(
     assert "by_name" not in store.cluster.refresh().indexes
     assert Cleaner(store).backfill("by_title") == "building"
     store.cluster.refresh()
-    store.put({"title": "a-long-new-title"})
+    fresh = {"title": "a-long-new-title"}
+    store.put(fresh)
     status = run.ok("index", "status", "by_title").output
-    assert "blocked: it cannot become ready: 1 writes met it" in status, status
+    assert "blocked: it cannot become ready: writes met it" in status, status
+    assert "1 recorded, once per client process" in status
+    assert "entity " + id_hex(fresh["id"]) + ": property 'title'" in status
     assert "2 entities set aside by the backfill" in status
     assert all(key in status for key in longs) and "--index=by_title" in status
     report = json.loads(run.ok("index", "status", "by_title", "--json").output)

@@ -158,8 +158,9 @@ def create(
         if dry_run:
             show_dry_run(ds, definition, as_json)
             return
-        existed = ds.cluster.refresh().indexes.get(name)
-        if existed is None and not force:
+        topo = ds.cluster.refresh()
+        existed = topo.indexes.get(name)
+        if existed is None and not force and not topo.moves:  # a move: refused below
             _check_fit(ds, definition)
         state = ds.declare_index(definition, force=True)  # checked above
         refresh = ds.cluster.topology.refresh_interval

@@ -417,10 +417,11 @@ class DataStore:
         """
         if not isinstance(index, Index):
             raise IndexDefinitionError(f"expected an Index, got {type(index).__name__}")
-        state = self._declared(index, self.cluster.refresh())  # no lock for a known one
+        topo = self.cluster.refresh()
+        state = self._declared(index, topo)  # no lock for a known one
         if state is not None:
             return state
-        if not force:
+        if not force and not topo.moves:  # during a move it is refused below
             found = fit.sample(self.cluster, self.reader.decode, index)
             if not found.fits:
                 raise IndexDoesNotFit(found.refusal())

@@ -12,7 +12,11 @@ restart resumes there.  One lane per server runs its shards, each shard as a
 pipeline: while a batch is written, proven and checkpointed (batches in order), the
 next one is derived and the one after it read.  When every shard is done, ``KEY
 by_entity`` is built on the index's tables (a declaration creates them without it),
-then the index is marked ready.
+then the index is marked ready, unless entities were set aside because their values do
+not fit it (``save_unfit``) or writes met it with such values (``Catalog.block_index``):
+then it stays building (docs/architecture.md, "Declaring an index over data that does
+not fit"), and the next backfill forgets those marks under a new index epoch
+(``reopen``) and scans every shard again.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from schemaless.catalog import IndexInfo, IndexState, Topology, backfill_job
 from schemaless.errors import (
     CatalogError,
     IndexDefinitionError,
+    PermissionDenied,
     SchemalessError,
 )
 from schemaless.expiry import expired
@@ -46,7 +51,10 @@ from .runtime import Runtime, Stopped, log
 from .scan import EntityRow, entity_batches
 from .sql import entity_versions_sql
 
-__all__ = ["Backfill", "grace_deadline"]
+__all__ = ["Backfill", "grace_deadline", "reopen"]
+
+_EXAMPLES = 5  # entities set aside, kept per logical shard
+_REOPEN_ATTEMPTS = 5  # declarations racing a reopen for the next index epoch
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
@@ -76,6 +84,50 @@ def grace_deadline(info: IndexInfo, topo: Topology) -> float:
     """When every writer maintains the index: its state change plus two catalog
     refresh intervals plus one second (Unix seconds, on the catalog server's clock)."""
     return info.changed / 1e6 + 2 * topo.refresh_interval + 1.0
+
+
+def reopen(rt: Runtime, name: str) -> bool:
+    """If writes or a backfill recorded values that building index ``name`` cannot
+    hold, forget them and its checkpoints under a new index epoch (a write in flight
+    that met the index commits before the old fences are dropped, so the scan that
+    follows sees it, or writes again and blocks the index anew); whether it did."""
+    cluster = rt.store.cluster
+    catalog = cluster.catalog
+    writes, unfit = rt.retry("reading what blocks the index", lambda: catalog.blocks(name))
+    if not writes[0] and not unfit:
+        return False
+    try:
+        for _ in range(_REOPEN_ATTEMPTS):
+            if rt.retry("reopening the index", partial(_next_epoch, rt, name)):
+                break
+        else:
+            raise CatalogError(f"index {name!r}: declarations kept racing the rescan; try again")
+    except PermissionDenied:
+        log.warning(
+            "index %r is blocked (see `schemaless index status %s`): forgetting the blocks "
+            "takes a new index epoch, which this user may not create; once the data is "
+            "fixed, run this backfill as a user that may create tables (the admin)",
+            name,
+            name,
+        )
+        return False
+    now = rt.retry("reading the catalog", cluster.refresh)
+    rt.retry("dropping old fences", lambda: cluster.retire_fences(now))
+    log.info(
+        "index %r: %d write(s) and %d set-aside entities blocked it; scanning every shard again",
+        name,
+        writes[0],
+        sum(count for count, _ in unfit.values()),
+    )
+    return True
+
+
+def _next_epoch(rt: Runtime, name: str) -> bool:
+    """``reopen_index`` from the current index epoch, its successor's fences first."""
+    cluster = rt.store.cluster
+    topo = cluster.refresh()
+    cluster.create_fences(topo, topo.index_epoch + 1)
+    return cluster.catalog.reopen_index(name, topo.index_epoch)
 
 
 @dataclass
@@ -124,7 +176,9 @@ class Backfill:
         self._place: Placement | None = None
         self._found: dict[int, list[dict[str, Any]]] = {}  # duplicates shown, per shard
         self._counts: dict[int, int] = {}  # duplicates found, per shard
+        self._unfit: dict[int, tuple[int, list[dict[str, Any]]]] = {}  # set aside, per shard
         self.duplicates_left = False
+        self.blocked = False  # values it cannot hold were found: it stays building
 
     # -- the whole job -------------------------------------------------------------------
 
@@ -143,6 +197,8 @@ class Backfill:
             raise CatalogError(
                 f"index {self.name!r} is {info.state}: only a building index can be backfilled"
             )
+        if self.part[1] == 1:  # parts: ``cleaner --jobs`` reopens before it starts them
+            reopen(rt, self.name)
         self._wait_grace(info, topo)
         topo = rt.retry("reading the catalog", cluster.refresh)
         self._check_fences(topo)
@@ -176,16 +232,26 @@ class Backfill:
         add = partial(cluster.add_entity_keys, index=info.index, rest=rest)
         rt.retry("building the by_entity key", lambda: add(cluster.current()))
         failpoints.hit("cleaner.after_entity_key")
-        if rt.retry(
-            "marking ready",
-            lambda: cluster.catalog.set_index_state(
-                self.name, IndexState.READY, expect=IndexState.BUILDING
-            ),
-        ):
+        if rt.retry("marking ready", lambda: cluster.catalog.set_ready(self.name)):
             log.info("index %r backfilled: now ready", self.name)
             return IndexState.READY
-        state = rt.retry("reading the catalog", cluster.refresh).indexes[self.name].state
-        log.warning("index %r was %s when the backfill ended", self.name, state)
+        return self._not_ready()
+
+    def _not_ready(self) -> IndexState:
+        """The state of an index that the ready transition did not change (logged)."""
+        cluster = self.rt.store.cluster
+        state = self.rt.retry("reading the catalog", cluster.refresh).indexes[self.name].state
+        if state == IndexState.BUILDING:
+            self.blocked = True
+            log.error(
+                "index %r: values that it cannot hold were found (see `schemaless index "
+                "status %s`); it stays building: fix them and run the backfill again, or "
+                "drop it",
+                self.name,
+                self.name,
+            )
+        else:
+            log.warning("index %r was %s when the backfill ended", self.name, state)
         return state
 
     @property
@@ -436,7 +502,9 @@ class Backfill:
         return place
 
     def _set_aside(self, index: Index, shard: int, derived: Derived) -> None:
-        """Log (and count) the entities of a batch that cannot be indexed."""
+        """Log (and count) the entities of a batch that cannot be indexed; those whose
+        values do not fit are recorded before the batch's checkpoint, so the index
+        cannot become ready (``Catalog.set_ready``)."""
         for _, corrupt in derived.corrupt:
             log.error("set aside (cannot decode): %s", corrupt)
         for key, exc in derived.unfit:
@@ -449,6 +517,17 @@ class Backfill:
             )
         if derived.corrupt or derived.unfit:
             self.rt.figures.add(corrupt=len(derived.corrupt), unindexable=len(derived.unfit))
+        if derived.unfit:
+            with self._lock:
+                count, shown = self._unfit.get(shard, (0, []))
+                shown = shown + [
+                    {"entity_id": id_hex(key), "why": str(exc)}
+                    for key, exc in derived.unfit[: max(0, _EXAMPLES - len(shown))]
+                ]
+                count += len(derived.unfit)
+                self._unfit[shard] = (count, shown)
+            catalog = self.rt.store.cluster.catalog
+            catalog.save_unfit(index.name, shard, count, shown)
 
     def _recheck(
         self,

@@ -109,6 +109,7 @@ class Cleaner:
         self._work_seconds: float | None = None  # the backfill's scan, without the grace
         self._index: str | None = None  # the index being backfilled
         self.part_done = False  # after backfill(): every shard of its part is done
+        self.blocked = False  # after backfill(): values it cannot hold keep it building
 
     @property
     def shutdown(self) -> Shutdown:
@@ -141,7 +142,7 @@ class Cleaner:
                 state = job.run()
         except Stopped:
             state = IndexState.BUILDING
-        self.part_done = job.part_done
+        self.part_done, self.blocked = job.part_done, job.blocked
         self._work_seconds = job.seconds
         done = state == IndexState.READY or job.part_done
         self.figures.set(state="done" if done else "stopped", last_pass=now_us())

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemaless.catalog import Topology
-from schemaless.errors import CorruptEntity, InvalidEntity
-from schemaless.ids import id_hex
+from schemaless.errors import CorruptEntity
+from schemaless.fit import Fit
 from schemaless.index import Index
 from schemaless.scatter import by_server
 from schemaless.store import DataStore
@@ -32,7 +32,6 @@ __all__ = ["Estimate", "estimate", "max_added_ids"]
 SAMPLE = 20_000
 _PER_SHARD = 100
 _SEGMENTS = 10  # reads per sampled shard (more: less bias when values cluster in time)
-_EXAMPLES = 5  # unindexable entities shown
 #: Per index row besides its values: entity_id twice (row and ``by_entity`` key), the
 #: version, InnoDB's record headers (5 + 5), transaction id (6) and roll pointer (7).
 _ROW_OVERHEAD = 2 * 16 + 8 + 5 + 5 + 6 + 7
@@ -57,7 +56,10 @@ class Estimate:
     corrupt: float = 0.0
     row_bytes: float = 0.0  # the index rows' bytes, InnoDB overheads included
     seconds: float = 0.0  # reading, decoding and building the rows of the sample
-    examples: list[tuple[str, int, str]] = field(default_factory=list)  # (id, shard, why)
+    found: Fit = field(init=False)  # the sample's misfits and (unique) repeats, unweighted
+
+    def __post_init__(self) -> None:
+        self.found = Fit(self.index)
 
     @property
     def size(self) -> float:
@@ -102,7 +104,12 @@ class Estimate:
             "eta_s": None if self.eta is None else round(self.eta, 1),
             "examples": [
                 {"entity_id": key, "shard": shard, "message": message}
-                for key, shard, message in self.examples
+                for key, shard, message in self.found.unfit_examples
+            ],
+            "duplicates_in_sample": self.found.repeated,
+            "duplicate_examples": [
+                {"entity_id": key, "shard": shard, "message": message}
+                for key, shard, message in self.found.repeat_examples
             ],
         }
 
@@ -169,14 +176,13 @@ def _tally(out: Estimate, store: DataStore, shard: int, rows: list[EntityRow], w
             continue
         out.entities += w
         try:
-            produced = index.rows(decode(body))
+            entity = decode(body)
         except CorruptEntity:
             out.corrupt += w
             continue
-        except InvalidEntity as exc:
+        produced = out.found.add(key, shard, entity)
+        if produced is None:
             out.unindexable += w
-            if len(out.examples) < _EXAMPLES:
-                out.examples.append((id_hex(key), shard, str(exc)))
             continue
         if not produced:
             out.rowless += w

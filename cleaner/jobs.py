@@ -27,11 +27,12 @@ from schemaless.catalog import IndexState, backfill_job
 from schemaless.errors import CatalogError, IndexDefinitionError, SchemalessError
 from schemaless.store import DataStore
 
+from .backfill import reopen
 from .daemon import backfill_name
 from .estimate import max_added_ids
 from .metrics import HELD, held_text
 from .progress import Progress
-from .runtime import Shutdown
+from .runtime import Runtime, Shutdown
 
 __all__ = ["RESTARTS", "Supervisor", "describe_exit", "forwarded_options"]
 
@@ -145,6 +146,7 @@ class Supervisor:
             raise CatalogError(
                 f"index {self.index!r} is {info.state}: only a building index can be backfilled"
             )
+        reopen(Runtime(self.store, shutdown=self.shutdown), self.index)  # before any part
         self._tops = max_added_ids(self.store, topo)
         try:
             while self._step():

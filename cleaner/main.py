@@ -330,9 +330,14 @@ def _clean(
     if cleaner.shutdown.requested:
         click.echo("stopped on request; checkpoints saved: run the same command to resume")
     elif index is not None and state != IndexState.READY:
-        if not cleaner.part_done:
-            raise CliError(f"index {index!r} is {state}, not ready")
-        click.echo(f"part {part[0] + 1}/{part[1]} done; the index is ready when every part is")
+        why = f"`schemaless index status {index}` says why"
+        if not cleaner.part_done or (cleaner.blocked and part[1] == 1):
+            raise CliError(f"index {index!r} is {state}, not ready ({why})")
+        done = f"part {part[0] + 1}/{part[1]} done; "
+        if cleaner.blocked:  # not a failure of the part: no supervisor starts it again
+            click.echo(done + f"index {index} cannot become ready ({why})")
+        else:
+            click.echo(done + "the index is ready when every part is")
 
 
 def _check_jobs(index: str | None, part: object, metrics_port: int | None) -> str:
@@ -390,7 +395,9 @@ def _supervise(ctx: click.Context, store: DataStore, index: str, jobs: int) -> N
             "command to resume"
         )
     elif state != IndexState.READY:
-        raise CliError(f"index {index!r} is {state}, not ready")
+        raise CliError(
+            f"index {index!r} is {state}, not ready (`schemaless index status {index}` says why)"
+        )
 
 
 def _parse_part(value: str | None) -> tuple[int, int] | None:

@@ -80,12 +80,24 @@ def _lines(r: dict[str, Any]) -> list[str]:
         message = e["message"]
         message = message if len(message) <= _SHOW else message[: _SHOW - 3] + "..."
         out.append(f"    entity {e['entity_id']} on shard {e['shard']}: {message}")
+    if r["duplicates_in_sample"]:
+        out.append(
+            f"  duplicates   {r['duplicates_in_sample']:,} sampled entities share a value of the"
+            " unique index with another, e.g."
+        )
+        for e in r["duplicate_examples"]:
+            out.append(f"    entity {e['entity_id']} on shard {e['shard']}: {e['message']}")
     if r["corrupt"]:
         out.append(f"  corrupt      {_n(r['corrupt'], exact)} entities cannot be decoded")
     eta, grace = human_duration(r["eta_s"]), human_duration(r["grace_s"])
     rows, rate = _n(r["stored_rows"], exact), r["rows_per_s"] or 0
     out.append(f"  backfill ETA {eta}: {grace} grace, then {rows} rows at {rate:,.0f} rows/s")
     out.append("               (the sample's pace in one process: read, decode, rows; no writes)")
-    if r["unindexable"] or r["corrupt"]:
+    if r["unindexable"] or r["duplicates_in_sample"]:
+        out.append(
+            "the index could not become ready until these are fixed: create refuses it"
+            " (--force declares it anyway)"
+        )
+    elif r["corrupt"]:
         out.append("the backfill sets these entities aside: logged and counted, not indexed")
     return out

@@ -11,13 +11,14 @@ from typing import Any
 
 import click
 
+from schemaless import fit
 from schemaless.catalog import IndexInfo, IndexState, backfill_job, now_us
 from schemaless.errors import IndexDefinitionError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
 from .dry_run import show_dry_run
-from .options import BadOption, Connection, Group, follow_up, pass_connection
+from .options import BadOption, CliError, Connection, Group, follow_up, pass_connection
 from .output import echo_table, human_duration, json_line, warn_unreachable
 from .stats import (
     Backfill,
@@ -105,6 +106,12 @@ def index() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 @click.option(
+    "--force",
+    is_flag=True,
+    help="Declare it even if sampled entities have values that do not fit the types or "
+    "(--unique) share a value: it then stays building until they are fixed.",
+)
+@click.option(
     "--unique",
     is_flag=True,
     help="At most one live entity per tuple of values (a put that would share one fails "
@@ -119,6 +126,7 @@ def create(
     multi: str | None,
     dry_run: bool,
     as_json: bool,
+    force: bool,
     unique: bool,
 ) -> None:
     """Declare an index: create its table on every shard and record it.
@@ -130,9 +138,12 @@ def create(
     again changes nothing.  Quote types with parentheses for the shell.  With
     --dry-run nothing is declared: a sample of the stored entities tells how
     many rows the index would hold, its size, which entities have values that
-    do not fit the types, and how long the backfill would take.  A --unique index
-    over entities that already share values stays building: `index status` lists
-    the duplicates; resolve them and run the backfill again.
+    do not fit the types, and how long the backfill would take.  Without --dry-run
+    the same kind of sample is checked first: if entities have values that do not
+    fit the types or (--unique) share a value, nothing is declared and the command
+    exits 1 with counts and examples; --force declares it anyway, and it stays
+    building (`index status` shows why) until they are fixed and the backfill runs
+    again.  Writes never fail because of a building index.
 
     \b
     Example:
@@ -148,8 +159,11 @@ def create(
         if dry_run:
             show_dry_run(ds, definition, as_json)
             return
-        existed = ds.indexes().get(name)
-        state = ds.declare_index(definition)
+        topo = ds.cluster.refresh()
+        existed = topo.indexes.get(name)
+        if existed is None and not force and not topo.moves:  # a move: refused below
+            _check_fit(ds, definition)
+        state = ds.declare_index(definition, force=True)  # checked above
         refresh = ds.cluster.topology.refresh_interval
     if as_json:
         click.echo(
@@ -164,6 +178,17 @@ def create(
         )
         return
     _echo_created(definition, existed is not None, state, refresh)
+
+
+def _check_fit(ds: DataStore, definition: Index) -> None:
+    """Refuse an index that a sample of the stored entities does not fit: the examples
+    on stdout, the counts as the error."""
+    found = fit.sample(ds.cluster, ds.decode, definition)
+    if not found.fits:
+        click.echo(f"index {definition.name}: nothing declared; e.g.")
+        for line in found.examples():
+            click.echo(line)
+        raise CliError(found.summary())
 
 
 def _definition(
@@ -304,6 +329,8 @@ def status(
             report = _report(info, snap, first, beats)
             if info.index.unique:
                 report["duplicates"] = _duplicates(ds, name)
+            if info.state == IndexState.BUILDING:
+                report["blocked"] = _blocked(ds, name)
             if as_json:
                 click.echo(json.dumps(report, sort_keys=True))
             else:
@@ -426,6 +453,34 @@ def _duplicates(ds: DataStore, name: str) -> dict[str, Any]:
             {"values": values, "ids": sorted(ids)} for _, (values, ids) in sorted(shared.items())
         ],
     }
+
+
+def _blocked(ds: DataStore, name: str) -> dict[str, Any]:
+    """What keeps a building index from becoming ready besides duplicates: writes that
+    met it with values it cannot hold, and entities its backfill set aside."""
+    (writes, shown), unfit = ds.cluster.catalog.blocks(name)
+    return {
+        "writes": writes,
+        "unfit": sum(count for count, _ in unfit.values()),
+        "examples": shown + [e for _, (_, some) in sorted(unfit.items()) for e in some][:10],
+    }
+
+
+def _echo_blocked(name: str, blocked: dict[str, Any]) -> None:
+    if not blocked["writes"] and not blocked["unfit"]:
+        return
+    click.echo(
+        f"blocked: it cannot become ready: writes met it with values it cannot hold (no row "
+        f"written; {blocked['writes']:,} recorded, once per client process), "
+        f"{blocked['unfit']:,} entities set aside by the backfill; e.g."
+    )
+    for e in blocked["examples"]:
+        click.echo(f"  entity {e['entity_id']}: {e['why']}")
+    click.echo(
+        "  fix them (change or delete those entities) and run the backfill again "
+        f"(`cleaner --index={name}`, as a user that may create tables: it scans every "
+        "shard again), or drop the index"
+    )
 
 
 def _echo_duplicates(dups: dict[str, Any]) -> None:
@@ -570,6 +625,8 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
     _echo_backfill(report, snap, all_shards)
     if "duplicates" in report:
         _echo_duplicates(report["duplicates"])
+    if "blocked" in report:
+        _echo_blocked(name, report["blocked"])
     _echo_daemons(report["daemons"])
     if state == IndexState.BUILDING:
         click.echo("next: " + follow_up("cleaner", f"--index={name}"))

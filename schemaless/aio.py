@@ -166,9 +166,9 @@ class DataStore:
             if len(chunk) < page_size:
                 return
 
-    async def declare_index(self, index: Index) -> str:
+    async def declare_index(self, index: Index, *, force: bool = False) -> str:
         """Create an index's tables and record it; return its state."""
-        return await self._run(self.sync.declare_index, index)
+        return await self._run(self.sync.declare_index, index, force=force)
 
     async def drop_index(self, name: str) -> None:
         """Stop maintaining an index."""

@@ -36,6 +36,7 @@ __all__ = [
     "backfill_job",
     "now_us",
     "sweep_job",
+    "unfit_job",
     "unique_job",
 ]
 
@@ -66,6 +67,16 @@ def backfill_job(index: str) -> str:
 def sweep_job(index: str) -> str:
     """The checkpoint job of an index's sweep (a cursor per shard)."""
     return f"sweep:{index}"
+
+
+def unfit_job(index: str) -> str:
+    """The checkpoint rows of the entities a backfill set aside because their values
+    do not fit the index, per scanned logical shard (as ``unique_job``)."""
+    return f"unfit:{index}"
+
+
+#: Examples kept of the writes that blocked a build.
+_BLOCK_EXAMPLES = 5
 
 
 def unique_job(index: str) -> str:
@@ -359,6 +370,95 @@ class Catalog:
         out = self.server.run(sql + "; SELECT ROW_COUNT()", params)
         return bool(scalar(out[0]))
 
+    def set_ready(self, name: str) -> bool:
+        """Mark a building index ready unless a write or a backfill recorded values it
+        cannot hold (``block_index``, ``save_unfit``); True if it is ready now.  The
+        index row is locked first (``block_index`` holds a shared lock on it), so a
+        block either commits before this reads the blocks or finds the index ready."""
+        out = self.server.run(
+            "START TRANSACTION; SET @marks = NULL, @writes = NULL;"
+            f" SELECT state FROM {self._t('indexes')} WHERE name = %s FOR UPDATE;"
+            f" SELECT COUNT(*) INTO @marks FROM {self._t('checkpoints')}"
+            " WHERE job = %s AND rows_done > 0 LOCK IN SHARE MODE;"
+            f" SELECT COUNT(*) INTO @writes FROM {self._t('blocks')}"
+            " WHERE index_name = %s AND writes > 0 LOCK IN SHARE MODE;"
+            f" UPDATE {self._t('indexes')} SET state = %s, changed = {_SERVER_US}"
+            " WHERE name = %s AND state = %s AND @marks + @writes = 0;"
+            " SELECT ROW_COUNT(); COMMIT",
+            (
+                name,
+                unfit_job(name),
+                name,
+                IndexState.READY.value,
+                name,
+                IndexState.BUILDING.value,
+            ),
+            commits=True,
+        )
+        return bool(scalar(out[1]))
+
+    def block_index(self, name: str, example: dict[str, Any]) -> bool:
+        """Record that a write met building index ``name`` with values it cannot hold
+        (``example``: JSON, one of the first few kept), so that it cannot become ready;
+        False (nothing recorded) if the index is not building.  The index row's shared
+        lock is all it needs on ``indexes`` (the application user's grants)."""
+        line = json.dumps(example, sort_keys=True) + "\n"
+        out = self.server.run(
+            "START TRANSACTION; SET @state = NULL;"
+            f" SELECT state INTO @state FROM {self._t('indexes')} WHERE name = %s"
+            " LOCK IN SHARE MODE;"
+            f" INSERT INTO {self._t('blocks')} (index_name, writes, examples, updated)"
+            " SELECT %s, 1, %s, %s FROM DUAL WHERE @state = %s"
+            " ON DUPLICATE KEY UPDATE"
+            f" examples = IF(writes < {_BLOCK_EXAMPLES}, CONCAT(examples, VALUES(examples)),"
+            " examples), writes = writes + 1, updated = VALUES(updated);"
+            " SELECT @state; COMMIT",
+            (name, name, line.encode(), now_us(), IndexState.BUILDING.value),
+            commits=True,
+            idempotent=False,
+        )
+        return bool(scalar(out[0]) == IndexState.BUILDING.value)
+
+    def blocks(self, name: str) -> tuple[tuple[int, list[Any]], dict[int, tuple[int, list[Any]]]]:
+        """What keeps a building index from becoming ready besides duplicates: the
+        writes that met it (how many, the first few) and the entities each logical
+        shard's backfill set aside (``shard -> (how many, some)``)."""
+        out = self.server.run(
+            f"SELECT writes, examples FROM {self._t('blocks')} WHERE index_name = %s;"
+            f" SELECT shard, rows_done, `cursor` FROM {self._t('checkpoints')}"
+            " WHERE job = %s AND rows_done > 0",
+            (name, unfit_job(name)),
+        )
+        writes: tuple[int, list[Any]] = (0, [])
+        for count, examples in out[0]:
+            lines = bytes(examples).decode().splitlines()
+            writes = (int(count), [json.loads(line) for line in lines if line])
+        unfit = {
+            int(shard): (int(count), json.loads(bytes(cursor or b"[]")))
+            for shard, count, cursor in out[1]
+        }
+        return writes, unfit
+
+    def reopen_index(self, name: str, epoch: int) -> bool:
+        """Forget what blocked a building index and every checkpoint of its backfill
+        (the next one scans every shard again), and move the index epoch on from
+        ``epoch`` (whose successor's fences the caller created: a write in flight that
+        met the index before this commits before the old fences go, or fails and
+        writes again, blocking it anew); False if the epoch is no longer ``epoch``."""
+        meta = self._t("meta")
+        jobs = (unfit_job(name), unique_job(name), backfill_job(name))
+        out = self.server.run(
+            f"START TRANSACTION; {self._lock_map};"
+            f" UPDATE {meta} SET value = value + 1 WHERE name = 'index_epoch' AND value = %s;"
+            " SET @moved = ROW_COUNT();"
+            f" DELETE FROM {self._t('blocks')} WHERE index_name = %s AND @moved > 0;"
+            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s)"
+            " AND @moved > 0; SELECT @moved; COMMIT",
+            (str(epoch), name, *jobs),
+            commits=True,
+        )
+        return bool(out[1][0][0])
+
     def enable_changes(self, epoch: int) -> bool:
         """Turn the change feed on and move the index epoch on from ``epoch`` (whose
         successor's fences the caller created), so that writers with an older map fail
@@ -379,8 +479,17 @@ class Catalog:
         """Remove a dropped index from the catalog (after its tables are gone)."""
         self.server.run(
             f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = %s;"
-            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s)",
-            (name, IndexState.DROPPED.value, backfill_job(name), sweep_job(name), unique_job(name)),
+            f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s, %s);"
+            f" DELETE FROM {self._t('blocks')} WHERE index_name = %s",
+            (
+                name,
+                IndexState.DROPPED.value,
+                backfill_job(name),
+                sweep_job(name),
+                unique_job(name),
+                unfit_job(name),
+                name,
+            ),
         )
 
     # -- checkpoints, heartbeats and dictionaries -----------------------------------------
@@ -409,6 +518,14 @@ class Catalog:
     def save_duplicates(self, index: str, shard: int, found: int, shown: list[Any]) -> None:
         """Record the duplicates a backfill of a unique index found on a logical shard:
         how many, and ``shown`` (JSON; at most ``MAX_SHOWN_BYTES`` of it is kept)."""
+        self._save_found(unique_job(index), shard, found, shown)
+
+    def save_unfit(self, index: str, shard: int, found: int, shown: list[Any]) -> None:
+        """Record the entities a backfill set aside on a logical shard because their
+        values do not fit the index (as ``save_duplicates``): it cannot become ready."""
+        self._save_found(unfit_job(index), shard, found, shown)
+
+    def _save_found(self, job: str, shard: int, found: int, shown: list[Any]) -> None:
         text = json.dumps(shown, sort_keys=True)
         while len(text) > MAX_SHOWN_BYTES and shown:
             shown = shown[: len(shown) // 2]
@@ -417,7 +534,7 @@ class Catalog:
             f"REPLACE INTO {self._t('checkpoints')}"
             " (job, shard, position, done, rows_done, `cursor`, updated)"
             " VALUES (%s, %s, 0, 0, %s, %s, %s)",
-            (unique_job(index), shard, found, text.encode(), now_us()),
+            (job, shard, found, text.encode(), now_us()),
         )
 
     def duplicates(self, index: str) -> dict[int, tuple[int, list[Any]]]:

@@ -266,7 +266,11 @@ def restore(
 
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="schemaless-restore") as pool:
         list(pool.map(one, sorted(manifest["files"])))
-    return [index.name for index in indexes if ds.declare_index(index) == IndexState.BUILDING]
+    return [
+        index.name
+        for index in indexes
+        if ds.declare_index(index, force=True) == IndexState.BUILDING
+    ]
 
 
 def _check_target(

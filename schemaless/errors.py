@@ -20,6 +20,7 @@ __all__ = [
     "DataStoreClosed",
     "EntityTooLarge",
     "IndexDefinitionError",
+    "IndexDoesNotFit",
     "IndexNotReady",
     "InvalidEntity",
     "InvalidId",
@@ -62,6 +63,11 @@ class EntityTooLarge(InvalidEntity):
 
 class IndexDefinitionError(SchemalessError, ValueError):
     """A bad or conflicting index definition (name, property, type)."""
+
+
+class IndexDoesNotFit(IndexDefinitionError):
+    """A new index that the stored entities do not fit: values that do not fit its
+    column types, or (unique) values that repeat; declare it with ``force`` anyway."""
 
 
 class InvalidQuery(SchemalessError, ValueError):

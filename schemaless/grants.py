@@ -6,7 +6,8 @@ index or moving shards):
 
 * ``app``, the application: SELECT on the catalog, INSERT, UPDATE, DELETE on its
   ``clients`` (the write latency it reports) and, with the change feed on, on
-  ``feed_positions`` (subscriptions); SELECT, INSERT, UPDATE, DELETE on every
+  ``feed_positions`` (subscriptions); INSERT, UPDATE on ``blocks`` (a write that
+  meets a building index with values it cannot hold); SELECT, INSERT, UPDATE, DELETE on every
   shard database (on every server, so a shard that moves keeps working); no DDL.
 * ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints`` and
   ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to mark an index
@@ -121,6 +122,8 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
     grant(catalog_at, "SELECT", _every_table(catalog_db))
     if role == "app":
         grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, "clients"))
+        # a write that meets a building index with values it cannot hold blocks it there
+        grant(catalog_at, "INSERT, UPDATE", quote(catalog_db, "blocks"))
         if topo.changes:  # subscriptions of the change feed keep their positions there
             grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, "feed_positions"))
         # Database-level DML on every shard database on every server: a grant on a

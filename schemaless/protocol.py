@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import failpoints
-from .catalog import Topology
+from .catalog import IndexState, Topology
 from .clock import VersionClock
 from .cluster import Cluster
 from .codec import Codec
@@ -104,23 +104,38 @@ def _violation(v: Violation) -> UniqueViolation:
     )
 
 
-def _check_unique(indexes: list[Index], prepared: list[PreparedWrite]) -> None:
-    """Refuse a batch in which two entities produce one value of a unique index."""
+def _check_unique(
+    topo: Topology, indexes: list[Index], prepared: list[PreparedWrite]
+) -> list[tuple[Index, bytes, SchemalessError]]:
+    """Refuse a batch in which two entities produce one value of a unique index; of a
+    building one, the later entity's row is left out instead, and returned to block
+    the index with: ``(index, entity id, the error if it cannot be blocked)``."""
+    blocks: list[tuple[Index, bytes, SchemalessError]] = []
     for index in indexes:
         if not index.unique:
             continue
         owner: dict[tuple[Any, ...], bytes] = {}
         for p in prepared:
-            for values in p.rows[index.name]:
+            for values in list(p.rows[index.name]):
                 other = owner.setdefault(values, p.entity_id)
                 if other != p.entity_id:
-                    raise UniqueViolation(
+                    exc = UniqueViolation(
                         f"unique index {index.name!r}: entities {id_hex(other)} and "
                         f"{id_hex(p.entity_id)} of one put_many both have {_shown(index, values)};"
                         " nothing was written",
                         index=index.name,
                         values=values,
                     )
+                    if not _building(topo, index):
+                        raise exc
+                    p.rows[index.name].discard(values)
+                    blocks.append((index, p.entity_id, exc))
+    return blocks
+
+
+def _building(topo: Topology, index: Index) -> bool:
+    info = topo.indexes.get(index.name)
+    return info is not None and info.state == IndexState.BUILDING
 
 
 class Writer:
@@ -139,6 +154,7 @@ class Writer:
         self.decode = decode
         self.stale = StaleRows(self._remove_stale)
         self.claims = Claims(cluster, decode)
+        self._blocked: set[tuple[str, int]] = set()  # (index, epoch) this process blocked
 
     def write(self, entities: list[Mapping[str, Any]], mode: WriteMode) -> list[int]:
         """Validate everything, then run steps 1-3; return the versions."""
@@ -149,6 +165,7 @@ class Writer:
         prepared: list[PreparedWrite] = []
         seen: set[bytes] = set()
         fresh: set[bytes] = set()  # ids made here: no live row before, nothing for step 3
+        blocks: list[tuple[Index, bytes, SchemalessError]] = []  # building indexes met
         for entity in entities:
             if not isinstance(entity, Mapping):
                 raise InvalidEntity(f"an entity must be a dict, got {type(entity).__name__}")
@@ -163,11 +180,14 @@ class Writer:
             seen.add(key)
             try:
                 body = self.codec.encode(entity)
-                rows = {index.name: index.rows(entity) for index in indexes}
+                rows = {index.name: _rows(topo, index, key, entity, blocks) for index in indexes}
             except InvalidEntity as exc:
                 raise type(exc)(f"entity {id_hex(key)}: {exc}") from exc
             prepared.append(PreparedWrite(key, self.cluster.shard_of_id(key), body, rows))
-        _check_unique(indexes, prepared)
+        blocks += _check_unique(topo, indexes, prepared)
+        for index, key, error in blocks:  # before any row or entity is written
+            if not self._block(topo, index, key, error):
+                raise error
         versions: dict[bytes, int] = {}
         for pending in chunks(prepared, _write_bytes, self.cluster.max_batch_bytes):
             for attempt in range(_BLIND_ATTEMPTS):
@@ -289,7 +309,10 @@ class Writer:
         if not any(row.index.unique for row in rows):
             self._run_rows(topo, rows, topo.dbs, upsert_rows_sql)
             return
-        violations = self.claims.settle(topo, self.claims.claim(topo, rows))
+        found = self.claims.settle(topo, self.claims.claim(topo, rows))
+        violations = [
+            v for v in found if not self._block(topo, v.row.index, v.row.entity_id, _violation(v))
+        ]
         if not violations:
             return
         released = [r for r in rows if r.index.unique and r.entity_id in fresh]
@@ -298,6 +321,26 @@ class Writer:
         except SchemalessError as exc:  # orphans: the next claimer takes them over
             log.warning("unique rows of a refused put left as orphans: %s", exc)
         raise _violation(violations[0])
+
+    def _block(self, topo: Topology, index: Index, key: bytes, exc: SchemalessError) -> bool:
+        """Whether a write may go on without its rows of ``index``: the index is
+        building, and blocked from becoming ready (in the catalog, before the entity is
+        written; once per index epoch and process).  False: it is ready (or no
+        longer building), and the write is refused as for a ready index."""
+        if not _building(topo, index):
+            return False
+        mark = (index.name, topo.index_epoch)
+        if mark in self._blocked:
+            return True
+        failpoints.hit("put.before_block")
+        shown = id_hex(key)
+        example = {"entity_id": shown, "why": str(exc).removeprefix(f"entity {shown}: ")}
+        if not self.cluster.catalog.block_index(index.name, example):
+            return False
+        log.warning("index %r cannot become ready: %s", index.name, exc)
+        self._blocked.add(mark)
+        failpoints.hit("put.after_block")
+        return True
 
     def _remove_stale(self, rows: list[IndexRow]) -> None:
         """Step 3 (run by ``self.stale``), on the current topology.  The writes are
@@ -479,6 +522,24 @@ class Writer:
             topo, keys, lambda by_shard: by_id_sql(topo.prefix, by_shard, columns)
         ).results
         return {bytes(r[0]): (int(r[1]), not r[2]) for sets in rows.values() for r in sets[0]}
+
+
+def _rows(
+    topo: Topology,
+    index: Index,
+    key: bytes,
+    entity: Mapping[str, Any],
+    blocks: list[tuple[Index, bytes, SchemalessError]],
+) -> set[tuple[Any, ...]]:
+    """The rows of ``entity`` for ``index``; none for a value that does not fit a
+    building index (added to ``blocks``; the error names the entity)."""
+    try:
+        return index.rows(entity)
+    except InvalidEntity as exc:
+        if not _building(topo, index):
+            raise
+        blocks.append((index, key, type(exc)(f"entity {id_hex(key)}: {exc}")))
+        return set()
 
 
 def _row_shard(row: IndexRow) -> int:

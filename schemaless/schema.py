@@ -161,6 +161,14 @@ CATALOG_TABLES = {
         " `acked` BIGINT UNSIGNED NOT NULL,"
         " PRIMARY KEY (`name`, `shard`)"
     ),
+    # writes that met a building index with values it cannot hold (Catalog.block_index):
+    # the application user may write here, never to the Cleaner's checkpoints
+    "blocks": (
+        "`index_name` VARCHAR(64) NOT NULL PRIMARY KEY,"
+        " `writes` BIGINT UNSIGNED NOT NULL,"
+        " `examples` BLOB NOT NULL,"
+        " `updated` BIGINT UNSIGNED NOT NULL"
+    ),
     # each client's recent write latency per server (schemaless.latency)
     "clients": (
         "`name` VARCHAR(128) NOT NULL PRIMARY KEY,"

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import failpoints
+from . import failpoints, fit
 from .catalog import IndexInfo, IndexState, Topology
 from .clock import VersionClock
 from .cluster import Cluster
@@ -20,6 +20,7 @@ from .errors import (
     CatalogError,
     ConflictError,
     IndexDefinitionError,
+    IndexDoesNotFit,
     InvalidEntity,
     InvalidQuery,
     PermissionDenied,
@@ -55,6 +56,9 @@ class DataStore:
     opens the datastore whose catalog is on the first server, initialising one with
     ``shards`` logical shards (default 64) if there is none yet.  ``timeout``: every
     call returns or raises within this many seconds (default ``read_timeout``).
+    ``force_indexes``: declare new ``indexes`` even when the stored entities do not fit
+    them (``declare_index(force=True)``); without it such an index raises
+    ``IndexDoesNotFit``.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class DataStore:
         claim_wait: float = 0.2,
         expire_on: str | None = None,
         changes: bool = False,
+        force_indexes: bool = False,
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -107,8 +112,7 @@ class DataStore:
             codec=Codec(max_body_bytes=max_body_bytes),
             max_replica_lag=max_replica_lag,
         )
-        self.codec = self.cluster.codec
-        self.clock = VersionClock()
+        self.codec, self.clock = self.cluster.codec, VersionClock()
         #: The deadline of each call (by default read_timeout) and the map it follows.
         self.calls = Calls(self.cluster, read_timeout if timeout is None else timeout, move_wait)
         self.reader = Reader(self.cluster, self.codec, self.calls)
@@ -116,18 +120,22 @@ class DataStore:
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
         self.claims.wait = claim_wait
         self._query = QueryEngine(self.cluster, self.reader, self.calls)
-        self._record(expire_on, changes, indexes)
+        self._record(expire_on, changes, indexes, force_indexes)
 
-    def _record(self, expire_on: str | None, changes: bool, indexes: Sequence[Index]) -> None:
+    def _record(
+        self, expire_on: str | None, changes: bool, indexes: Sequence[Index], force: bool
+    ) -> None:
         """What the constructor's arguments ask of the catalog: the expiry property,
-        the change feed, the indexes."""
+        the change feed, the indexes (``force``: declared even if the stored entities
+        do not fit them)."""
         if expire_on is not None:
             self._expire_on(check_property(expire_on))
         if changes:
             enable_changes(self.cluster)
+        known = self.cluster.refresh() if indexes else self.cluster.topology
         for index in indexes:  # one the catalog has needs its server only
-            if self._declared(index, self.cluster.refresh(), finish=False) is None:
-                self.declare_index(index)
+            if self._declared(index, known, finish=False) is None:
+                self.declare_index(index, force=force)
 
     @property
     def timeout(self) -> float:
@@ -390,13 +398,19 @@ class DataStore:
         one starts from the oldest change kept, or with a snapshot."""
         return Subscription(self.reader, name, part, snapshot)
 
-    def declare_index(self, index: Index) -> str:
+    def declare_index(self, index: Index, *, force: bool = False) -> str:
         """Create an index's tables and record it; return its state.
 
         On a datastore with no entities the index is ``ready`` at once; otherwise it is
         ``building`` until ``cleaner --index=NAME`` has backfilled it.  Declaring the
         same definition again is a no-op (for a ``building`` index it also finishes an
         interrupted declaration); a different one under the name is an error.
+
+        A new index over stored entities is first checked against a sample of them
+        (``schemaless.fit``): values that do not fit its types or, for a unique index,
+        that repeat raise ``IndexDoesNotFit`` (with counts and examples) and nothing is
+        declared, unless ``force``.  Such an index stays building until the data is
+        fixed (docs/architecture.md, "Declaring an index over data that does not fit").
 
         The declaration moves the index epoch on: the next epoch's fence tables first,
         then the index with the new epoch in the catalog, then the old fences dropped.
@@ -405,9 +419,14 @@ class DataStore:
         """
         if not isinstance(index, Index):
             raise IndexDefinitionError(f"expected an Index, got {type(index).__name__}")
-        state = self._declared(index, self.cluster.refresh())  # no lock for a known one
+        topo = self.cluster.refresh()
+        state = self._declared(index, topo)  # no lock for a known one
         if state is not None:
             return state
+        if not force and not topo.moves:  # during a move it is refused below
+            found = fit.sample(self.cluster, self.reader.decode, index)
+            if not found.fits:
+                raise IndexDoesNotFit(found.refusal())
         busy = "another client is declaring an index of this datastore"
         with self.cluster.catalog.lock("declare", busy, wait=20):
             return self._declare(index)
@@ -470,9 +489,7 @@ class DataStore:
         if info.state == IndexState.BUILDING and self._empty(now):
             if not keyed:  # its entities went meanwhile (purged tombstones)
                 self.cluster.add_entity_keys(now, index)
-            self.cluster.catalog.set_index_state(
-                index.name, IndexState.READY, expect=IndexState.BUILDING
-            )
+            self.cluster.catalog.set_ready(index.name)
         return self.cluster.refresh().indexes[index.name].state
 
     def drop_index(self, name: str) -> None:

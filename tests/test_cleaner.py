@@ -324,7 +324,8 @@ def test_backfill_of_ready_or_unknown_index(make_store: Any) -> None:
 def test_backfill_sets_aside_unindexable_and_corrupt(make_store: Any) -> None:
     store = make_store()
     ids = load(store, 40)
-    store.put({"link": "x" * 300, "n": 1})  # too long for str(100): set aside
+    long = {"link": "x" * 300, "n": 1}  # too long for str(100): set aside
+    store.put(long)
     topo = store.cluster.refresh()
     victim = ids[0]
     shard = shard_of(victim, topo.n_shards)
@@ -332,13 +333,19 @@ def test_backfill_sets_aside_unindexable_and_corrupt(make_store: Any) -> None:
         f"UPDATE {quote(shard_db(topo.prefix, shard), 'entities')} SET body = %s WHERE id = %s",
         [b"\x09garbage", victim],
     )
-    store.declare_index(BY_LINK)
+    store.declare_index(BY_LINK, force=True)
     cleaner = Cleaner(store)
-    assert cleaner.backfill("by_link") == "ready"
+    # without the unfit entity's rows the index would not be a superset: it stays building
+    assert cleaner.backfill("by_link") == "building"
     figures = cleaner.figures.as_dict()
     assert (figures["unindexable"], figures["corrupt"]) == (1, 1)
     assert figures["rows_backfilled"] == 39
     assert figures["rechecked"] == 0  # nobody wrote meanwhile: every batch's proof held
+    (_, unfit) = store.cluster.catalog.blocks("by_link")
+    assert sum(count for count, _ in unfit.values()) == 1
+    # a corrupt entity cannot be read by any query either: it does not block the index
+    store.delete(long["id"])
+    assert Cleaner(store).backfill("by_link") == "ready"
 
 
 def test_backfill_in_paced_bursts(make_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:

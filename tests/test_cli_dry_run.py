@@ -87,8 +87,11 @@ def test_dry_run_reports_values_that_do_not_fit_and_creates_nothing(
     # nothing declared: no catalog entry, no table
     assert "by_n" not in store.cluster.refresh().indexes
     assert tables_named(store, "index_by_n") == 0
-    # the same command without --dry-run declares it
-    declared = json.loads(create(local_cluster, store, "--json").output)
+    # the same command without --dry-run refuses it (values do not fit); --force declares it
+    refused = create(local_cluster, store)
+    assert refused.exit_code == 1 and "20 have a value that does not fit" in refused.output
+    assert "by_n" not in store.cluster.refresh().indexes
+    declared = json.loads(create(local_cluster, store, "--json", "--force").output)
     assert declared == {"definition": BY_N.to_dict(), "existed": False, "state": "building"}
     assert tables_named(store, "index_by_n") == 8
 

@@ -614,3 +614,36 @@ def test_cleaner_user_expires_with_the_feed_on_and_the_feed_says_so(
     finally:
         admin.close()
         drop_prefix(local_cluster, prefix)
+
+
+def test_least_privilege_users_meet_a_blocked_index(
+    local_cluster: LocalCluster, store: DataStore, users: dict[str, User]
+) -> None:
+    """The application user's write that meets a building index with a value it cannot
+    hold blocks it (its grants cover ``blocks``), and succeeds; the cleaner user's
+    backfill cannot reopen it (a new index epoch is DDL): it scans, records what it
+    set aside, leaves the index building and says who can."""
+    app, cleaner = users["app"], users["cleaner"]
+    short = Index("by_short", {"link": "str(8)"})
+    assert store.declare_index(short, force=True) == "building"  # every link is longer
+    try:
+        for role, user in (("app", app), ("cleaner", cleaner)):  # the new index table
+            apply_grants(store, role, user.account)
+        with open_as(local_cluster, store, app) as ds:
+            entity = {"link": "http://far-too-long.example/", "n": 1}
+            ds.put(entity)
+            assert ds.get(entity["id"]) == entity
+        (writes, _), _ = store.cluster.catalog.blocks("by_short")
+        assert writes == 1
+        env = user_env(local_cluster, store, cleaner)
+        backfill = CliRunner().invoke(cleaner_main, ["--index=by_short", "-q"], env=env)
+        assert backfill.exit_code == 1, backfill.output
+        assert "`schemaless index status by_short` says why" in backfill.output
+        (writes, _), unfit = store.cluster.catalog.blocks("by_short")
+        # the 40 links of the fixture and this one (earlier tests may have added more)
+        assert writes == 1 and sum(count for count, _ in unfit.values()) >= 41
+        assert store.cluster.refresh().indexes["by_short"].state == "building"
+        store.delete(entity["id"])
+    finally:
+        store.drop_index("by_short")
+        store.purge_index("by_short")

@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"scatter", "stale"},  # one batch per server
     {"cluster"},  # routing
     {"follow"},  # a call's deadline, following the map
-    {"reader", "unique", "feed"},
+    {"reader", "unique", "feed", "fit"},
     {"query", "protocol", "subscriptions"},
     {"store"},  # DataStore, the facade
     {"aio", "connect", "dump", "grants", "move"},

@@ -9,11 +9,13 @@ A sample finds repeats only among the entities it read: the backfill finds the r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import CorruptEntity, InvalidEntity
+from .expiry import expired
 from .ids import id_hex
 from .index import Index
 from .names import quote
@@ -104,7 +106,8 @@ def sample(
     rows: int = SAMPLE,
 ) -> Fit:
     """Check the newest live entities of every logical shard (``rows`` in all, at
-    least one per shard) against ``index``; bodies that cannot be decoded are skipped."""
+    least one per shard) against ``index``; bodies that cannot be decoded, and expired
+    entities (which hold no value: docs/architecture.md, "Expiry"), are skipped."""
     topo = cluster.current()
     per = max(1, -(-rows // topo.n_shards))
 
@@ -116,12 +119,13 @@ def sample(
         )
 
     found = cluster.scatter(topo, shard_unions(topo, part), bare).results
-    fit = Fit(index)
+    fit, now = Fit(index), time.time()
     for sets in found.values():
         for shard, key, version, body in sets[0]:
             try:
                 entity = decode(bytes(key), int(shard), int(version), bytes(body))
             except CorruptEntity:
                 continue
-            fit.add(bytes(key), int(shard), entity)
+            if not expired(entity, topo.expire_on, now):
+                fit.add(bytes(key), int(shard), entity)
     return fit

@@ -1,7 +1,9 @@
 """The Cleaner: backfill one index, or keep every index clean, pass after pass.
 
 A pass is the recent-first check, a sweep of the index tables (all of it with
-``full``, else a checkpointed slice) and the purge of old tombstones.  Signals only
+``full``, else a checkpointed slice) and the purge of old tombstones; the shards of a
+server that is unavailable are left pending for the next pass (``Runtime.pending``,
+docs/cleaner.md, "A server down costs only its shards").  Signals only
 set flags (``Shutdown``); jobs stop after their current batch, so checkpoints are
 always those of committed work.  A heartbeat with the figures goes to the catalog
 every few seconds and at the end.

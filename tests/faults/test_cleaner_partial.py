@@ -170,6 +170,43 @@ def test_a_pass_finishes_the_healthy_shards_then_the_rest(
     assert_clean(store)
 
 
+def test_a_running_daemon_finishes_the_pending_shards_without_a_restart(
+    store: DataStore, trio: LocalCluster
+) -> None:
+    _load(store, BY_N)
+    sick = _sick_shards(store)
+    cleaner = _cleaner(store, interval=0.2)
+    trio.stop_server(SICK)
+    daemon = threading.Thread(target=cleaner.run_forever)
+    daemon.start()
+    try:
+        try:
+            wait_for(
+                lambda: (
+                    cleaner.figures.as_dict()["pending_shards"] == len(sick)
+                    and cleaner.figures.as_dict()["passes"] >= 1
+                ),
+                BOUND,
+                "a pass that leaves the sick server's shards pending",
+            )
+        finally:
+            revive(trio)
+        wait_for(
+            lambda: (
+                cleaner.figures.as_dict()["state"] == "idle"
+                and cleaner.figures.as_dict()["pending_shards"] == 0
+            ),
+            BOUND,
+            "a complete pass of the same daemon",
+        )
+    finally:
+        cleaner.shutdown.request()
+        daemon.join(BOUND)
+        cleaner.close()
+    assert cleaner.figures.as_dict()["expired_purged"] == 3
+    assert_clean(store)
+
+
 def test_a_backfill_finishes_the_healthy_shards_and_waits_for_the_rest(
     store: DataStore, trio: LocalCluster
 ) -> None:

@@ -23,6 +23,7 @@ from schemaless.cleaner.daemon import Cleaner
 from schemaless.cleaner.main import PENDING_EXIT, _verify, main
 from schemaless.cleaner.throttler import ThrottleSettings
 from schemaless.cleaner.verify import diff_indexes
+from schemaless.cli.main import cli
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
 from schemaless.names import quote
@@ -162,6 +163,8 @@ def test_a_pass_finishes_the_healthy_shards_then_the_rest(
         revive(trio)
     wait_for(lambda: _answers(store), 10.0, "the sick server to answer")
     assert _tombstones(store, sick) >= 1  # nothing was done there
+    status = CliRunner().invoke(cli, ["index", "status", "by_n"], env=cluster_env(trio, store))
+    assert f"{len(sick)} logical shard(s) pending" in status.output, status.output
     figures = cleaner.run_once(now=time.time() + 60)  # the same Cleaner: no restart
     cleaner.close()
     assert cleaner.rt.pending == {} and figures["pending_shards"] == 0

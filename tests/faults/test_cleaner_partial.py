@@ -210,8 +210,9 @@ def test_a_running_daemon_finishes_the_pending_shards_without_a_restart(
     assert_clean(store)
 
 
+@pytest.mark.parametrize("fault", ["stop", "freeze"])
 def test_a_backfill_finishes_the_healthy_shards_and_waits_for_the_rest(
-    store: DataStore, trio: LocalCluster
+    store: DataStore, trio: LocalCluster, fault: str
 ) -> None:
     ids = _load(store, BY_M, orphans=False)
     store.declare_index(BY_M)
@@ -226,7 +227,10 @@ def test_a_backfill_finishes_the_healthy_shards_and_waits_for_the_rest(
         except BaseException as exc:
             result.append(exc)
 
-    trio.stop_server(SICK)
+    if fault == "stop":
+        trio.stop_server(SICK)
+    else:
+        trio.pause_server(SICK)
     thread = threading.Thread(target=backfill)
     thread.start()
     try:

@@ -84,8 +84,8 @@ def _answers(store: DataStore) -> bool:
 
 
 def _cleaner(store: DataStore, **kwargs: Any) -> Cleaner:
-    kwargs.setdefault("patience", 1.0)
-    return Cleaner(store, tombstone_retention=0, fence_after=0, backoff_cap=0.5, **kwargs)
+    settings = {"patience": 1.0, "tombstone_retention": 0, "fence_after": 0, "backoff_cap": 0.5}
+    return Cleaner(store, **{**settings, **kwargs})
 
 
 def _sick_shards(store: DataStore) -> set[int]:
@@ -254,6 +254,50 @@ def test_a_backfill_finishes_the_healthy_shards_and_waits_for_the_rest(
         for key in keys[:3]:
             (got,) = store.query("by_m", m=store.get(key)["m"])
             assert got["id"] == key
+
+
+def test_work_that_needs_the_sick_server_is_left_pending(
+    store: DataStore, trio: LocalCluster
+) -> None:
+    """Rows across servers: an entity on a healthy server with its row on the sick one
+    (the recent pass cannot read that row there, so it cannot tell whether it must be
+    written: its shard's mark stays), an entity on the sick server with its row on a
+    healthy one (the sweep cannot check it), and an orphan there of an id the sick
+    server would store (the sweep cannot fence it: the row stays)."""
+    topo = store.cluster.topology
+    n = topo.n_shards
+    (near,) = ids_on(store, 0, 1)
+    far, absent = ids_on(store, SICK, 2)
+    on_sick, on_healthy, orphan_value = (
+        values_on(store, BY_N, SICK, 1)[0],
+        *values_on(store, BY_N, 1, 2),
+    )
+    store.put({"id": far, "n": on_healthy})
+    store.put({"id": near, "n": on_sick})
+    target = shard_of(BY_N.shard_key((orphan_value,)), n)
+    upsert_rows(store, topo, [IndexRow(BY_N, target, (orphan_value,), absent, 1)])
+    cleaner = _cleaner(store, tombstone_retention=3600)  # the recent pass looks back 1 h
+    trio.stop_server(SICK)
+    try:
+        cleaner.run_once(now=time.time() + 60)
+        sick = _sick_shards(store)
+        near_shard = shard_of(near, n)
+        far_row = shard_of(BY_N.shard_key((on_healthy,)), n)
+        assert set(cleaner.rt.pending) == sick | {near_shard, far_row, target}
+        assert near_shard not in store.cluster.catalog.checkpoints("recent")
+        rows = store.cluster.server_of_shard(topo, target).run(
+            f"SELECT COUNT(*) FROM {quote(shard_db(topo.prefix, target), BY_N.table)}"
+            " WHERE `entity_id` = %s",
+            (absent,),
+        )
+        assert int(rows[0][0][0]) == 1  # the orphan is still there: not fenced, not deleted
+    finally:
+        revive(trio)
+    wait_for(lambda: _answers(store), 10.0, "the sick server to answer")
+    cleaner.run_once(now=time.time() + 60)
+    cleaner.close()
+    assert cleaner.rt.pending == {}
+    assert_clean(store)
 
 
 def test_once_exits_pending_then_zero(store: DataStore, trio: LocalCluster) -> None:

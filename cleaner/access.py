@@ -8,7 +8,7 @@ write protocol's ``GREATEST`` guard and deletes the Cleaner's ``<=`` guard.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -127,16 +127,21 @@ def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dic
 
 
 def read_rows(
-    store: DataStore, topo: Topology, indexes: Sequence[Index], ids: Iterable[bytes]
+    store: DataStore,
+    topo: Topology,
+    indexes: Sequence[Index],
+    ids: Iterable[bytes],
+    skip: Container[int] = (),
 ) -> list[Found]:
-    """Every row of these entities in these indexes, on every logical shard."""
+    """Every row of these entities in these indexes, on every logical shard (but those
+    of the server ids in ``skip``)."""
     keys = sorted(set(ids))
     if not keys or not indexes:
         return []
     batches: dict[int, list[tuple[str, list[Any]]]] = {}
     for sid in topo.servers:
         shards = topo.shards_of(sid)
-        if not shards:
+        if not shards or sid in skip:
             continue
         step = max(1, _ID_TERMS // len(shards))
         batches[sid] = [

@@ -10,7 +10,10 @@ stale row of its own.  Each shard's checkpoint
 ``(backfill:<index>, shard) -> last added_id`` is saved after its batch committed; a
 restart resumes there.  One lane per server runs its shards, each shard as a
 pipeline: while a batch is written, proven and checkpointed (batches in order), the
-next one is derived and the one after it read.  When every shard is done, ``KEY
+next one is derived and the one after it read.  A lane checks its server's fences
+first; if a server its work needs stays unavailable (``Runtime.patience``), its
+unfinished shards are left pending while the other lanes go on, and rounds after a
+pause take them up again until they are done.  When every shard is done, ``KEY
 by_entity`` is built on the index's tables (a declaration creates them without it),
 then the index is marked ready, unless entities were set aside because their values do
 not fit it (``save_unfit``) or writes met it with such values (``Catalog.block_index``):
@@ -47,9 +50,10 @@ from .access import read_entities, read_own, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
 from .estimate import max_added_ids
 from .repair import Repairer
-from .runtime import Runtime, Stopped, log
+from .runtime import Runtime, ShardPending, Stopped, log
 from .scan import EntityRow, entity_batches
 from .sql import entity_versions_sql
+from .throttle import backoff_delays
 
 __all__ = ["Backfill", "grace_deadline", "reopen"]
 
@@ -201,7 +205,6 @@ class Backfill:
             reopen(rt, self.name)
         self._wait_grace(info, topo)
         topo = rt.retry("reading the catalog", cluster.refresh)
-        self._check_fences(topo)
         k, n = self.part
         if info.index.unique:
             self._rescan_duplicates(topo)
@@ -214,7 +217,7 @@ class Backfill:
         self._report(force=True)
         self._started = started = time.monotonic()
         try:
-            self._run_lanes(topo, info.index)
+            self._run_rounds(topo, info.index)
         finally:
             self.seconds = time.monotonic() - started
             self._report(force=True)
@@ -294,11 +297,13 @@ class Backfill:
             )
         return total > 0
 
-    def _check_fences(self, topo: Topology) -> None:
+    def _check_fences(self, topo: Topology, shard: int | None = None) -> None:
         """Refuse while a fence of an older index epoch remains: a writer whose map
-        lacks this index could still commit (its declaration was interrupted)."""
+        lacks this index could still commit (its declaration was interrupted).  With
+        ``shard``: only on that shard's server (``ShardPending`` if it is unavailable)."""
         cluster = self.rt.store.cluster
-        found = self.rt.retry("listing fences", lambda: cluster.old_fences(topo))
+        servers = None if shard is None else {topo.shard_servers[shard]}
+        found = self.rt.retry("listing fences", lambda: cluster.old_fences(topo, servers), shard)
         old = sorted(db for dbs in found.values() for db, _ in dbs)
         if old:
             raise CatalogError(
@@ -319,10 +324,35 @@ class Backfill:
             self.rt.sleep(left)
 
     def _measure(self) -> None:
+        """Each unfinished shard's end, for the estimate (of reachable servers only)."""
         topo = self.rt.store.cluster.current()
         undone = [s.shard for s in self._shards.values() if not s.done]
-        for shard, end in max_added_ids(self.rt.store, topo, undone).items():
+        for shard, end in max_added_ids(self.rt.store, topo, undone, partial=True).items():
             self._shards[shard].end = end
+
+    def _run_rounds(self, topo: Topology, index: Index) -> None:
+        """Run the lanes until no shard is left pending (a server unavailable): each
+        round after a pause, on the map read afresh, with the shards still undone."""
+        rt = self.rt
+        rt.begin_pass()
+        self._run_lanes(topo, index)
+        delays = backoff_delays(base=1.0, cap=rt.backoff_cap)
+        while rt.pending and not rt.stopping:
+            delay = next(delays)
+            shards = ", ".join(map(str, sorted(rt.pending)))
+            log.warning(
+                "index %r: logical shard(s) %s pending (%s); the index stays building; "
+                "trying them again in %.3gs",
+                self.name,
+                shards,
+                rt.pending[min(rt.pending)],
+                delay,
+            )
+            rt.sleep(delay)
+            rt.begin_pass()
+            topo = rt.retry("reading the catalog", rt.store.cluster.refresh)
+            rt.retry("measuring shards", self._measure)
+            self._run_lanes(topo, index)
 
     def _run_lanes(self, topo: Topology, index: Index) -> None:
         """One lane per server, each running its shards in turn; this thread ticks."""
@@ -353,9 +383,14 @@ class Backfill:
     # -- one lane: the shards of one server ------------------------------------------------
 
     def _lane(self, pool: ThreadPoolExecutor, index: Index, shards: list[int]) -> None:
-        """The shards of one server in turn, one pipeline across them."""
+        """The shards of one server in turn, one pipeline across them, after checking
+        the server's fences; if a server the work needs stays unavailable, the lane's
+        unfinished shards are left pending."""
         writing: Future[None] | None = None
+        if [s for s in shards if self.rt.unavailable(s)]:  # the lane's server is down
+            return
         try:
+            self._check_fences(self.rt.store.cluster.current(), shards[0])
             for shard in shards:
                 state = self._shards[shard]
                 if not state.done and not self.rt.stopping:
@@ -364,6 +399,11 @@ class Backfill:
                 writing.result()
         except Stopped:
             return
+        except ShardPending as exc:
+            with self._lock:
+                undone = [s for s in shards if not self._shards[s].done]
+            for shard in undone:
+                self.rt.leave(f"backfill {self.name}", shard, exc.__cause__ or exc)
 
     def _shard(
         self,
@@ -383,6 +423,7 @@ class Backfill:
                 rows, derived, ahead = self.rt.retry(
                     f"backfill {self.name} shard {state.shard}",
                     partial(self._next, pool, index, state.shard, after, ahead),
+                    state.shard,
                 )
                 if writing is not None:
                     writing.result()
@@ -443,6 +484,7 @@ class Backfill:
         self.rt.retry(
             f"backfill {self.name} shard {state.shard}",
             partial(self._upsert, index, state, after, rows, derived, pacer),
+            state.shard,
         )
         pacer.rest()
 
@@ -458,6 +500,11 @@ class Backfill:
         store = self.rt.store
         topo = store.cluster.current()
         shard = state.shard
+        blocked = sorted(t for t in derived.targets if topo.shard_servers[t] in self.rt.down)
+        if blocked:  # rows for a server that is down: this shard waits for it
+            why = f"index rows for logical shard(s) {blocked} on a server that is unavailable"
+            self.rt.skipped(shard, why)
+            raise ShardPending(shard, why)
         burst = self.rt.burst
         pace = pacer if burst is not None else None
         contested = upsert_grouped(store, topo, index, derived.targets, burst, pace)

@@ -73,6 +73,7 @@ class Canary:
         self.baseline_ms = 0.0  # set by the throttle before the first batch
         self.writes = True  # False: the table cannot be made, reads only
         self._ready = False  # the table is there (or cannot be made)
+        self._unready = False  # setting it up failed (and was logged)
 
     def setup(self) -> None:
         """Create the canary table if needed; reads only if that is not allowed (the
@@ -88,8 +89,10 @@ class Canary:
         except (PermissionDenied, TableMissing) as exc:
             self.writes = False
             log.warning("throttle: canary on %s reads only: %s", self.server.name, exc)
-        except SchemalessError as exc:
-            log.warning("throttle: canary on %s not set up yet: %s", self.server.name, exc)
+        except SchemalessError as exc:  # said once: it is tried again every probe
+            level = logging.DEBUG if self._unready else logging.WARNING
+            self._unready = True
+            log.log(level, "throttle: canary on %s not set up yet: %s", self.server.name, exc)
             return
         self._ready = True
 

@@ -1,7 +1,9 @@
 """The Cleaner: backfill one index, or keep every index clean, pass after pass.
 
 A pass is the recent-first check, a sweep of the index tables (all of it with
-``full``, else a checkpointed slice) and the purge of old tombstones.  Signals only
+``full``, else a checkpointed slice) and the purge of old tombstones; the shards of a
+server that is unavailable are left pending for the next pass (``Runtime.pending``,
+docs/cleaner.md, "A server down costs only its shards").  Signals only
 set flags (``Shutdown``); jobs stop after their current batch, so checkpoints are
 always those of committed work.  A heartbeat with the figures goes to the catalog
 every few seconds and at the end.
@@ -63,6 +65,7 @@ class Cleaner:
         sweep_budget: int | None = None,
         heartbeat_interval: float = 5.0,
         backoff_cap: float = 30.0,
+        patience: float = 10.0,
         name: str | None = None,
         progress: Progress | None = None,
         shutdown: Shutdown | None = None,
@@ -87,6 +90,7 @@ class Cleaner:
             rate=None if self.throttler is not None else rate,
             throttler=self.throttler,
             backoff_cap=backoff_cap,
+            patience=patience,
             on_tick=self._tick,
         )
         if self.throttler is not None:
@@ -157,6 +161,7 @@ class Cleaner:
         """
         rt = self.rt
         now_s = time.time() if now is None else now
+        rt.begin_pass()
         topo = rt.retry("reading the catalog", self.store.cluster.refresh)
         self._start_throttle()
         indexes = topo.maintained()
@@ -177,10 +182,24 @@ class Cleaner:
             trim_feed(rt, topo, int((now_s - self.feed_retention) * 1e6))
         if rt.stopping:
             raise Stopped()
-        rt.figures.set(state="idle", last_pass=now_us())
+        if rt.pending:
+            log.warning("pass done but for %s: the next pass retries them", self.pending_text())
+        if rt.pending:  # not a complete pass: ``last_pass`` stays
+            rt.figures.set(state="pending")
+        else:
+            rt.figures.set(state="idle", last_pass=now_us())
         rt.figures.add(passes=1)
         self.heartbeat()
         return rt.figures.as_dict()
+
+    def pending_text(self) -> str:
+        """``logical shards 2, 5 (server unavailable: ...)``: what the last pass (or the
+        backfill's last round) left pending, and the first reason."""
+        pending = dict(self.rt.pending)
+        if not pending:
+            return ""
+        shards = ", ".join(map(str, sorted(pending)))
+        return f"logical shard(s) {shards} ({pending[min(pending)]})"
 
     def run_forever(self) -> None:
         """Pass after pass, ``interval`` seconds apart, until a stop is requested."""

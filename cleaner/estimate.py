@@ -20,7 +20,7 @@ from schemaless.catalog import Topology
 from schemaless.errors import CorruptEntity
 from schemaless.fit import Fit
 from schemaless.index import Index
-from schemaless.scatter import by_server
+from schemaless.scatter import by_server, unreachable_only
 from schemaless.store import DataStore
 
 from .scan import EntityRow, entity_batches
@@ -115,15 +115,16 @@ class Estimate:
 
 
 def max_added_ids(
-    store: DataStore, topo: Topology, shards: Iterable[int] | None = None
+    store: DataStore, topo: Topology, shards: Iterable[int] | None = None, *, partial: bool = False
 ) -> dict[int, int]:
     """``shard -> MAX(added_id)`` (0 for an empty shard) of ``shards`` (default all),
-    one statement per server."""
+    one statement per server; ``partial``: without the shards of unavailable servers."""
     groups = by_server(topo, range(topo.n_shards) if shards is None else shards, int)
     found = store.cluster.scatter(
-        topo, groups, lambda group: (max_added_sql(topo.prefix, group), ())
-    ).results
-    return {int(s): int(top) for rows in found.values() for s, top in rows[0]}
+        topo, groups, lambda group: (max_added_sql(topo.prefix, group), ()), partial=partial
+    )
+    unreachable_only(found.errors)
+    return {int(s): int(top) for rows in found.results.values() for s, top in rows[0]}
 
 
 def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:

@@ -21,10 +21,10 @@ from schemaless.errors import ConflictError, CorruptEntity, PermissionDenied
 from schemaless.expiry import expired
 from schemaless.index import Index
 from schemaless.names import quote
-from schemaless.scatter import shard_unions
+from schemaless.scatter import shard_unions, unreachable_only
 
 from .access import read_entities
-from .runtime import Runtime, log
+from .runtime import Runtime, ShardPending, log
 from .scan import entity_batches, index_batch
 
 __all__ = ["Expiry", "expiry_index"]
@@ -82,11 +82,15 @@ class Expiry:
         rt.figures.set(expired_pending=pending)  # an estimate: stale rows count too
         for shard in range(topo.n_shards):
             after: tuple[Any, ...] | None = None
-            while not rt.stopping:
-                after, n = rt.retry(
-                    f"expiry by {index.name}, shard {shard}",
-                    partial(self._index_batch, index, shard, after, now),
-                )
+            while not (rt.stopping or rt.unavailable(shard)):
+                try:
+                    after, n = rt.retry(
+                        f"expiry by {index.name}, shard {shard}",
+                        partial(self._index_batch, index, shard, after, now),
+                        shard,
+                    )
+                except ShardPending:
+                    break
                 rt.tick()
                 if n < rt.batch:
                     break
@@ -100,7 +104,10 @@ class Expiry:
         rows = index_batch(store, topo, shard, index, after, self.rt.batch, upto=now)
         if not rows:
             return after, 0
-        stored = read_entities(store, topo, {key for _, key, _ in rows})
+        ids = {key for _, key, _ in rows if not self.rt.on_down(topo, key)}
+        if len(ids) < len({key for _, key, _ in rows}):
+            self.rt.skipped(shard, "entities on a server that is unavailable not expired")
+        stored = read_entities(store, topo, ids)
         seen = [(s.id, s.shard, s.version, s.body) for s in stored.values()]
         self._purge(self._expired(seen, now), counted=True)
         self.rt.throttle(len(rows))
@@ -117,9 +124,18 @@ class Expiry:
         while shard < topo.n_shards and not rt.stopping:
             if budget is not None and budget <= 0:
                 break
-            after, n = rt.retry(
-                f"expiry scan, shard {shard}", partial(self._scan_batch, shard, after, now)
-            )
+            if rt.unavailable(shard):
+                shard, after = shard + 1, 0  # the scan's next round comes back to it
+                continue
+            try:
+                after, n = rt.retry(
+                    f"expiry scan, shard {shard}",
+                    partial(self._scan_batch, shard, after, now),
+                    shard,
+                )
+            except ShardPending:
+                shard, after = shard + 1, 0  # the scan's next round comes back to it
+                continue
             rt.tick()
             if budget is not None:
                 budget -= n
@@ -180,7 +196,8 @@ class Expiry:
 
 
 def _count(rt: Runtime, index: Index, now: float) -> int:
-    """Index rows up to ``now`` on every shard: one statement per server."""
+    """Index rows up to ``now`` on every shard: one statement per server (a server
+    that is unavailable is left out: its shards' work is pending)."""
     cluster = rt.store.cluster
     topo = cluster.current()
     col = quote(index.columns[0])
@@ -189,5 +206,6 @@ def _count(rt: Runtime, index: Index, now: float) -> int:
         lambda s: f"(SELECT COUNT(*) FROM {quote(topo.dbs[s], index.table)} WHERE {col} <= %s)",
     )
     # one parameter per part (names are validated identifiers: no "%s" in them)
-    found = cluster.scatter(topo, unions, lambda sql: (sql, [now] * sql.count("%s"))).results
-    return sum(int(r[0]) for rows in found.values() for r in rows[0])
+    found = cluster.scatter(topo, unions, lambda sql: (sql, [now] * sql.count("%s")), partial=True)
+    unreachable_only(found.errors)
+    return sum(int(r[0]) for rows in found.results.values() for r in rows[0])

@@ -17,7 +17,7 @@ from schemaless.names import quote
 from schemaless.subscriptions import acknowledged
 
 from .purge import delete_in_batches
-from .runtime import Runtime, log
+from .runtime import Runtime, ShardPending, log
 
 __all__ = ["trim_feed"]
 
@@ -29,6 +29,8 @@ def trim_feed(rt: Runtime, topo: Topology, before_us: int) -> int:
     acked = acknowledged(rt.store.cluster)
     total = 0
     for shard in range(topo.n_shards):
+        if rt.unavailable(shard):
+            continue
         changes = quote(topo.dbs[shard], "changes")
         head = quote(topo.dbs[shard], "changes_head")
         floor = acked.get(shard) if acked is not None else None
@@ -47,6 +49,8 @@ def trim_feed(rt: Runtime, topo: Topology, before_us: int) -> int:
         params: list[Any] = [before_us] if floor is None else [floor, before_us]
         try:
             total += delete_in_batches(rt, shard, "trimming the feed", sql, params, "feed_trimmed")
+        except ShardPending:
+            continue
         except PermissionDenied as exc:
             log.warning("change feed not trimmed: the cleaner user may not delete (%s)", exc)
             break

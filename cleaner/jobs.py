@@ -125,6 +125,7 @@ class Supervisor:
         self.workers = [_Worker(k) for k in range(jobs)]
         self.state: IndexState | None = None
         self._tops: dict[int, int] = {}  # shard -> MAX(added_id) at the start
+        self._shards = 0  # logical shards
         self._started = time.monotonic()
         self._stopping = False
         self._shown = float("-inf")
@@ -147,7 +148,9 @@ class Supervisor:
                 f"index {self.index!r} is {info.state}: only a building index can be backfilled"
             )
         reopen(Runtime(self.store, shutdown=self.shutdown), self.index)  # before any part
-        self._tops = max_added_ids(self.store, topo)
+        self._shards = topo.n_shards
+        # an unavailable server's shards are left out (their part's worker waits)
+        self._tops = max_added_ids(self.store, topo, partial=True)
         try:
             while self._step():
                 time.sleep(self.poll)
@@ -226,7 +229,7 @@ class Supervisor:
         except SchemalessError as exc:  # unknown: starting it again finds out
             log.warning("part %s: checkpoints not read: %s", self._part(w), exc)
             return False
-        shards = range(w.part, len(self._tops), self.jobs)
+        shards = range(w.part, self._shards, self.jobs)
         return all(saved.get(s, (0, False, 0))[1] for s in shards)
 
     def _collect(self, w: _Worker, pid: int, *, finished: bool) -> None:
@@ -275,13 +278,14 @@ class Supervisor:
             log.debug("progress not read: %s", exc)
             return
         rows = left = finished = 0
-        for shard, top in self._tops.items():
+        for shard in range(self._shards):
+            top = self._tops.get(shard, 0)
             position, done, n = saved.get(shard, (0, False, 0))
             rows += n
             finished += done
             left += 0 if done else max(0, top - position)
         self._seen = (rows, finished)
-        self.progress.update(self.index, rows, rows + left, finished, len(self._tops))
+        self.progress.update(self.index, rows, rows + left, finished, self._shards)
 
     def _part(self, w: _Worker) -> str:
         return f"{w.part + 1}/{self.jobs}"
@@ -315,5 +319,5 @@ class Supervisor:
             parts.append("workers " + held)  # seconds summed over the workers
         rows, finished = self._seen
         return ", ".join(parts) + (
-            f"; checkpoints: {rows:,} rows, shards {finished}/{len(self._tops)} done"
+            f"; checkpoints: {rows:,} rows, shards {finished}/{self._shards} done"
         )

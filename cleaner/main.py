@@ -58,6 +58,10 @@ def fence_option(fn: F) -> F:
     )(fn)
 
 
+#: The exit status of ``--once`` and ``verify`` when logical shards were left pending
+#: (their server unavailable) and nothing else failed.
+PENDING_EXIT = 3
+
 #: Rows per batch: read, proven and checkpointed together.  With the throttle on, a
 #: batch's upserts go in bursts of at most THROTTLED_BURST index rows per server (see
 #: docs/cleaner.md, "Burst size"); without it, at once: bigger sorted runs per index
@@ -184,7 +188,21 @@ def _open(conn: Connection) -> DataStore:
     help="With --index: run the backfill as N worker processes (parts 1/N .. N/N) with "
     "one progress line and one summary; a worker that dies is started again.",
 )
-@click.option("--once", is_flag=True, help="Run one full pass and exit (cron, tests).")
+@click.option(
+    "--once",
+    is_flag=True,
+    help=f"Run one full pass and exit (cron, tests); exit status {PENDING_EXIT} if logical "
+    "shards were left pending (their server unavailable).",
+)
+@click.option(
+    "--pending-after",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Leave a logical shard pending after its server was unavailable this long "
+    "(the other shards go on; a later pass or round takes it up again).",
+)
 @click.option(
     "--batch",
     type=click.IntRange(1, 100_000),
@@ -251,6 +269,7 @@ def main(
     part: tuple[int, int] | None,
     jobs: int,
     once: bool,
+    pending_after: float,
     batch: int | None,
     rate: float | None,
     throttle: ThrottleSettings | None,
@@ -313,6 +332,7 @@ def _clean(
         tombstone_retention=p["tombstone_retention"],
         feed_retention=p["feed_retention"],
         fence_after=p["fence_after"],
+        patience=p["pending_after"],
         progress=Progress(sys.stderr, quiet=p["quiet"]),
         name=backfill_name(index, part) if index is not None else None,
         throttle=throttle,
@@ -329,6 +349,11 @@ def _clean(
     click.echo(cleaner.summary())
     if cleaner.shutdown.requested:
         click.echo("stopped on request; checkpoints saved: run the same command to resume")
+    elif p["once"] and index is None and cleaner.rt.pending:
+        click.echo(
+            f"Pending: {cleaner.pending_text()}: run again when the server is back", err=True
+        )
+        raise click.exceptions.Exit(PENDING_EXIT)
     elif index is not None and state != IndexState.READY:
         why = f"`schemaless index status {index}` says why"
         if not cleaner.part_done or (cleaner.blocked and part[1] == 1):
@@ -469,8 +494,9 @@ def verify(
 
     Reports rows missing (an entity the index would miss), extra (orphans) and behind
     (an older entity_version) per index and shard.  Exit code 0 if clean, 1 if not
-    (after --repair: 1 only if differences remain).  Reads everything: run it on a
-    quiet datastore, as concurrent writes show up as passing differences.
+    (after --repair: 1 only if differences remain), 3 if clean but for logical shards
+    not verified (their server unavailable).  Reads everything: run it on a quiet
+    datastore, as concurrent writes show up as passing differences.
 
     \b
     Examples:
@@ -481,30 +507,40 @@ def verify(
     with _console(parent.get("quiet", False), parent.get("verbose", False)):
         store = _open(inherited_connection(ctx))
         try:
-            dirty = _verify(store, names, repair, examples, fence_after)
+            dirty, unverified = _verify(store, names, repair, examples, fence_after)
         finally:
             store.close()
     if dirty:
         ctx.exit(1)
+    if unverified:
+        shards = ", ".join(map(str, sorted(unverified)))
+        click.echo(
+            f"Pending: logical shard(s) {shards} not verified (server unavailable): "
+            "run again when the server is back",
+            err=True,
+        )
+        ctx.exit(PENDING_EXIT)
 
 
 def _verify(
     store: DataStore, names: tuple[str, ...], repair: bool, examples: int, fence_after: float
-) -> bool:
-    """Print the differences (and repair them); whether any remain."""
+) -> tuple[bool, set[int]]:
+    """Print the differences (and repair them); whether any remain, and the logical
+    shards not verified."""
     topo = store.cluster.refresh()
     for name in names:
         if name not in topo.indexes:
             raise click.BadParameter(f"no index named {name!r}", param_hint="'--index'")
-    diffs = diff_indexes(store, names or None)
+    diffs = diff_indexes(store, names or None, partial=True)
     for name, diff in diffs.items():
         for line in diff_lines(name, diff, examples):
             click.echo(line)
     if not diffs:
         click.echo("no indexes to verify")
     dirty = any(not d.clean for d in diffs.values())
+    unverified = {s for d in diffs.values() for s in d.unverified}
     if not (repair and dirty):
-        return dirty
+        return dirty, unverified
     figures = Figures()
     Repairer(store, figures, fence_after=fence_after).repair_diff(topo, diffs)
     f = figures.as_dict()
@@ -513,14 +549,14 @@ def _verify(
         f"{f['fenced']} entities fenced, {f['deferred']} rows deferred (ahead of a live "
         "entity; see --fence-after)"
     )
-    again = diff_indexes(store, names or None)
+    again = diff_indexes(store, names or None, partial=True)
     dirty = any(not d.clean for d in again.values())
     click.echo("after repair: " + ("differences remain" if dirty else "clean"))
     if dirty:
         for name, diff in again.items():
             for line in diff_lines(name, diff, examples):
                 click.echo(line)
-    return dirty
+    return dirty, {s for d in again.values() for s in d.unverified}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -82,6 +82,7 @@ class Figures:
     expired_kept: int = 0  # expired when read, re-put before the delete: kept
     expired_pending: int = 0  # expired, found by this pass and not yet deleted
     expire_skipped: int = 0  # passes whose expiry the user's grants did not allow
+    pending_shards: int = 0  # logical shards this pass left for later: a server unavailable
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: float) -> None:

@@ -20,7 +20,7 @@ from schemaless.connection import Rows
 from schemaless.errors import PermissionDenied
 from schemaless.results import scalar
 
-from .runtime import Runtime, log
+from .runtime import Runtime, ShardPending, log
 from .sql import purge_sql
 
 __all__ = ["delete_in_batches", "purge_tombstones"]
@@ -30,9 +30,13 @@ def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
     """Delete tombstones last written before ``before_us`` on every shard; how many."""
     total = 0
     for shard in range(topo.n_shards):
+        if rt.unavailable(shard):
+            continue
         sql, params = purge_sql(topo.prefix, shard, before_us, rt.batch)
         try:
             total += delete_in_batches(rt, shard, "purging tombstones", sql, params, "purged")
+        except ShardPending:
+            continue
         except PermissionDenied as exc:
             _skipped(rt, exc)
             break
@@ -44,10 +48,11 @@ def delete_in_batches(
 ) -> int:
     """Run a batch delete on the shard's server (its one result set: ROW_COUNT()),
     again while a batch deletes ``rt.batch`` rows, paced; how many (figure ``figure``).
-    PermissionDenied if the user may not delete."""
+    PermissionDenied if the user may not delete, ShardPending if the shard's server
+    stays unavailable."""
     total = 0
     while not rt.stopping:
-        out = rt.retry(f"{what}, shard {shard}", partial(_on_shard, rt, shard, sql, params))
+        out = rt.retry(f"{what}, shard {shard}", partial(_on_shard, rt, shard, sql, params), shard)
         n = int(scalar(out[0]))
         total += n
         rt.figures.add(**{figure: n})

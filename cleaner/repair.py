@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 from schemaless import failpoints
@@ -115,9 +115,11 @@ class Repairer:
         found: Iterable[Found],
         *,
         add_missing: bool,
-    ) -> None:
+        skip: Container[int] = (),
+    ) -> bool:
         """Make the ``found`` rows agree with ``entities`` (read after or before them,
-        either is safe); with ``add_missing``, also upsert rows that were not found."""
+        either is safe); with ``add_missing``, also upsert rows that were not found.
+        Rows to upsert on the server ids in ``skip`` are left out; whether none was."""
         n = topo.n_shards
         wanted: dict[bytes, set[_Key]] = {}
         for key, entity in entities.items():
@@ -155,25 +157,33 @@ class Repairer:
                 for name, shard, values in keys:
                     if (entity_id, (name, shard, values)) not in seen:
                         upserts.append(IndexRow(by_name[name], shard, values, entity_id, version))
-        self._upsert(topo, upserts)
+        complete = self._upsert(topo, upserts, skip)
         failpoints.hit("cleaner.before_delete")
-        deletes += self._fence(topo, entities, ahead)
+        fenced, complete_fence = self._fence(topo, entities, ahead, skip)
+        deletes += fenced
         if deletes:
             self.figures.add(orphans_deleted=delete_rows(self.store, topo, deletes))
+        return complete and complete_fence
 
-    def _upsert(self, topo: Topology, rows: list[IndexRow]) -> None:
-        if rows:
-            upsert_rows(self.store, topo, rows)
-            self.figures.add(rows_upserted=len(rows))
+    def _upsert(self, topo: Topology, rows: list[IndexRow], skip: Container[int] = ()) -> bool:
+        """Upsert the rows but those on the server ids in ``skip``; whether none was."""
+        kept = [row for row in rows if topo.shard_servers[row.shard] not in skip]
+        if kept:
+            upsert_rows(self.store, topo, kept)
+            self.figures.add(rows_upserted=len(kept))
+        return len(kept) == len(rows)
 
     def _fence(
         self,
         topo: Topology,
         entities: Mapping[bytes, Stored],
         ahead: dict[bytes, list[Found]],
-    ) -> list[Guarded]:
-        """Deletes made safe by fencing rows that ran ahead of their entity."""
+        skip: Container[int] = (),
+    ) -> tuple[list[Guarded], bool]:
+        """Deletes made safe by fencing rows that ran ahead of their entity, and
+        whether no upsert was left out (``skip``)."""
         out: list[Guarded] = []
+        complete = True
         dead = {
             k: max(entities[k].version, *(r.version for r in rows))
             for k, rows in ahead.items()
@@ -193,23 +203,24 @@ class Repairer:
             if now - self._first_seen(key, entity.version, now) < self.fence_after:
                 self.figures.add(deferred=len(rows))
                 continue
-            self._ahead.pop(key, None)
             version = max(r.version for r in rows)
+            # its rows in every index are to carry the raised version
+            produced = produced_rows(self.store, topo, topo.maintained(), entity, self.figures)
+            rows_now = [
+                placed(index, row, key, version, topo.n_shards)
+                for index, values in (produced or {}).items()
+                for row in values
+            ]
+            if any(topo.shard_servers[r.shard] in skip for r in rows_now):
+                complete = False  # not raised while one of them cannot follow
+                continue
+            self._ahead.pop(key, None)
             if not bump(self.store, topo, entity, version):
                 continue  # the entity changed: a later pass sees its new version
             self.figures.add(fenced=1)
-            # its rows in every index now carry the raised version
-            produced = produced_rows(self.store, topo, topo.maintained(), entity, self.figures)
-            self._upsert(
-                topo,
-                [
-                    placed(index, row, key, version, topo.n_shards)
-                    for index, values in (produced or {}).items()
-                    for row in values
-                ],
-            )
+            self._upsert(topo, rows_now)
             out += [(r.index, r.shard, r.values, key, version) for r in rows]
-        return out
+        return out, complete
 
     def _first_seen(self, key: bytes, version: int, now: float) -> float:
         """When rows ahead of this entity at this version were first seen (now if not)."""

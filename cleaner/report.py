@@ -35,6 +35,9 @@ def diff_lines(name: str, diff: Diff, examples: int = 3) -> Iterable[str]:
     """Lines describing one index's differences (one line if it is clean)."""
     counts = diff.summary()
     unindexable = f"; {counts['unindexable']} entities unindexable" if diff.unindexable else ""
+    if diff.unverified:
+        pending = ", ".join(map(str, diff.unverified))
+        unindexable += f"; logical shard(s) {pending} not verified (server unavailable)"
     if diff.clean:
         yield f"index {name}: clean{unindexable}"
         return

@@ -21,7 +21,7 @@ from schemaless.index import Index
 
 from .access import Found, read_entities
 from .repair import Repairer
-from .runtime import Runtime
+from .runtime import Runtime, ShardPending
 from .scan import index_batch
 
 __all__ = ["Sweep", "decode_cursor", "encode_cursor"]
@@ -67,22 +67,45 @@ class Sweep:
         if budget is None or current == 0 or all(done for _, done, _ in state.values()):
             current += 1
             state = {s: (None, False, 0) for s in range(topo.n_shards)}
-        label = f"sweep {index.name}"
         for shard, (cursor, done, rows) in state.items():
+            if not done and rt.unavailable(shard):
+                continue
             after = decode_cursor(cursor) if cursor is not None else None
-            while not done:
-                if rt.stopping or (budget is not None and budget <= 0):
-                    return budget
-                after, done, n = rt.retry(
-                    f"sweep of {index.name}, shard {shard}",
-                    partial(self._batch, index, shard, current, after, rows),
-                )
-                rows += n
-                if budget is not None:
-                    budget -= n
-                total = self.checked[index.name] = self.checked.get(index.name, 0) + n
-                rt.progress.update(label, total, None, shard + int(done), topo.n_shards)
-                rt.tick()
+            try:
+                budget = self._shard(topo, index, shard, current, after, done, rows, budget)
+            except ShardPending:
+                continue  # a later pass finishes the round
+            if rt.stopping or (budget is not None and budget <= 0):
+                break
+        return budget
+
+    def _shard(
+        self,
+        topo: Topology,
+        index: Index,
+        shard: int,
+        round_: int,
+        after: tuple[Any, ...] | None,
+        done: bool,
+        rows: int,
+        budget: int | None,
+    ) -> int | None:
+        """Sweep one shard of an index from ``after`` on; the budget left."""
+        rt = self.rt
+        while not done:
+            if rt.stopping or (budget is not None and budget <= 0):
+                return budget
+            after, done, n = rt.retry(
+                f"sweep of {index.name}, shard {shard}",
+                partial(self._batch, index, shard, round_, after, rows),
+                shard,
+            )
+            rows += n
+            if budget is not None:
+                budget -= n
+            total = self.checked[index.name] = self.checked.get(index.name, 0) + n
+            rt.progress.update(f"sweep {index.name}", total, None, shard + int(done), topo.n_shards)
+            rt.tick()
         return budget
 
     def _batch(
@@ -99,10 +122,18 @@ class Sweep:
         topo = store.cluster.current()  # a shard may have moved since the sweep began
         batch = index_batch(store, topo, shard, index, after, rt.batch)
         found = [Found(index, shard, values, key, version) for values, key, version in batch]
+        down = rt.down
+        # rows of entities on a server that is down: not checked in this round
+        found = [r for r in found if not rt.on_down(topo, r.entity_id)]
+        complete = len(found) == len(batch)
         if found:
             entities = read_entities(store, topo, {r.entity_id for r in found})
             failpoints.hit("cleaner.after_read")
-            self.repairer.reconcile(topo, [index], entities, found, add_missing=False)
+            complete &= self.repairer.reconcile(
+                topo, [index], entities, found, add_missing=False, skip=down
+            )
+        if not complete:
+            rt.skipped(shard, "rows of entities on a server that is unavailable not checked")
         done = len(batch) < rt.batch
         last = (*batch[-1][0], batch[-1][1]) if batch else after
         store.cluster.catalog.save_cursor(

@@ -603,6 +603,9 @@ def _echo_daemons(daemons: list[dict[str, Any]]) -> None:
             parts.append(f"orphan backlog {'unknown' if backlog is None else f'{backlog:,}'}")
             if b["last_pass_age_s"] is not None:
                 parts.append(f"last pass {human_duration(b['last_pass_age_s'])} ago")
+        pending = b["figures"].get("pending_shards")
+        if pending:
+            parts.append(f"{pending} logical shard(s) pending (server unavailable)")
         if b["throttle_limit"] is not None:
             parts.append(f"limit {b['throttle_limit']:,.0f} rows/s")
         if b["throttle"]:

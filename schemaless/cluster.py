@@ -11,7 +11,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TypeVar
 
 from . import forking
@@ -268,8 +268,11 @@ class Cluster:
         """Create the fence table of an index epoch on every logical shard."""
         self._on_shards(topo, lambda db: [fence_table_sql(db, epoch)])
 
-    def fences(self, topo: Topology) -> dict[int, list[tuple[str, int]]]:
-        """The fence tables on each server's logical shards: ``(database, epoch)``."""
+    def fences(
+        self, topo: Topology, servers: Container[int] | None = None
+    ) -> dict[int, list[tuple[str, int]]]:
+        """The fence tables on each server's logical shards: ``(database, epoch)``
+        (``servers``: only on those server ids)."""
 
         def build(shards: list[int]) -> Statement:
             marks = ", ".join(["%s"] * len(shards))
@@ -280,6 +283,8 @@ class Cluster:
             return sql, [topo.dbs[s] for s in shards]
 
         groups = by_server(topo, range(topo.n_shards), int)
+        if servers is not None:
+            groups = {sid: group for sid, group in groups.items() if sid in servers}
         out: dict[int, list[tuple[str, int]]] = {}
         for sid, sets in self.scatter(topo, groups, build).results.items():
             for db, table in sets[0]:
@@ -288,10 +293,12 @@ class Cluster:
                     out.setdefault(sid, []).append((str(db), epoch))
         return out
 
-    def old_fences(self, topo: Topology) -> dict[int, list[tuple[str, int]]]:
+    def old_fences(
+        self, topo: Topology, servers: Container[int] | None = None
+    ) -> dict[int, list[tuple[str, int]]]:
         """The fences of index epochs before ``topo``'s, per server (none once every
-        declaration has finished)."""
-        found = self.fences(topo).items()
+        declaration has finished; ``servers``: only on those server ids)."""
+        found = self.fences(topo, servers).items()
         old = {sid: [(db, e) for db, e in dbs if e < topo.index_epoch] for sid, dbs in found}
         return {sid: dbs for sid, dbs in old.items() if dbs}
 

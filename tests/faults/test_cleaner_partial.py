@@ -1,0 +1,327 @@
+"""The Cleaner on a partial cluster: with one server of three stopped (or frozen), a
+pass and a backfill finish the work of the healthy servers within seconds and report
+the stopped server's logical shards as pending; once it is back, the same Cleaner
+(a daemon needs no restart) finishes them, and the oracle is exact."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import assert_clean, drop_datastore
+from test_cleaner_cli import cluster_env
+
+from schemaless import DataStore, Index, failpoints
+from schemaless.catalog import IndexState, backfill_job
+from schemaless.cleaner.access import upsert_rows
+from schemaless.cleaner.daemon import Cleaner
+from schemaless.cleaner.main import PENDING_EXIT, _verify, main
+from schemaless.cleaner.throttler import ThrottleSettings
+from schemaless.cleaner.verify import diff_indexes
+from schemaless.cli.main import cli
+from schemaless.hashing import shard_of
+from schemaless.local import LocalCluster
+from schemaless.names import quote
+from schemaless.schema import shard_db
+from schemaless.writes import IndexRow
+
+from .conftest import revive
+from .helpers import ids_on, scratch_cluster, values_on, wait_for
+
+#: The stopped (or frozen) server: not the catalog's (server 0).
+SICK = 2
+TIMEOUT = 1.0
+#: What a pass with one server down may take: a few patiences and timeouts, on a
+#: loaded 2-core machine (a pass that waits for the server never ends).
+BOUND = 20.0
+
+BY_N = Index("by_n", {"n": "int"})
+BY_M = Index("by_m", {"m": "int"})
+
+
+@pytest.fixture(scope="module")
+def trio() -> Iterator[LocalCluster]:
+    """Three servers of their own (the fault suite's cluster has two)."""
+    with scratch_cluster("partial", servers=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def store(trio: LocalCluster) -> Iterator[DataStore]:
+    """A datastore on the three servers, short timeouts; every server running again
+    afterwards, and the datastore dropped."""
+    revive(trio)
+    ds = DataStore(
+        trio.addresses,
+        [BY_N],
+        prefix="p_" + uuid.uuid4().hex[:12],
+        shards=8,
+        refresh_interval=0.2,
+        option_file=str(trio.option_file),
+        connect_timeout=TIMEOUT,
+        read_timeout=TIMEOUT,
+        write_timeout=TIMEOUT,
+        expire_on="expires",
+    )
+    yield ds
+    revive(trio)
+    wait_for(lambda: _answers(ds), 10.0, "every server to answer")
+    drop_datastore(ds)
+
+
+def _answers(store: DataStore) -> bool:
+    try:
+        for server in store.cluster.all_servers(store.cluster.topology).values():
+            server.run("SELECT 1")
+    except Exception:
+        return False
+    return True
+
+
+def _cleaner(store: DataStore, **kwargs: Any) -> Cleaner:
+    settings = {"patience": 1.0, "tombstone_retention": 0, "fence_after": 0, "backoff_cap": 0.5}
+    return Cleaner(store, **{**settings, **kwargs})
+
+
+def _sick_shards(store: DataStore) -> set[int]:
+    return set(store.cluster.topology.shards_of(SICK))
+
+
+def _load(store: DataStore, index: Index, orphans: bool = True) -> dict[int, list[bytes]]:
+    """Entities on each server whose rows in ``index`` live on the same server (the
+    healthy servers' work never needs the sick one); per server: ids (3 live, 1 deleted:
+    a tombstone), one expired entity and, with ``orphans``, one orphan row of an absent
+    id."""
+    prop = index.properties[0]
+    out: dict[int, list[bytes]] = {}
+    topo = store.cluster.topology
+    for sid in (0, 1, SICK):
+        ids = ids_on(store, sid, 6)
+        values = values_on(store, index, sid, 6, start=1000 * sid)
+        for key, value in zip(ids, values, strict=True):
+            store.put({"id": key, prop: value, "server": sid})
+        store.delete(ids[3])
+        store.put({"id": ids[5], prop: values[5], "expires": 1.0})  # long expired
+        out[sid] = ids[:4]
+        if not orphans:
+            continue
+        orphan = (values[4],)
+        target = shard_of(index.shard_key(orphan), topo.n_shards)
+        upsert_rows(store, topo, [IndexRow(index, target, orphan, ids[4], 1)])
+    return out
+
+
+def _tombstones(store: DataStore, shards: set[int]) -> int:
+    """Tombstones stored on these logical shards."""
+    topo = store.cluster.topology
+    total = 0
+    for shard in shards:
+        table = quote(shard_db(topo.prefix, shard), "entities")
+        server = store.cluster.server_of_shard(topo, shard)
+        total += int(server.run(f"SELECT COUNT(*) FROM {table} WHERE body IS NULL")[0][0][0])
+    return total
+
+
+def _unverified(store: DataStore) -> list[int]:
+    """The oracle on the reachable shards (clean there); the shards not read."""
+    diff = diff_indexes(store, partial=True)[BY_N.name]
+    assert diff.clean, diff.summary()
+    return diff.unverified
+
+
+@pytest.mark.parametrize("fault", ["stop", "freeze"])
+def test_a_pass_finishes_the_healthy_shards_then_the_rest(
+    store: DataStore, trio: LocalCluster, fault: str
+) -> None:
+    _load(store, BY_N)
+    sick = _sick_shards(store)
+    healthy = set(range(8)) - sick
+    cleaner = _cleaner(store, throttle=ThrottleSettings(baseline_seconds=0.5))
+    try:
+        if fault == "stop":
+            trio.stop_server(SICK)
+        else:
+            trio.pause_server(SICK)
+        started = time.monotonic()
+        figures = cleaner.run_once(now=time.time() + 60)  # its own tombstones count as old
+        took = time.monotonic() - started
+        assert took < BOUND, f"a pass with a server down took {took:.1f}s"
+        assert set(cleaner.rt.pending) == sick
+        assert figures["pending_shards"] == len(sick) and figures["state"] == "pending"
+        assert figures["expired_purged"] == 2  # the healthy servers' expired entities
+        assert "logical shard(s)" in cleaner.pending_text()
+        # the healthy servers' work is done: their orphans deleted, tombstones purged
+        assert _unverified(store) == sorted(sick)
+        assert _verify(store, (), False, 3, 0.0) == (False, sick)  # `cleaner verify`: exit 3
+        assert _tombstones(store, healthy) == 0
+    finally:
+        revive(trio)
+    wait_for(lambda: _answers(store), 10.0, "the sick server to answer")
+    assert _tombstones(store, sick) >= 1  # nothing was done there
+    status = CliRunner().invoke(cli, ["index", "status", "by_n"], env=cluster_env(trio, store))
+    assert f"{len(sick)} logical shard(s) pending" in status.output, status.output
+    figures = cleaner.run_once(now=time.time() + 60)  # the same Cleaner: no restart
+    cleaner.close()
+    assert cleaner.rt.pending == {} and figures["pending_shards"] == 0
+    assert figures["state"] == "idle" and figures["expired_purged"] == 3
+    assert _tombstones(store, set(range(8))) == 0
+    assert_clean(store)
+
+
+def test_a_running_daemon_finishes_the_pending_shards_without_a_restart(
+    store: DataStore, trio: LocalCluster
+) -> None:
+    _load(store, BY_N)
+    sick = _sick_shards(store)
+    cleaner = _cleaner(store, interval=0.2)
+    trio.stop_server(SICK)
+    daemon = threading.Thread(target=cleaner.run_forever)
+    daemon.start()
+    try:
+        try:
+            wait_for(
+                lambda: (
+                    cleaner.figures.as_dict()["pending_shards"] == len(sick)
+                    and cleaner.figures.as_dict()["passes"] >= 1
+                ),
+                BOUND,
+                "a pass that leaves the sick server's shards pending",
+            )
+        finally:
+            revive(trio)
+        wait_for(
+            lambda: (
+                cleaner.figures.as_dict()["state"] == "idle"
+                and cleaner.figures.as_dict()["pending_shards"] == 0
+            ),
+            BOUND,
+            "a complete pass of the same daemon",
+        )
+    finally:
+        cleaner.shutdown.request()
+        daemon.join(BOUND)
+        cleaner.close()
+    assert cleaner.figures.as_dict()["expired_purged"] == 3
+    assert_clean(store)
+
+
+@pytest.mark.parametrize("fault", ["stop", "freeze"])
+def test_a_backfill_finishes_the_healthy_shards_and_waits_for_the_rest(
+    store: DataStore, trio: LocalCluster, fault: str
+) -> None:
+    ids = _load(store, BY_M, orphans=False)
+    store.declare_index(BY_M)
+    sick = _sick_shards(store)
+    cleaner = _cleaner(store)
+    catalog = store.cluster.catalog
+    result: list[IndexState | BaseException] = []
+
+    def backfill() -> None:
+        try:
+            result.append(cleaner.backfill("by_m"))
+        except BaseException as exc:
+            result.append(exc)
+
+    if fault == "stop":
+        trio.stop_server(SICK)
+    else:
+        trio.pause_server(SICK)
+    thread = threading.Thread(target=backfill)
+    thread.start()
+    try:
+
+        def healthy_done() -> bool:
+            saved = catalog.checkpoints(backfill_job("by_m"))
+            done = {s for s, (_, finished, _) in saved.items() if finished}
+            return done == set(range(8)) - sick and set(cleaner.rt.pending) == sick
+
+        wait_for(healthy_done, BOUND, "the healthy shards to be backfilled")
+        assert cleaner.figures.as_dict()["pending_shards"] == len(sick)
+        assert store.cluster.refresh().indexes["by_m"].state == IndexState.BUILDING
+        assert not result, result  # it waits for the sick server's shards
+    finally:
+        revive(trio)
+    thread.join(BOUND + 30)
+    assert result == [IndexState.READY]
+    cleaner.close()
+    assert_clean(store)
+    for keys in ids.values():
+        for key in keys[:3]:
+            (got,) = store.query("by_m", m=store.get(key)["m"])
+            assert got["id"] == key
+
+
+def test_work_that_needs_the_sick_server_is_left_pending(
+    store: DataStore, trio: LocalCluster
+) -> None:
+    """Rows across servers: an entity on a healthy server with its row on the sick one
+    (the recent pass cannot read that row there, so it cannot tell whether it must be
+    written: its shard's mark stays), an entity on the sick server with its row on a
+    healthy one (the sweep cannot check it), and an orphan there of an id the sick
+    server would store (the sweep cannot fence it: the row stays)."""
+    topo = store.cluster.topology
+    n = topo.n_shards
+    (near,) = ids_on(store, 0, 1)
+    far, absent = ids_on(store, SICK, 2)
+    on_sick, on_healthy, orphan_value = (
+        values_on(store, BY_N, SICK, 1)[0],
+        *values_on(store, BY_N, 1, 2),
+    )
+    store.put({"id": far, "n": on_healthy})
+    store.put({"id": near, "n": on_sick})
+    target = shard_of(BY_N.shard_key((orphan_value,)), n)
+    upsert_rows(store, topo, [IndexRow(BY_N, target, (orphan_value,), absent, 1)])
+    cleaner = _cleaner(store, tombstone_retention=3600)  # the recent pass looks back 1 h
+    trio.stop_server(SICK)
+    try:
+        cleaner.run_once(now=time.time() + 60)
+        sick = _sick_shards(store)
+        near_shard = shard_of(near, n)
+        far_row = shard_of(BY_N.shard_key((on_healthy,)), n)
+        assert set(cleaner.rt.pending) == sick | {near_shard, far_row, target}
+        assert near_shard not in store.cluster.catalog.checkpoints("recent")
+        rows = store.cluster.server_of_shard(topo, target).run(
+            f"SELECT COUNT(*) FROM {quote(shard_db(topo.prefix, target), BY_N.table)}"
+            " WHERE `entity_id` = %s",
+            (absent,),
+        )
+        assert int(rows[0][0][0]) == 1  # the orphan is still there: not fenced, not deleted
+    finally:
+        revive(trio)
+    wait_for(lambda: _answers(store), 10.0, "the sick server to answer")
+    cleaner.run_once(now=time.time() + 60)
+    cleaner.close()
+    assert cleaner.rt.pending == {}
+    assert_clean(store)
+
+
+def test_once_exits_pending_then_zero(store: DataStore, trio: LocalCluster) -> None:
+    """``cleaner --once`` whose server stops during the pass: exit status 3 and the
+    shards named; the next ``--once`` exits 0 with the indexes exact."""
+    _load(store, BY_N)
+    env = cluster_env(trio, store)
+    stopped: list[bool] = []
+
+    def stop_once() -> None:
+        if not stopped:
+            stopped.append(True)
+            trio.stop_server(SICK)
+
+    failpoints.set("cleaner.after_read", stop_once)
+    try:
+        args = ["--once", "--no-throttle", "--pending-after", "0.5", "--tombstone-retention", "0"]
+        result = CliRunner().invoke(main, args, env=env)
+    finally:
+        failpoints.clear()
+        revive(trio)
+    assert result.exit_code == PENDING_EXIT, result.output
+    assert "Pending: logical shard(s)" in result.output
+    wait_for(lambda: _answers(store), 10.0, "the sick server to answer")
+    result = CliRunner().invoke(main, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert_clean(store)

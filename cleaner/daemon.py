@@ -73,13 +73,7 @@ class Cleaner:
     ) -> None:
         self.figures = Figures()
         store.cluster.latency.enabled = False  # our batches are not the clients' writes
-        self.throttler = (
-            # its bucket holds a batch: a round pays up to a burst per server, and one
-            # that held less would forfeit the time each round's work takes
-            Throttler(store, throttle, figures=self.figures, cap=rate, batch=batch)
-            if throttle is not None
-            else None
-        )
+        self.throttler = _throttler(store, throttle, self.figures, rate, batch)
         self.rt = Runtime(
             store,
             figures=self.figures,
@@ -290,3 +284,18 @@ class Cleaner:
         self.rt.progress.show()
         if time.monotonic() - self._last_beat >= self.heartbeat_interval:
             self.heartbeat()
+
+
+def _throttler(
+    store: DataStore,
+    throttle: ThrottleSettings | None,
+    figures: Figures,
+    rate: float | None,
+    batch: int,
+) -> Throttler | None:
+    """The adaptive throttle, if asked for: its bucket holds a batch (a round pays up
+    to a burst per server, and one that held less would forfeit the time each round's
+    work takes)."""
+    if throttle is None:
+        return None
+    return Throttler(store, throttle, figures=figures, cap=rate, batch=batch)

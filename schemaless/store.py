@@ -26,7 +26,7 @@ from .errors import (
     UniqueViolation,
 )
 from .expiry import check_property, expired, stamp
-from .feed import ChangeEvent, ChangeFeed, decode_cursor, enable_changes, part_shards
+from .feed import ChangeEvent, enable_changes, open_feed
 from .follow import Calls
 from .health import HealthState
 from .ids import id_hex, to_id
@@ -117,6 +117,24 @@ class DataStore:
         self.claims.wait = claim_wait
         self._query = QueryEngine(self.cluster, self.reader, self.calls)
         self._record(expire_on, changes, indexes)
+
+    @classmethod
+    def from_env(
+        cls, indexes: Sequence[Index] = (), *, create: bool = False, **kwargs: Any
+    ) -> DataStore:
+        """The datastore the ``schemaless`` CLI opens: ``$SCHEMALESS_URL`` (the catalog
+        server; credentials from it, ``$SCHEMALESS_USER``/``$SCHEMALESS_PASSWORD`` or
+        ``$SCHEMALESS_OPTION_FILE``), else the local cluster that ``schemaless local up``
+        or ``make demo`` started (``$SCHEMALESS_LOCAL_DIR`` or ``./.schemaless-local``),
+        with its option file; prefix ``$SCHEMALESS_PREFIX`` or ``schemaless``.
+
+        ``create=True`` initialises the datastore if there is none yet (with
+        ``shards=``, default 64, fixed once made); otherwise a missing one raises
+        ``CatalogError``.  ``url=``, ``prefix=`` and ``local_dir=`` override the
+        environment; other arguments are the constructor's."""
+        from .connect import open_store  # no cycle: connect imports this module
+
+        return open_store(indexes=indexes, create=create, **kwargs)
 
     def _record(self, expire_on: str | None, changes: bool, indexes: Sequence[Index]) -> None:
         """What the constructor's arguments ask of the catalog: the expiry property,
@@ -374,13 +392,7 @@ class DataStore:
         ``cursor`` None: from the oldest change kept, or, with ``snapshot``, every live
         entity first and then the changes since.  Without ``follow`` it ends once it has
         caught up.  ``part=(k, n)``: the logical shards with ``shard % n == k``."""
-        n_shards = self.cluster.current().n_shards
-        shards = part_shards(n_shards, part)
-        if cursor is not None:
-            positions = dict(decode_cursor(cursor, n_shards))
-        else:
-            positions = {s: (None, 0) for s in shards} if snapshot else {}
-        return ChangeFeed(self.reader, positions, shards).events(follow)
+        return open_feed(self.reader, cursor, snapshot=snapshot, part=part).events(follow)
 
     def subscribe(
         self, name: str, *, part: tuple[int, int] | None = None, snapshot: bool = False

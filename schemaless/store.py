@@ -31,6 +31,7 @@ from .follow import Calls
 from .health import HealthState
 from .ids import id_hex, to_id
 from .index import Index
+from .locate import locate
 from .names import quote
 from .protocol import Writer
 from .query import Page, QueryEngine
@@ -120,7 +121,14 @@ class DataStore:
 
     @classmethod
     def from_env(
-        cls, indexes: Sequence[Index] = (), *, create: bool = False, **kwargs: Any
+        cls,
+        indexes: Sequence[Index] = (),
+        *,
+        create: bool = False,
+        url: str | None = None,
+        prefix: str | None = None,
+        local_dir: str | None = None,
+        **kwargs: Any,
     ) -> DataStore:
         """The datastore the ``schemaless`` CLI opens: ``$SCHEMALESS_URL`` (the catalog
         server; credentials from it, ``$SCHEMALESS_USER``/``$SCHEMALESS_PASSWORD`` or
@@ -129,12 +137,12 @@ class DataStore:
         with its option file; prefix ``$SCHEMALESS_PREFIX`` or ``schemaless``.
 
         ``create=True`` initialises the datastore if there is none yet (with
-        ``shards=``, default 64, fixed once made); otherwise a missing one raises
-        ``CatalogError``.  ``url=``, ``prefix=`` and ``local_dir=`` override the
-        environment; other arguments are the constructor's."""
-        from .connect import open_store  # no cycle: connect imports this module
-
-        return open_store(indexes=indexes, create=create, **kwargs)
+        ``shards=``, default 64, fixed once made; on every local server, or on the
+        URL's server alone); otherwise a missing one raises ``CatalogError``.
+        ``url=``, ``prefix=`` and ``local_dir=`` override the environment; other
+        arguments are the constructor's."""
+        found, options = locate(url, prefix=prefix, create=create, local_dir=local_dir)
+        return cls(found, indexes, create=create, **{**options, **kwargs})
 
     def _record(self, expire_on: str | None, changes: bool, indexes: Sequence[Index]) -> None:
         """What the constructor's arguments ask of the catalog: the expiry property,

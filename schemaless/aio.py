@@ -4,6 +4,7 @@
 >>> ds = DataStore(["127.0.0.1:3306"], indexes=[by_user])   # the sync constructor's arguments
 >>> await ds.put({"id": key, "user_id": user})
 >>> async for e in ds.iter("by_user", user_id=user): ...
+>>> async for event in ds.changes(cursor, follow=True): ...
 >>> await ds.close()
 
 Each call runs the synchronous datastore on a bounded thread pool of ``pool_size``
@@ -16,6 +17,8 @@ already sent run to their end: **a cancelled write may still commit**.  The call
 in the position of ``OutcomeUnknown``: read the entity again (or retry an idempotent
 ``put``) to learn what happened; ``expect_version`` writes stay safe to retry, a
 conflict then says another write (possibly the cancelled one) got there first.
+Cancelling an ``async for`` over ``changes`` loses nothing: the events it had not
+handled come again from the cursor of the last one it did (at least once).
 """
 
 from __future__ import annotations
@@ -24,19 +27,20 @@ import asyncio
 import functools
 import inspect
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
-from . import store
+from . import store, subscriptions
 from .catalog import IndexInfo
 from .entity import Entity
 from .errors import ConflictError, DataStoreClosed, InvalidEntity
+from .feed import ChangeEvent, ChangeFeed, open_feed
 from .ids import id_hex, to_id
 from .index import Index
 from .query import Page
 
-__all__ = ["DataStore"]
+__all__ = ["DataStore", "Subscription"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -62,6 +66,14 @@ class DataStore:
         self = cls.__new__(cls)
         self._wrap(sync, workers)
         return self
+
+    @classmethod
+    def from_env(
+        cls, indexes: Sequence[Index] = (), *, create: bool = False, **kwargs: Any
+    ) -> DataStore:
+        """The facade over ``schemaless.DataStore.from_env`` (same arguments)."""
+        sync = store.DataStore.from_env(indexes, create=create, **kwargs)
+        return cls.wrap(sync, int(kwargs.get("pool_size", 16)))
 
     def _wrap(self, sync: store.DataStore, workers: int) -> None:
         self.sync = sync
@@ -148,6 +160,45 @@ class DataStore:
             return Entity(new, stored)
         raise ConflictError(f"entity {id_hex(key)}: still conflicting after {retries} attempts")
 
+    # -- the change feed
+
+    def changes(
+        self,
+        cursor: str | None = None,
+        follow: bool = False,
+        *,
+        snapshot: bool = False,
+        part: tuple[int, int] | None = None,
+    ) -> AsyncIterator[ChangeEvent]:
+        """``async for event in ds.changes(...)``: the feed, arguments and order as
+        :meth:`schemaless.DataStore.changes`; a round of reads per worker call, and
+        ``follow`` waits on the loop, not on a worker."""
+        return self._events(
+            functools.partial(open_feed, self.sync.reader, cursor, snapshot=snapshot, part=part),
+            follow,
+        )
+
+    async def subscribe(
+        self, name: str, *, part: tuple[int, int] | None = None, snapshot: bool = False
+    ) -> Subscription:
+        """A named subscription (see :meth:`schemaless.DataStore.subscribe`)."""
+        sync = await self._run(self.sync.subscribe, name, part=part, snapshot=snapshot)
+        return Subscription(self, sync)
+
+    async def _events(
+        self, make: Callable[[], ChangeFeed], follow: bool
+    ) -> AsyncIterator[ChangeEvent]:
+        feed = await self._run(make)
+        await self._run(feed.check_on)
+        while True:
+            events, more = await self._run(feed.next_round)
+            for event in events:
+                yield event
+            if not more and not events:
+                if not follow:
+                    return
+                await asyncio.sleep(feed.poll)
+
     # -- queries and indexes
 
     async def query(self, index: Index | str, **kwargs: Any) -> Page:
@@ -177,3 +228,20 @@ class DataStore:
     async def indexes(self) -> dict[str, IndexInfo]:
         """Every index in the catalog with its state."""
         return await self._run(self.sync.indexes)
+
+
+class Subscription:
+    """The asyncio twin of a named subscription: ``async for event in
+    sub.changes()`` resumes after what ``await sub.ack(event)`` stored."""
+
+    def __init__(self, ds: DataStore, sync: subscriptions.Subscription) -> None:
+        self._ds = ds
+        self.sync = sync
+
+    def changes(self, follow: bool = False) -> AsyncIterator[ChangeEvent]:
+        """Events after the acknowledged positions (see ``DataStore.changes``)."""
+        return self._ds._events(self.sync.feed, follow)
+
+    async def ack(self, event: ChangeEvent | str) -> None:
+        """Store the position after ``event`` (or a cursor)."""
+        await self._ds._run(self.sync.ack, event)

@@ -121,8 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         note(f"{len(page)} entries, cursor for more: {page.cursor is not None}")
 
     _where_the_data_went(store)
+    where = "" if args.dir is None else f", local_dir={args.dir!r}"
     print(
-        f"the datastore {args.prefix!r} stays in the local cluster; "
+        f"the datastore {args.prefix!r} stays in the local cluster: open it from Python with "
+        f"DataStore.from_env(prefix={args.prefix!r}{where}); "
         "stop the servers with `schemaless local down`"
     )
     store.close()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from . import failpoints
 from .entity import Entity
 from .errors import CatalogError, InvalidQuery, SchemalessError
 from .names import quote
@@ -37,6 +38,7 @@ __all__ = [
     "decode_cursor",
     "enable_changes",
     "encode_cursor",
+    "open_feed",
     "part_shards",
 ]
 
@@ -134,6 +136,24 @@ def part_shards(n_shards: int, part: tuple[int, int] | None) -> list[int]:
     return [s for s in range(n_shards) if s % n == k]
 
 
+def open_feed(
+    reader: Reader,
+    cursor: str | None = None,
+    *,
+    snapshot: bool = False,
+    part: tuple[int, int] | None = None,
+) -> ChangeFeed:
+    """The feed ``DataStore.changes`` reads: after ``cursor``, else from the oldest
+    change kept (with ``snapshot``, every live entity first)."""
+    n_shards = reader.cluster.current().n_shards
+    shards = part_shards(n_shards, part)
+    if cursor is not None:
+        positions: dict[int, Position] = dict(decode_cursor(cursor, n_shards))
+    else:
+        positions = {s: (None, 0) for s in shards} if snapshot else {}
+    return ChangeFeed(reader, positions, shards)
+
+
 def enable_changes(cluster: Cluster) -> None:
     """Turn the change feed on: the tables on every logical shard, then the catalog's
     switch with the next index epoch (as an index declaration: a write of a body from a
@@ -183,15 +203,26 @@ class ChangeFeed:
 
     def events(self, follow: bool = False) -> Iterator[ChangeEvent]:
         """Every event from the positions on; without ``follow``, until caught up."""
-        if not self.cluster.topology.changes and not self.cluster.refresh().changes:
-            raise CatalogError("the change feed is off: open the datastore with changes=True")
+        self.check_on()
         while True:
-            events, more = self.reader.calls.call(self._round)
+            events, more = self.next_round()
             yield from events
             if not more and not events:
                 if not follow:
                     return
                 time.sleep(self.poll)
+
+    def check_on(self) -> None:
+        """``CatalogError`` unless the datastore's change feed is on."""
+        if not self.cluster.topology.changes and not self.cluster.refresh().changes:
+            raise CatalogError("the change feed is off: open the datastore with changes=True")
+
+    def next_round(self) -> tuple[list[ChangeEvent], bool]:
+        """One round within a call's deadline: the events, and whether a shard has
+        more to read at once (none and False: caught up)."""
+        found = self.reader.calls.call(self._round)
+        failpoints.hit("feed.after_round")
+        return found
 
     # -- one round ----------------------------------------------------------------------
 

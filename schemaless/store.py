@@ -27,11 +27,12 @@ from .errors import (
     UniqueViolation,
 )
 from .expiry import check_property, expired, stamp
-from .feed import ChangeEvent, ChangeFeed, decode_cursor, enable_changes, part_shards
+from .feed import ChangeEvent, enable_changes, open_feed
 from .follow import Calls
 from .health import HealthState
 from .ids import id_hex, to_id
 from .index import Index
+from .locate import locate
 from .names import quote
 from .protocol import Writer
 from .query import Page, QueryEngine
@@ -121,6 +122,31 @@ class DataStore:
         self.claims.wait = claim_wait
         self._query = QueryEngine(self.cluster, self.reader, self.calls)
         self._record(expire_on, changes, indexes, force_indexes)
+
+    @classmethod
+    def from_env(
+        cls,
+        indexes: Sequence[Index] = (),
+        *,
+        create: bool = False,
+        url: str | None = None,
+        prefix: str | None = None,
+        local_dir: str | None = None,
+        **kwargs: Any,
+    ) -> DataStore:
+        """The datastore the ``schemaless`` CLI opens: ``$SCHEMALESS_URL`` (the catalog
+        server; credentials from it, ``$SCHEMALESS_USER``/``$SCHEMALESS_PASSWORD`` or
+        ``$SCHEMALESS_OPTION_FILE``), else the local cluster that ``schemaless local up``
+        or ``make demo`` started (``$SCHEMALESS_LOCAL_DIR`` or ``./.schemaless-local``),
+        with its option file; prefix ``$SCHEMALESS_PREFIX`` or ``schemaless``.
+
+        ``create=True`` initialises the datastore if there is none yet (with
+        ``shards=``, default 64, fixed once made; on every local server, or on the
+        URL's server alone); otherwise a missing one raises ``CatalogError``.
+        ``url=``, ``prefix=`` and ``local_dir=`` override the environment; other
+        arguments are the constructor's."""
+        found, options = locate(url, prefix=prefix, create=create, local_dir=local_dir)
+        return cls(found, indexes, create=create, **{**options, **kwargs})
 
     def _record(
         self, expire_on: str | None, changes: bool, indexes: Sequence[Index], force: bool
@@ -382,13 +408,7 @@ class DataStore:
         ``cursor`` None: from the oldest change kept, or, with ``snapshot``, every live
         entity first and then the changes since.  Without ``follow`` it ends once it has
         caught up.  ``part=(k, n)``: the logical shards with ``shard % n == k``."""
-        n_shards = self.cluster.current().n_shards
-        shards = part_shards(n_shards, part)
-        if cursor is not None:
-            positions = dict(decode_cursor(cursor, n_shards))
-        else:
-            positions = {s: (None, 0) for s in shards} if snapshot else {}
-        return ChangeFeed(self.reader, positions, shards).events(follow)
+        return open_feed(self.reader, cursor, snapshot=snapshot, part=part).events(follow)
 
     def subscribe(
         self, name: str, *, part: tuple[int, int] | None = None, snapshot: bool = False

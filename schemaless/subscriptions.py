@@ -81,7 +81,11 @@ class Subscription:
 
     def changes(self, follow: bool = False) -> Iterator[ChangeEvent]:
         """Events after the acknowledged positions (see ``DataStore.changes``)."""
-        return ChangeFeed(self.reader, self.positions, self.shards).events(follow)
+        return self.feed().events(follow)
+
+    def feed(self) -> ChangeFeed:
+        """The feed from the acknowledged positions."""
+        return ChangeFeed(self.reader, self.positions, self.shards)
 
     def ack(self, event: ChangeEvent | str) -> None:
         """Store the position after ``event`` (or a cursor) for this subscription's

@@ -1,5 +1,6 @@
 """The asyncio facade against the real test servers: every verb, concurrent updates,
-and what cancelling a pending or a running put does."""
+what cancelling a pending or a running put does, and the change feed's ``async for``
+(a cancelled iteration resumes from its cursor without loss)."""
 
 from __future__ import annotations
 
@@ -14,23 +15,25 @@ import pytest
 from conftest import drop_datastore
 
 from schemaless import (
+    CatalogError,
     ConflictError,
     DataStoreClosed,
     Entity,
     Index,
     InvalidEntity,
+    InvalidQuery,
     failpoints,
     new_id,
 )
 from schemaless import DataStore as SyncDataStore
 from schemaless.aio import DataStore
+from schemaless.feed import ChangeEvent
 from schemaless.local import LocalCluster
 
 BY_USER = Index("by_user", ["user_id", "n"], shard_on="user_id")
 
 
-@pytest.fixture
-def ads(local_cluster: LocalCluster) -> Iterator[DataStore]:
+def open_ads(local_cluster: LocalCluster, **kwargs: Any) -> Iterator[DataStore]:
     ds = DataStore(
         local_cluster.addresses,
         [BY_USER],
@@ -39,9 +42,21 @@ def ads(local_cluster: LocalCluster) -> Iterator[DataStore]:
         option_file=str(local_cluster.option_file),
         refresh_interval=0.2,
         pool_size=2,
+        **kwargs,
     )
     yield ds
     drop_datastore(ds.sync)
+
+
+@pytest.fixture
+def ads(local_cluster: LocalCluster) -> Iterator[DataStore]:
+    yield from open_ads(local_cluster)
+
+
+@pytest.fixture
+def fds(local_cluster: LocalCluster) -> Iterator[DataStore]:
+    """With the change feed on."""
+    yield from open_ads(local_cluster, changes=True)
 
 
 def test_verbs(ads: DataStore) -> None:
@@ -189,3 +204,128 @@ def test_close_waits_for_running_calls_then_refuses_new_ones(
         asyncio.run(main())
     finally:
         drop_datastore(sync_store(local_cluster, prefix))
+
+
+def keys(events: list[ChangeEvent]) -> list[tuple[bytes, int, int | None]]:
+    return [(e.id, e.version, e.seq) for e in events]
+
+
+async def until(check: Any, timeout: float = 30) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("timed out waiting")
+
+
+def test_async_for_over_the_change_feed(fds: DataStore, ads: DataStore) -> None:
+    async def main() -> None:
+        items = [{"id": new_id(), "user_id": new_id(), "n": n} for n in range(30)]
+        await fds.put_many(items)
+        await fds.delete_many([items[0]["id"], items[1]["id"]])
+        events = [e async for e in fds.changes()]
+        assert keys(events) == keys(list(fds.sync.changes())) and len(events) == 32
+        assert [e.id for e in events if e.deleted] == [items[0]["id"], items[1]["id"]]
+        rest = [e async for e in fds.changes(events[9].cursor)]
+        assert keys(rest) == keys(events[10:])
+        snapshot = [e async for e in fds.changes(snapshot=True)]
+        assert {e.id for e in snapshot} == {i["id"] for i in items[2:]}
+        halves = [[e async for e in fds.changes(part=(k, 2))] for k in range(2)]
+        assert sorted(keys(halves[0] + halves[1])) == sorted(keys(events))
+
+        seen: list[ChangeEvent] = []
+
+        async def follow() -> None:
+            async for event in fds.changes(events[-1].cursor, follow=True):
+                seen.append(event)
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.3)  # caught up: it polls
+        assert not seen and not task.done()
+        later = {"id": new_id(), "user_id": new_id(), "n": 99}
+        version = await fds.put(later)
+        await until(lambda: seen)
+        assert [(e.id, e.version) for e in seen] == [(later["id"], version)]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        with pytest.raises(InvalidQuery):
+            [e async for e in fds.changes("not a cursor")]
+        with pytest.raises(CatalogError, match="change feed is off"):
+            [e async for e in ads.changes()]
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_iteration_resumes_from_its_cursor_without_loss(fds: DataStore) -> None:
+    """Cancelled between two events of a page, and while a round of reads is running
+    on a worker (held after it read): the events not handled are lost to that
+    iteration only; one from the last handled event's cursor delivers them."""
+    inside = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        inside.set()
+        assert release.wait(60)
+
+    async def main() -> None:
+        first = [{"id": new_id(), "user_id": new_id(), "n": n} for n in range(20)]
+        await fds.put_many(first)
+        handled: list[ChangeEvent] = []
+
+        async def consume(cursor: str | None, follow: bool, stop_at: int = 0) -> None:
+            async for event in fds.changes(cursor, follow=follow):
+                handled.append(event)
+                if len(handled) == stop_at:
+                    await asyncio.sleep(3600)  # the cancel lands here, mid-page
+
+        task = asyncio.create_task(consume(None, True, stop_at=5))
+        await until(lambda: len(handled) == 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        task = asyncio.create_task(consume(handled[-1].cursor, True))
+        await until(lambda: len(handled) == 20)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sorted(e.id for e in handled) == sorted(i["id"] for i in first)
+
+        second = [{"id": new_id(), "user_id": new_id(), "n": n} for n in range(10)]
+        await fds.put_many(second)
+        failpoints.set("feed.after_round", hold)
+        task = asyncio.create_task(consume(handled[-1].cursor, False))
+        assert await asyncio.to_thread(inside.wait, 60)  # the round read them, held
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)  # at once, the worker still held
+        failpoints.clear()
+        release.set()
+        assert len(handled) == 20  # the held round's events never reached the loop
+        rest = [e async for e in fds.changes(handled[-1].cursor)]
+        assert sorted(e.id for e in rest) == sorted(i["id"] for i in second)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+
+
+def test_a_subscription_resumes_after_its_acknowledgements(fds: DataStore) -> None:
+    async def main() -> None:
+        items = [{"id": new_id(), "user_id": new_id(), "n": n} for n in range(12)]
+        await fds.put_many(items)
+        sub = await fds.subscribe("aio-test")
+        got = []
+        async for event in sub.changes():
+            got.append(event)
+            if len(got) <= 7:
+                await sub.ack(event)
+        assert len(got) == 12
+        again = await fds.subscribe("aio-test")  # as a restarted consumer
+        assert keys([e async for e in again.changes()]) == keys(got[7:])
+        with pytest.raises(InvalidQuery, match="subscription name"):
+            await fds.subscribe("no spaces")
+
+    asyncio.run(main())

@@ -40,10 +40,8 @@ def test_demo_stores_reads_and_reports(
         if "logical shards," in line
     ]
     assert sum(counts) == 300 and all(counts)
-    store = DataStore(
-        local_cluster.addresses[:1],
-        option_file=str(local_cluster.option_file),
-        prefix=prefix,
-        create=False,
-    )
+    hint = f"DataStore.from_env(prefix={prefix!r}, local_dir={str(local_cluster.base_dir)!r})"
+    assert hint in out
+    store = eval(hint, {"DataStore": DataStore})  # as printed
+    assert store.cluster.current().n_shards == 4
     drop_datastore(store)

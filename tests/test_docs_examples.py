@@ -1,8 +1,11 @@
 """The README's Python examples and the package docstring's, run against real servers.
 
-The blocks run in order in one namespace, as a reader would type them; the servers
-they name (``"127.0.0.1:3306"``...) become the test cluster's, with a prefix of the
-test's own.  ``bump`` and ``search`` are the names the README leaves to the reader.
+The README's run as a newcomer would: in a fresh directory, after ``schemaless local
+up`` and the demo (``make demo``'s command), every block in order in one namespace,
+as written; the one for your own servers (``"db1:3306"``...) gets the local cluster's
+addresses and the option file ``local up`` printed.  The package docstring's run on
+the test cluster with a prefix of the test's own.  ``bump`` and ``search`` are the
+names the README leaves to the reader.
 """
 
 from __future__ import annotations
@@ -12,6 +15,10 @@ import asyncio
 import doctest
 import inspect
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,26 +32,52 @@ from schemaless.local import LocalCluster
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 _PYTHON = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
-_SERVERS = re.compile(r'\[("127\.0\.0\.1:\d+"(?:, )?)+\]')
+_SERVERS = re.compile(r'\[("(?:127\.0\.0\.1|db\d+):\d+"(?:, )?)+\]')
+_ENV = ("URL", "PREFIX", "USER", "PASSWORD", "OPTION_FILE", "LOCAL_DIR")
 
 
-def on_test_servers(source: str) -> str:
-    """``source`` with each list of example servers made the test cluster's."""
+def on_test_servers(source: str) -> tuple[str, int]:
+    """``source`` with each list of example servers made the test cluster's, and how
+    many lists there were."""
 
     def servers(match: re.Match[str]) -> str:
         return f"SERVERS[:{match.group(0).count(':')}], prefix=PREFIX"
 
-    changed, n = _SERVERS.subn(servers, source)
-    assert n, f"no example servers in:\n{source}"
-    return changed
+    return _SERVERS.subn(servers, source)
+
+
+def schemaless_cli(*args: str) -> str:
+    """Run the installed ``schemaless`` command here; its output (exit 0 asserted)."""
+    command = Path(sys.executable).parent / "schemaless"
+    done = subprocess.run(
+        [str(command), *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def newcomer(monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """A fresh current directory with no ``SCHEMALESS_*`` variables, where
+    ``schemaless local up`` has started its cluster (``local down`` afterwards)."""
+    home = Path(tempfile.mkdtemp(prefix="sl-readme-"))  # short: the servers' sockets
+    for name in _ENV:
+        monkeypatch.delenv("SCHEMALESS_" + name, raising=False)
+    monkeypatch.chdir(home)
+    try:
+        assert "2 servers running" in schemaless_cli("local", "up", "--fast")
+        yield LocalCluster()
+    finally:
+        schemaless_cli("local", "down")
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture
 def namespace(
     local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[dict[str, Any]]:
-    """Globals for the examples: the servers, a prefix dropped afterwards, credentials
-    from the cluster's option file."""
+    """Globals for the docstring's examples: the servers, a prefix dropped afterwards,
+    credentials from the cluster's option file."""
     monkeypatch.setenv("SCHEMALESS_OPTION_FILE", str(local_cluster.option_file))
     prefix = "docs_" + uuid.uuid4().hex[:8]
     ns: dict[str, Any] = {"SERVERS": local_cluster.addresses, "PREFIX": prefix}
@@ -72,15 +105,37 @@ def run_block(source: str, ns: dict[str, Any]) -> None:
         asyncio.run(result)
 
 
-def test_readme_examples_run(namespace: dict[str, Any]) -> None:
+def test_readme_examples_run_as_written(
+    newcomer: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    demo = subprocess.run(
+        [sys.executable, "-m", "schemaless.demo", "--entries", "300"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert demo.returncode == 0 and "all equal to what was put" in demo.stdout, demo.stderr
     blocks = _PYTHON.findall(README.read_text())
-    assert len(blocks) == 3  # the synchronous API, asyncio, the change feed
-    ns = namespace
+    assert len(blocks) == 4  # from_env, your own servers, asyncio, the change feed
+    # what `schemaless local up` prints for connecting explicitly
+    monkeypatch.setenv("SCHEMALESS_OPTION_FILE", str(newcomer.option_file))
+    ns: dict[str, Any] = {"SERVERS": newcomer.addresses, "PREFIX": "schemaless"}
     ns["bump"] = lambda entity: {**entity, "bumped": True}
     ns["search"] = search = _Search()
+    opened: dict[int, schemaless.DataStore] = {}
+    rewritten = []
     try:
-        for block in blocks:
-            run_block(on_test_servers(block), ns)
+        for n, block in enumerate(blocks):
+            source, lists = on_test_servers(block)
+            if lists:
+                rewritten.append(n)
+            run_block(source, ns)
+            opened.update((id(v), v) for v in ns.values() if isinstance(v, schemaless.DataStore))
+            if n == 0:  # the first example made the datastore the CLI's init expects
+                assert ns["datastore"].cluster.current().n_shards == 16
+                assert ns["datastore"].cluster.current().prefix == "schemaless"
+        assert rewritten == [1]  # the others ran exactly as written
         datastore, entity, entry = ns["datastore"], ns["entity"], ns["entry"]
         assert datastore.get(entity["id"]) == entity
         bumped = {**entry, "bumped": True}
@@ -90,13 +145,16 @@ def test_readme_examples_run(namespace: dict[str, Any]) -> None:
         assert isinstance(ns["version"], int) and ns["found"]["id"] in (entity["id"], entry["id"])
         assert search[entity["id"]] == entity  # the feed's snapshot reached it
     finally:
-        if "datastore" in ns:
-            ns["datastore"].close()
+        for store in opened.values():
+            store.close()
+    # the README's next command finds the same datastore
+    assert "already exists: 16 logical shards" in schemaless_cli("init", "--shards", "16")
 
 
 def test_package_docstring_example_runs(namespace: dict[str, Any]) -> None:
     assert schemaless.__doc__ is not None
-    text = on_test_servers(schemaless.__doc__)
+    text, lists = on_test_servers(schemaless.__doc__)
+    assert lists == 1
     test = doctest.DocTestParser().get_doctest(text, namespace, "schemaless", None, 0)
     assert len(test.examples) >= 6
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)

@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
         "results",
         "local",  # the development cluster: never imported by the library
     },
-    {"entity", "schema", "index", "connection", "expiry"},
+    {"entity", "schema", "index", "connection", "expiry", "locate"},
     {"catalog", "tables", "writes"},  # SQL builders, and the catalog
     {"scatter", "stale"},  # one batch per server
     {"cluster"},  # routing

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 #: Lowest first.  ``cleaner``, ``cli`` and ``local`` stand for their whole packages.
 LAYERS: list[set[str]] = [
-    {"errors", "failpoints", "forking", "hashing"},
+    {"errors", "failpoints", "forking", "hashing", "keys", "wire"},
     {
         "names",
         "ids",
@@ -26,9 +26,12 @@ LAYERS: list[set[str]] = [
         "clock",
         "jsonform",
         "results",
+        "columns",
+        "translate",
         "local",  # the development cluster: never imported by the library
     },
-    {"entity", "schema", "index", "connection", "expiry"},
+    {"entity", "schema", "index", "batch", "expiry"},
+    {"connection"},  # a server's pool
     {"catalog", "tables", "writes"},  # SQL builders, and the catalog
     {"scatter", "stale"},  # one batch per server
     {"cluster"},  # routing

@@ -98,6 +98,8 @@ class Reply:
                 or (at is not None and time.monotonic() + delay >= at)
             ):
                 raise exc.error from exc.error.__cause__
+            if server.on_retry is not None:
+                server.on_retry(server.name, exc.error)
             time.sleep(delay)
             self._state = server.send(batch)
             try:

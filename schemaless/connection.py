@@ -160,6 +160,8 @@ class Server:
         self.name = str(address)
         self.options = options
         self.tracer = tracer
+        #: told the server's name and the error before each retry (``schemaless.hooks``)
+        self.on_retry: Callable[[str, SchemalessError], None] | None = None
         #: the server's max_allowed_packet, read on its first connection (None before)
         self.max_packet: int | None = None
         self._on_packet = on_packet  # told the packet once it is known
@@ -411,6 +413,10 @@ class Server:
 
     def _expired(self, when: str) -> ShardTimeout:
         return ShardTimeout(f"{self.name}: the call's deadline passed {when}")
+
+    def pool_state(self) -> tuple[int, int]:
+        """Connections in use, and threads waiting for one."""
+        return self._in_use, self._waiting
 
     def close(self) -> None:
         """Close idle connections; connections in use close when returned."""

@@ -39,8 +39,8 @@ LAYERS: list[set[str]] = [
     {"reader", "unique", "feed"},
     {"query", "protocol", "subscriptions"},
     {"store"},  # DataStore, the facade
-    {"aio", "connect", "dump", "grants", "move"},
-    {"demo", "__init__", "cleaner"},
+    {"aio", "connect", "dump", "grants", "move", "hooks"},
+    {"demo", "__init__", "cleaner", "metrics", "tracing"},
     {"cli"},
 ]
 

@@ -4,6 +4,7 @@ read with the libraries' own registry and in-memory exporter."""
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +15,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from schemaless import ConflictError, DataStore, Index, metrics, tracing
+from schemaless.cleaner.metrics import MetricsServer
 
 BY_TAG = Index("by_tag", {"tag": "str(64)"})
 SECRET = "zebra-secret-value-9271"
@@ -125,3 +127,18 @@ def _assert_absent(spans: tuple[ReadableSpan, ...], *values: str) -> None:
         texts = [span.name, *map(str, (span.attributes or {}).values())]
         for value in values:
             assert not any(value in t for t in texts), f"{value!r} in span {span.name}"
+
+
+def test_without_the_extras_a_clear_error_and_nothing_attached(
+    make_store: Callable[..., DataStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store()
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    with pytest.raises(ImportError, match=r"pip install 'schemaless-mysql\[metrics\]'"):
+        metrics.instrument(store)
+    with pytest.raises(ImportError, match=r"pip install 'schemaless-mysql\[tracing\]'"):
+        tracing.instrument(store)
+    with pytest.raises(ImportError, match=r"schemaless-mysql\[metrics\]"):
+        MetricsServer(list, 0)
+    assert "_observers" not in vars(store) and store.cluster.tracer is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -142,3 +144,39 @@ def test_without_the_extras_a_clear_error_and_nothing_attached(
     with pytest.raises(ImportError, match=r"schemaless-mysql\[metrics\]"):
         MetricsServer(list, 0)
     assert "_observers" not in vars(store) and store.cluster.tracer is None
+
+
+def test_a_retry_is_counted_by_server_and_error(make_store: Callable[..., DataStore]) -> None:
+    """A lock wait timeout (the server rolled back) is retried; the counter sees it."""
+    store = make_store()
+    registry = CollectorRegistry()
+    metrics.instrument(store, registry=registry)
+    server = store.cluster.servers()[0]
+    db = "t_obs_retry_" + store.cluster.catalog.prefix
+    table = f"{db}.t"
+    server.run(f"CREATE DATABASE {db}; CREATE TABLE {table} (a INT PRIMARY KEY)")
+    server.run(f"INSERT INTO {table} VALUES (1)")
+    held = threading.Event()
+
+    def hold_the_row() -> None:
+        with server.connection() as conn:
+            conn.query("START TRANSACTION")
+            conn.query(f"SELECT a FROM {table} WHERE a = 1 FOR UPDATE")
+            conn.store_result()
+            held.set()
+            time.sleep(1.5)
+            conn.query("COMMIT")
+
+    thread = threading.Thread(target=hold_the_row)
+    thread.start()
+    try:
+        assert held.wait(5)
+        sql = (
+            f"SET SESSION innodb_lock_wait_timeout = 1; SELECT a FROM {db}.t WHERE a = 1 FOR UPDATE"
+        )
+        assert server.run(sql) == [((1,),)]
+    finally:
+        thread.join()
+        server.run(f"DROP DATABASE {db}")
+    labels = {"server": server.name, "error": "ShardUnavailable"}
+    assert registry.get_sample_value("schemaless_client_retries_total", labels) == 1

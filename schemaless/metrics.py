@@ -26,6 +26,25 @@ if TYPE_CHECKING:
 
 __all__ = ["instrument"]
 
+#: Seconds: a get takes well under a millisecond, a fan-out or a stalled server seconds.
+BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
 _HINT = "client metrics need prometheus_client: pip install 'schemaless-mysql[metrics]'"
 
 
@@ -49,13 +68,18 @@ class _Metrics:
 
         name = "schemaless_client_"
         self.calls = Histogram(
-            name + "call_seconds", "Calls of the datastore, by verb", ["verb"], registry=registry
+            name + "call_seconds",
+            "Calls of the datastore, by verb",
+            ["verb"],
+            registry=registry,
+            buckets=BUCKETS,
         )
         self.statements = Histogram(
             name + "statement_seconds",
             "Round trips (one statement batch each), by verb and server",
             ["verb", "server"],
             registry=registry,
+            buckets=BUCKETS,
         )
         self.errors = Counter(
             name + "errors",

@@ -5,7 +5,8 @@ CLIENT span per call of a verb (``get``, ``put``, ``query``...), and under it a 
 per round trip (one statement batch on one server), with the database semantic
 conventions: ``db.system`` (and ``db.system.name``) "mariadb", ``db.operation.name``
 (and the older ``db.operation``), ``db.namespace`` (the datastore's prefix),
-``server.address``, ``server.port``, ``error.type``.  Never a value, a parameter, a
+``server.address``, ``server.port``, ``error.type``; a ``retry`` event on the call's
+span before a batch is sent again.  Never a value, a parameter, a
 body or an error message: a round trip's operation is the leading keywords of its
 statements (``START;INSERT;COMMIT``), not their text.
 """
@@ -54,9 +55,10 @@ class _Spans:
     """Spans, opened and ended by ``schemaless.hooks``."""
 
     def __init__(self, tracer: Tracer, namespace: str) -> None:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+        from opentelemetry.trace import SpanKind, Status, StatusCode, get_current_span
 
         self._tracer = tracer
+        self._current = get_current_span
         self._kind = SpanKind.CLIENT
         self._error = functools.partial(Status, StatusCode.ERROR)
         self._common = {"db.system": _SYSTEM, "db.system.name": _SYSTEM, "db.namespace": namespace}
@@ -95,7 +97,15 @@ class _Spans:
         span.end(end_time=end)
 
     def retried(self, server: str, error: SchemalessError) -> None:
-        """Retries are counted by the metrics; a span shows them as more round trips."""
+        address = _address(server)
+        self._current().add_event(
+            "retry",
+            {
+                "error.type": type(error).__name__,
+                "server.address": address.host,
+                "server.port": address.port,
+            },
+        )
 
 
 @functools.lru_cache(maxsize=1024)

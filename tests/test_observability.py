@@ -147,10 +147,15 @@ def test_without_the_extras_a_clear_error_and_nothing_attached(
 
 
 def test_a_retry_is_counted_by_server_and_error(make_store: Callable[..., DataStore]) -> None:
-    """A lock wait timeout (the server rolled back) is retried; the counter sees it."""
+    """A lock wait timeout (the server rolled back) is retried; the counter sees it,
+    and the span under way gets a ``retry`` event."""
     store = make_store()
     registry = CollectorRegistry()
     metrics.instrument(store, registry=registry)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.instrument(store, tracer_provider=provider)
     server = store.cluster.servers()[0]
     db = "t_obs_retry_" + store.cluster.catalog.prefix
     table = f"{db}.t"
@@ -174,9 +179,18 @@ def test_a_retry_is_counted_by_server_and_error(make_store: Callable[..., DataSt
         sql = (
             f"SET SESSION innodb_lock_wait_timeout = 1; SELECT a FROM {db}.t WHERE a = 1 FOR UPDATE"
         )
-        assert server.run(sql) == [((1,),)]
+        with provider.get_tracer("test").start_as_current_span("outer"):
+            assert server.run(sql) == [((1,),)]
     finally:
         thread.join()
         server.run(f"DROP DATABASE {db}")
     labels = {"server": server.name, "error": "ShardUnavailable"}
     assert registry.get_sample_value("schemaless_client_retries_total", labels) == 1
+    (outer,) = [s for s in exporter.get_finished_spans() if s.name == "outer"]
+    assert [(e.name, (e.attributes or {})["error.type"]) for e in outer.events] == [
+        ("retry", "ShardUnavailable")
+    ]
+    bucket = {"verb": "other", "server": server.name, "le": "0.0005"}
+    assert (
+        registry.get_sample_value("schemaless_client_statement_seconds_bucket", bucket) is not None
+    )

@@ -60,7 +60,7 @@ class _Spans:
         self._tracer = tracer
         self._current = get_current_span
         self._kind = SpanKind.CLIENT
-        self._error = functools.partial(Status, StatusCode.ERROR)
+        self._error = Status(StatusCode.ERROR)
         self._common = {"db.system": _SYSTEM, "db.system.name": _SYSTEM, "db.namespace": namespace}
 
     @contextlib.contextmanager
@@ -77,7 +77,7 @@ class _Spans:
                 yield
             except BaseException as exc:
                 span.set_attribute("error.type", type(exc).__name__)
-                span.set_status(self._error())
+                span.set_status(self._error)
                 raise
 
     def statement(self, verb: str, server: str, sql: str, seconds: float) -> None:

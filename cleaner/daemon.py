@@ -25,7 +25,7 @@ from schemaless.store import DataStore
 from .backfill import Backfill
 from .expire import Expiry
 from .feedtrim import trim_feed
-from .metrics import Figures, MetricsServer, held_text, prometheus_text
+from .metrics import Figures, MetricsServer, figure_families, held_text
 from .progress import Progress
 from .purge import purge_tombstones
 from .recent import RecentPass
@@ -215,7 +215,7 @@ class Cleaner:
         """Serve Prometheus figures at ``http://host:port/metrics``; the port bound."""
         labels = {"name": self.name}
         self.metrics = MetricsServer(
-            lambda: prometheus_text({**self.figures.as_dict(), **self._health()}, labels),
+            lambda: figure_families({**self.figures.as_dict(), **self._health()}, labels),
             port,
             host,
         )

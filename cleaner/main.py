@@ -453,6 +453,8 @@ def _run(
                 f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}",
                 param_hint="'--metrics-port'",
             ) from exc
+        except ImportError as exc:
+            raise click.ClickException(str(exc)) from exc
         log.info("metrics at http://%s:%d/metrics", metrics_host, port)
     try:
         if index is not None:

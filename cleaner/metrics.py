@@ -1,14 +1,17 @@
-"""The Cleaner's figures, and an optional Prometheus endpoint that serves them."""
+"""The Cleaner's figures, and an optional Prometheus endpoint that serves them
+(prometheus_client, the ``schemaless-mysql[metrics]`` extra)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["HELD", "Figures", "MetricsServer", "held_text", "prometheus_text"]
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+__all__ = ["HELD", "Figures", "MetricsServer", "figure_families", "held_text"]
 
 #: Seconds the throttle held a copy back, one figure per kind of signal
 #: (``throttled_<aimd.Breach.kind>_s``), and the kind as the summary names it.
@@ -103,58 +106,56 @@ class Figures:
             return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
 
 
-def prometheus_text(figures: dict[str, Any], labels: dict[str, str]) -> str:
-    """Figures in the Prometheus text exposition format."""
-    label = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-    lines = []
+def figure_families(figures: Mapping[str, Any], labels: Mapping[str, str]) -> list[Metric]:
+    """Figures as Prometheus metric families: ``schemaless_cleaner_<figure>`` (counters
+    with ``_total``), and ``schemaless_cleaner_up`` labelled with the state."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    names, values = sorted(labels), [labels[k] for k in sorted(labels)]
+    out: list[Metric] = []
     for name, value in sorted(figures.items()):
         if name == "state":
-            metric = "schemaless_cleaner_up"
-            lines += [f"# TYPE {metric} gauge", f'{metric}{{{label},state="{_escape(value)}"}} 1']
-            continue
-        if not isinstance(value, (int, float)):  # throttle's reason, no limit: not figures
-            continue
-        kind = "counter" if name in _COUNTERS else "gauge"
-        metric = f"schemaless_cleaner_{name}" + ("_total" if kind == "counter" else "")
-        lines += [f"# TYPE {metric} {kind}", f"{metric}{{{label}}} {value:g}"]
-    return "\n".join(lines) + "\n"
-
-
-def _escape(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+            up = GaugeMetricFamily(
+                "schemaless_cleaner_up", "The Cleaner's state", labels=[*names, "state"]
+            )
+            up.add_metric([*values, str(value)], 1)
+            out.append(up)
+        elif isinstance(value, (int, float)):  # the throttle's reason, no limit: not figures
+            kind = CounterMetricFamily if name in _COUNTERS else GaugeMetricFamily
+            family = kind(f"schemaless_cleaner_{name}", name.replace("_", " "), labels=names)
+            family.add_metric(values, float(value))
+            out.append(family)
+    return out
 
 
 class MetricsServer:
-    """``GET /metrics`` on ``host:port`` from a daemon thread (127.0.0.1 by default)."""
+    """``GET /metrics`` on ``host:port`` (127.0.0.1 by default), served by
+    prometheus_client from a daemon thread; ``collect`` gives the families."""
 
-    def __init__(self, render: Callable[[], str], port: int, host: str = "127.0.0.1") -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # http.server's naming
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served")
-                    return
-                body = render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # scrapes every few seconds would flood the log
-
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
+    def __init__(
+        self, collect: Callable[[], Iterable[Metric]], port: int, host: str = "127.0.0.1"
+    ) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError as exc:
+            raise ImportError(
+                "the metrics endpoint needs prometheus_client: "
+                "pip install 'schemaless-mysql[metrics]'"
+            ) from exc
+        registry = CollectorRegistry()
+        registry.register(_Collector(collect))
+        self._httpd, self._thread = start_http_server(port, host, registry)
         self.port = int(self._httpd.server_address[1])
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="cleaner-metrics", daemon=True
-        )
-        self._thread.start()
 
     def close(self) -> None:
         """Stop serving."""
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class _Collector:
+    def __init__(self, collect: Callable[[], Iterable[Metric]]) -> None:
+        self.collect = collect
 
 
 def held_text(figures: Mapping[str, Any]) -> str:

@@ -24,6 +24,7 @@ from .errors import (
     CatalogUnavailable,
     InvalidQuery,
     PermissionDenied,
+    SchemalessError,
     ShardUnavailable,
 )
 from .hashing import shard_of
@@ -67,6 +68,7 @@ class Cluster:
             raise CatalogError("no servers given: pass mysql_shards=['host:port', ...]")
         self.options = options
         self.tracer = tracer
+        self.on_retry: Callable[[str, SchemalessError], None] | None = None  # schemaless.hooks
         self.codec = codec or Codec()
         self.max_replica_lag = max_replica_lag
         self._lags: dict[Address, tuple[float, float | None]] = {}
@@ -128,6 +130,7 @@ class Cluster:
             server = self._servers.get(address)
             if server is None:
                 server = Server(address, self.options, self.tracer, self._learnt_packet)
+                server.on_retry = self.on_retry
                 self._servers[address] = server
             return server
 

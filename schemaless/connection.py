@@ -1,12 +1,12 @@
 """Connections to one MySQL server: a bounded pool, one round trip per call.
 
-``Server.run`` sends one (multi-statement) batch and returns every result set.  It
-owns the three concerns of talking to a server: a small pool (connections are never
-shared between threads), error translation (every driver error becomes a
-``SchemalessError`` here and nowhere else, the original kept as ``__cause__``) and
-retries (only when nothing can have been committed twice).  It also keeps each
+``Server.run`` sends one (multi-statement) batch and returns every result set.  A
+``Server`` owns a small pool (connections are never shared between threads), each
 server's ``Health`` (a server that let a call wait out a timeout fails the next calls at
-once until a probe finds it answering) and each call's deadline (``schemaless.deadline``).
+once until a probe finds it answering) and each call's deadline
+(``schemaless.deadline``).  Driver errors become schemaless errors in
+``schemaless.translate``; batches in flight, retries and ``gather`` are
+``schemaless.batch`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -18,34 +18,30 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import MySQLdb
 from MySQLdb.constants import CLIENT
 
 from . import deadline, forking
+from .batch import Batch, Reply, Retryable, Rows, Sent, gather, gather_partial
 from .deadline import Watchdog
 from .dsn import Address, Credentials
 from .errors import (
-    ConflictError,
     DataStoreClosed,
-    EntityTooLarge,
-    InvalidEntity,
     OutcomeUnknown,
-    PermissionDenied,
     SchemalessError,
-    ServerError,
     ShardTimeout,
     ShardUnavailable,
-    StorageFull,
-    TableMissing,
     TransientError,
 )
 from .health import DOWN, Health
 from .latency import LatencySample
+from .translate import DEADLOCK, LOST, NOT_SENT, TIMED_OUT_HINTS, error_code, translate
+from .wire import close_quietly, literals, read_results
 
 __all__ = [
     "Batch",
@@ -59,9 +55,6 @@ __all__ = [
     "gather_partial",
 ]
 
-Rows = list[tuple[tuple[Any, ...], ...]]
-K = TypeVar("K")
-
 #: Called after every round trip with the server's name, the SQL template and seconds.
 Tracer = Callable[[str, str, float], None]
 
@@ -71,19 +64,8 @@ SESSION_SQL = (
     "SESSION tx_isolation = 'READ-COMMITTED'"
 )
 
-_DEADLOCK = {1205, 1213}  # lock wait timeout, deadlock: the server rolled back
-# 1203, 1226: the user's connection (or hourly) limits, reached: retryable like 1040
-_UNREACHABLE = {1040, 1053, 1203, 1226, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031}
-_NOT_SENT = {1040, 2002, 2003, 2005}  # failed before the batch could reach the server
-_DENIED = {1044, 1045, 1142, 1143, 1227, 1370}
-_MISSING = {1049, 1146}
-_TOO_LARGE = {1153, 1301, 2020}
-_BAD_VALUE = {1264, 1366, 1406, 1292}
 _SSL_KEYS = frozenset({"ca", "capath", "cert", "key", "cipher", "mode"})
 _SSL_MODES = ("VERIFY_IDENTITY", "VERIFY_CA")  # libmariadb checks the host name in both
-_FULL = {1021, 1114}  # disk full, table full (a data file at its cap)
-_FULL_HINTS = ("no space left", "errcode: 28", "errno: 28", "error 28 ")
-_TIMED_OUT_HINTS = ("timed out", "system error: 110", "timeout")
 # A connection that read a reply this recently is reused without polling its socket
 # (the poll releases the GIL, which many threads then fight to take back): a server
 # that closed it since is down right now, as no restart takes 10 ms, and a new
@@ -97,8 +79,6 @@ _PING = 1.0
 # on pooled connections: a call ends by its deadline plus this, and a server is marked
 # down only for a reply it owed before the deadline.
 _GRACE = 0.2
-# Driver errors of a server that dropped a connection or refused one.
-_LOST = {1053, 2002, 2003, 2006, 2013, 2055}
 
 _WATCHDOG = Watchdog()
 
@@ -180,6 +160,8 @@ class Server:
         self.name = str(address)
         self.options = options
         self.tracer = tracer
+        #: told the server's name and the error before each retry (``schemaless.hooks``)
+        self.on_retry: Callable[[str, SchemalessError], None] | None = None
         #: the server's max_allowed_packet, read on its first connection (None before)
         self.max_packet: int | None = None
         self._on_packet = on_packet  # told the packet once it is known
@@ -232,7 +214,7 @@ class Server:
         try:
             conn = _Conn(MySQLdb.connect(**kwargs))
         except MySQLdb.Error as exc:
-            error = self._translate(exc, sent=False, commits=False)
+            error = translate(self.name, exc, sent=False, commits=False)
             self._note(exc, error, silent=isinstance(error, ShardTimeout))
             raise error from exc
         if self.max_packet is None:
@@ -245,10 +227,10 @@ class Server:
         process); a failure discards the connection like a failed connect."""
         try:
             conn.db.query("SELECT @@max_allowed_packet")
-            packet = int(_read_results(conn.db, None)[0][0][0])
+            packet = int(read_results(conn.db, None)[0][0][0])
         except MySQLdb.Error as exc:
-            _close_quietly(conn.db)
-            error = self._translate(exc, sent=False, commits=False)
+            close_quietly(conn.db)
+            error = translate(self.name, exc, sent=False, commits=False)
             self._note(exc, error, silent=isinstance(error, ShardTimeout))
             raise error from exc
         self.max_packet = packet
@@ -276,12 +258,12 @@ class Server:
         try:
             yield conn.db
         except MySQLdb.Error as exc:
-            self._release(conn, healthy=False)
-            raise self._translate(exc, sent=True, commits=False) from exc
+            self.release(conn, healthy=False)
+            raise translate(self.name, exc, sent=True, commits=False) from exc
         except BaseException:
-            self._release(conn, healthy=False)
+            self.release(conn, healthy=False)
             raise
-        self._release(conn, healthy=True)
+        self.release(conn, healthy=True)
 
     def _acquire(self, at: float | None) -> _Conn:
         """Take a pooled connection (or a new one), waiting at most ``pool_wait`` and
@@ -319,13 +301,13 @@ class Server:
                     self._returned.notify()
             raise
 
-    def _release(self, conn: _Conn, *, healthy: bool) -> None:
+    def release(self, conn: _Conn, *, healthy: bool) -> None:
         """Return a connection; one that saw an error is closed, never reused."""
         keep = healthy and not self._closed
         if keep:
             conn.last_used = time.monotonic()
         else:
-            _close_quietly(conn.db)
+            close_quietly(conn.db)
         with self._lock:
             self._in_use -= 1
             if keep:
@@ -352,10 +334,10 @@ class Server:
                 bound = min(_PING, self.options.read_timeout, _PING if left is None else left)
                 if self._ping(conn, bound):
                     return conn
-                _close_quietly(conn.db)
+                close_quietly(conn.db)
                 self._suspect(f"a stale connection's ping got no reply within {bound:.2g}s")
                 break
-            _close_quietly(conn.db)
+            close_quietly(conn.db)
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
         return self._connect(at)
@@ -369,7 +351,7 @@ class Server:
             if not conn.poller.poll(bound * 1000):
                 return False  # the reply may still come: the connection is closed
             conn.db.read_query_result()
-            _read_results(conn.db, None)
+            read_results(conn.db, None)
             return True
         except MySQLdb.Error:
             return False
@@ -381,7 +363,7 @@ class Server:
         (``silent``), suspect if it dropped or refused a connection."""
         if silent:
             self._mark_down(str(error))
-        elif _code(exc) in _LOST:
+        elif error_code(exc) in LOST:
             self._suspect(str(error))
 
     def _suspect(self, reason: str) -> None:
@@ -421,16 +403,20 @@ class Server:
             if not self._closed:
                 self._idle.append(conn)
                 return
-        _close_quietly(conn.db)
+        close_quietly(conn.db)
 
     def _drop_idle(self) -> None:
         with self._lock:
             idle, self._idle = list(self._idle), deque()
         for conn in idle:
-            _close_quietly(conn.db)
+            close_quietly(conn.db)
 
     def _expired(self, when: str) -> ShardTimeout:
         return ShardTimeout(f"{self.name}: the call's deadline passed {when}")
+
+    def pool_state(self) -> tuple[int, int]:
+        """Connections in use, and threads waiting for one."""
+        return self._in_use, self._waiting
 
     def close(self) -> None:
         """Close idle connections; connections in use close when returned."""
@@ -461,7 +447,7 @@ class Server:
         """
         return Batch(self, sql, params, commits, idempotent, counts).send().result()
 
-    def _send(self, batch: Batch) -> _Sent | Exception:
+    def send(self, batch: Batch) -> Sent | Exception:
         """Take a connection and send the batch without waiting for the reply; the
         error instead if that failed (the connection is then discarded).  Interrupts
         (KeyboardInterrupt, SystemExit) are raised at once, never deferred."""
@@ -472,15 +458,15 @@ class Server:
         except Exception as exc:  # marked down, pool exhausted or closed, connect failed
             return exc
         if at is not None and at + _GRACE <= time.monotonic():
-            self._release(conn, healthy=True)
+            self.release(conn, healthy=True)
             return self._expired("before sending")
         try:
             db = conn.db
             params = batch.params
-            db.send_query(batch.sql.encode() % _literals(db, params) if params else batch.sql)
-            return _Sent(conn, started, at)
+            db.send_query(batch.sql.encode() % literals(db, params) if params else batch.sql)
+            return Sent(conn, started, at)
         except BaseException as exc:
-            self._release(conn, healthy=False)
+            self.release(conn, healthy=False)
             if isinstance(exc, MySQLdb.Error):
                 self._traced(batch, started)
                 return self._failed(exc, commits=batch.commits, waited=0.0)
@@ -488,7 +474,7 @@ class Server:
                 return exc
             raise
 
-    def _receive(self, batch: Batch, sent: _Sent) -> Rows:
+    def receive(self, batch: Batch, sent: Sent) -> Rows:
         """Read the reply of a sent batch and give its connection back; by the call's
         deadline (plus ``_GRACE`` when it had passed already) the watchdog cuts it."""
         healthy = False
@@ -504,7 +490,7 @@ class Server:
             if batch.counts is not None:
                 batch.counts.clear()
             db.read_query_result()
-            results = _read_results(db, batch.counts)
+            results = read_results(db, batch.counts)
             healthy = True
         except MySQLdb.Error as exc:
             cut = armed is not None and _WATCHDOG.disarm(armed)
@@ -516,7 +502,7 @@ class Server:
         finally:
             if armed is not None and _WATCHDOG.disarm(armed):
                 healthy = False  # cut just after the reply came: the socket is shut down
-            self._release(sent.conn, healthy=healthy)
+            self.release(sent.conn, healthy=healthy)
             self._traced(batch, sent.started)
         self.health.up()
         return results
@@ -543,21 +529,21 @@ class Server:
     def _failed(self, exc: MySQLdb.Error, *, commits: bool, waited: float) -> Exception:
         """A driver error after sending: the error to raise, or ``_Retryable``.  A
         connection lost after ``waited`` seconds of read_timeout was a timeout."""
-        error = self._translate(exc, sent=True, commits=commits)
+        error = translate(self.name, exc, sent=True, commits=commits)
         error.__cause__ = exc
-        code = _code(exc)
+        code = error_code(exc)
         text = str(exc).lower()
         client = 2000 <= code < 3000  # the driver's own errors: the server said nothing
         self._note(
             exc,
             error,
-            silent=(client and any(h in text for h in _TIMED_OUT_HINTS))
+            silent=(client and any(h in text for h in TIMED_OUT_HINTS))
             or (code == 2013 and waited >= max(1, round(self.options.read_timeout)) - 0.1),
         )
-        if code in _DEADLOCK or (isinstance(error, ShardUnavailable) and code in _NOT_SENT):
-            return _Retryable(error, after_send=False)
+        if code in DEADLOCK or (isinstance(error, ShardUnavailable) and code in NOT_SENT):
+            return Retryable(error, after_send=False)
         if type(error) is ShardUnavailable and code in (2006, 2013) and not commits:
-            return _Retryable(error, after_send=True)
+            return Retryable(error, after_send=True)
         return error
 
     def replica_lag(self) -> float | None:
@@ -573,217 +559,3 @@ class Server:
             return None
         lag = rows[0][names.index("Seconds_Behind_Master")]
         return float(lag) if lag is not None else None
-
-    def _translate(self, exc: MySQLdb.Error, *, sent: bool, commits: bool) -> SchemalessError:
-        """The one place where driver errors become schemaless errors."""
-        code = _code(exc)
-        text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
-        where = f"{self.name}: {text} (MySQL error {code})"
-        if code == 2026:
-            return ShardUnavailable(
-                "TLS connection failed (check the ssl options and the server's "
-                f"certificate): {where}"
-            )
-        if code in _UNREACHABLE or (isinstance(exc, MySQLdb.OperationalError) and code >= 2000):
-            timed_out = any(h in text.lower() for h in _TIMED_OUT_HINTS) or code == 2013
-            if sent and commits and code in (2006, 2013):
-                return OutcomeUnknown(f"commit outcome unknown, connection lost: {where}")
-            if timed_out and code != 2006:
-                return ShardTimeout(f"server did not answer in time: {where}")
-            return ShardUnavailable(f"server unavailable: {where}")
-        if code in _DEADLOCK:
-            return ShardUnavailable(f"lock contention persisted: {where}")
-        if code == 1969:  # the server's max_statement_time: aborted, nothing committed
-            return ShardTimeout(f"statement ran past the server's max_statement_time: {where}")
-        if code == 1062:  # duplicate key (e.g. a NEW entity's id is taken): nothing written
-            return ConflictError(f"duplicate key: {where}")
-        if code in _DENIED:
-            hint = "" if code == 1045 else "; this user's grants do not allow it"
-            return PermissionDenied(f"permission denied: {where}{hint}")
-        if code in _MISSING:
-            return TableMissing(f"missing database or table (initialised? moving?): {where}")
-        if code in _FULL or any(h in text.lower() for h in _FULL_HINTS):
-            return StorageFull(f"server out of space, statement rolled back: {where}")
-        if code in _TOO_LARGE:
-            return EntityTooLarge(f"statement too large for the server: {where}")
-        if code in _BAD_VALUE:
-            return InvalidEntity(f"value refused by the server: {where}")
-        return ServerError(f"server error: {where}")
-
-
-class _Retryable(Exception):
-    """Internal: a translated error that ``Server.run`` may retry."""
-
-    def __init__(self, error: SchemalessError, *, after_send: bool) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.after_send = after_send
-
-
-@dataclass(slots=True)
-class Batch:
-    """One round trip to one server (see ``Server.run`` for the flags)."""
-
-    server: Server
-    sql: str
-    params: Sequence[Any] = ()
-    commits: bool = False
-    idempotent: bool = True
-    counts: list[int] | None = None
-
-    def send(self) -> Reply:
-        """Send it now; read the reply later with ``Reply.result``."""
-        return Reply(self, self.server._send(self))
-
-
-class _Sent:
-    __slots__ = ("at", "conn", "started")
-
-    def __init__(self, conn: _Conn, started: float, at: float | None) -> None:
-        self.conn = conn
-        self.started = started
-        self.at = at
-
-
-class Reply:
-    """A batch in flight: its connection stays taken until ``result`` or ``cancel``."""
-
-    __slots__ = ("_batch", "_state")
-
-    def __init__(self, batch: Batch, state: _Sent | Exception) -> None:
-        self._batch = batch
-        self._state: _Sent | Exception | None = state
-
-    def result(self) -> Rows:
-        """The rows of each result set; errors are raised here, retried as ``run`` does."""
-        try:
-            return self._first()
-        except _Retryable as exc:
-            return self._retry(exc)
-
-    def _first(self) -> Rows:
-        """The reply as sent (``_Retryable`` if it may be sent again)."""
-        state, self._state = self._state, None
-        if state is None:
-            raise RuntimeError("Reply.result called twice")
-        if isinstance(state, Exception):
-            raise state
-        return self._batch.server._receive(self._batch, state)
-
-    def _retry(self, exc: _Retryable) -> Rows:
-        """Send again after a retryable error, with backoff, as long as allowed."""
-        batch, server = self._batch, self._batch.server
-        delays = server.options.retry.delays()
-        at = deadline.current()
-        while True:
-            delay = next(delays, None)
-            if (
-                delay is None
-                or (exc.after_send and not batch.idempotent)
-                or (at is not None and time.monotonic() + delay >= at)
-            ):
-                raise exc.error from exc.error.__cause__
-            time.sleep(delay)
-            self._state = server._send(batch)
-            try:
-                return self._first()
-            except _Retryable as again:
-                exc = again
-
-    def cancel(self) -> None:
-        """Give up on the reply: its connection is closed, never reused."""
-        state, self._state = self._state, None
-        if isinstance(state, _Sent):
-            self._batch.server._release(state.conn, healthy=False)
-
-
-def gather(batches: Mapping[K, Batch]) -> dict[K, Rows]:
-    """Run one batch per key, the servers working in parallel; every batch finishes
-    before this returns, and the first error is raised after."""
-    results, errors = gather_partial(batches)
-    for error in errors.values():
-        raise error
-    return results
-
-
-def gather_partial(batches: Mapping[K, Batch]) -> tuple[dict[K, Rows], dict[K, SchemalessError]]:
-    """Like ``gather`` but returns the errors per key instead of raising.
-
-    Every batch is sent before any reply is read, from this thread: no worker threads,
-    and the servers overlap their work.  Connections are taken in server-name order
-    and retries wait until every first reply is read (this thread then holds no other
-    connection), so callers that wait for full pools cannot deadlock each other.
-    """
-    keys = sorted(batches, key=lambda k: batches[k].server.name)
-    replies: dict[K, Reply] = {}
-    again: dict[K, tuple[Reply, _Retryable]] = {}
-    results: dict[K, Rows] = {}
-    errors: dict[K, SchemalessError] = {}
-    try:
-        for key in keys:
-            replies[key] = batches[key].send()
-        for key in keys:
-            reply = replies.pop(key)
-            try:
-                results[key] = reply._first()
-            except _Retryable as retryable:
-                again[key] = (reply, retryable)
-            except SchemalessError as exc:
-                errors[key] = exc
-    finally:
-        for reply in replies.values():
-            reply.cancel()
-    for key, (reply, first) in again.items():
-        try:
-            results[key] = reply._retry(first)
-        except SchemalessError as error:
-            errors[key] = error
-    return results, errors
-
-
-def _literals(db: Any, params: Sequence[Any]) -> tuple[bytes, ...]:
-    """SQL literals of the parameters: the driver's escaping, with a fast path for the
-    types every statement is full of (bytes, int, str)."""
-    quote = db.string_literal
-    out = []
-    for value in params:
-        kind = type(value)
-        if kind is bytes:
-            out.append(quote(value))
-        elif kind is int:
-            out.append(b"%d" % value)
-        elif kind is str:
-            out.append(quote(value.encode()))
-        elif value is None:
-            out.append(b"NULL")
-        else:
-            out.append(db.literal(value))
-    return tuple(out)
-
-
-def _read_results(db: Any, counts: list[int] | None) -> list[tuple[tuple[Any, ...], ...]]:
-    """Every result set of the batch just sent (and, into ``counts``, the affected rows
-    of each statement that has no result set).
-
-    The driver's result objects are freed when this function returns, while the
-    calling thread still owns the connection (freeing one takes the connection's lock).
-    """
-    results = []
-    while True:
-        result = db.store_result()
-        if result is not None:
-            results.append(result.fetch_row(maxrows=0))
-        elif counts is not None:
-            counts.append(db.affected_rows())
-        if db.next_result() != 0:
-            return results
-
-
-def _code(exc: MySQLdb.Error) -> int:
-    arg = exc.args[0] if exc.args else 0
-    return arg if isinstance(arg, int) else 0
-
-
-def _close_quietly(db: Any) -> None:
-    with contextlib.suppress(MySQLdb.Error):  # already broken: nothing more to release
-        db.close()

@@ -5,7 +5,7 @@ was committed; :class:`ShardUnavailable` (nothing was) and :class:`OutcomeUnknow
 (it may have been) are siblings under it, so a handler of the first never mistakes
 the second for it.
 
-Every driver error is translated into one of these in ``schemaless.connection``;
+Every driver error is translated into one of these in ``schemaless.translate``;
 the original is kept as ``__cause__``.  Messages say what was wrong and where, and
 never contain credentials.
 """

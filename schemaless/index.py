@@ -1,31 +1,21 @@
-"""Index definitions: typed columns, the rows an entity produces, and the DDL.
+"""Index definitions: the rows an entity produces, and the DDL of their tables.
 
 An index is a table ``index_<name>`` on every logical shard, with one column
 ``p_<property>`` per indexed property, then ``entity_id`` and ``entity_version``.
-Its rows are placed by the value of the ``shard_on`` property.
-
-Column types come from a small vocabulary (:func:`parse_type`).  Every value is
-*coerced* before it reaches SQL: the coerced value is the SQL parameter and the value
-the query re-filter compares, so Python's comparison of coerced values agrees with
-MariaDB's comparison of the column.  A value that does not fit its column is refused,
-never truncated.
-
-:func:`key_encode` is the canonical, order-preserving encoding of a scalar: it is the
-column value of untyped (``auto``) properties and the bytes hashed for placement.
+Its rows are placed by the value of the ``shard_on`` property.  The column types are
+``schemaless.columns``; the encoding of untyped values and of placement keys is
+``schemaless.keys`` (both re-exported here).
 """
 
 from __future__ import annotations
 
-import math
 import re
-import struct
-import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .columns import AUTO, ColumnType, parse_type, type_name
 from .errors import IndexDefinitionError, InvalidEntity, InvalidQuery
+from .keys import key_decode, key_encode
 from .names import check_identifier, quote
 
 if TYPE_CHECKING:
@@ -34,330 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ColumnType", "Index", "key_decode", "key_encode", "parse_type"]
 
-# -- key_encode ------------------------------------------------------------------------
-
-TAG_BOOL = b"\x01"
-TAG_INT = b"\x02"
-TAG_FLOAT = b"\x03"
-TAG_STR = b"\x04"
-TAG_BYTES = b"\x05"
-
-_INT_MIN = -(2**63)
-_INT_MAX = 2**63 - 1
-_INT_BIAS = 2**63
-_SIGN_BIT = 1 << 63
-_ALL_BITS = (1 << 64) - 1
-_pack_double = struct.Struct(">d").pack
-_pack_int = partial(struct.Struct(">BQ").pack, TAG_INT[0])  # tag and biased value
-_unpack_u64 = struct.Struct(">Q").unpack
-
-
-def _encode_int(value: int) -> bytes:
-    if not _INT_MIN <= value <= _INT_MAX:
-        raise ValueError("int is outside the 64-bit signed range (-2**63 .. 2**63-1)")
-    return _pack_int(value + _INT_BIAS)  # one call: the backfill places every row with it
-
-
-def _check_finite(value: float) -> None:
-    if value != value:
-        raise ValueError("NaN cannot be indexed")
-    if value in (math.inf, -math.inf):
-        raise ValueError(f"{value} cannot be indexed")
-
-
-def _encode_float(value: float) -> bytes:
-    _check_finite(value)
-    if value == 0.0:
-        value = 0.0  # -0.0 and 0.0 are the same key
-    bits: int = _unpack_u64(_pack_double(value))[0]
-    bits = bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT
-    return TAG_FLOAT + bits.to_bytes(8, "big")
-
-
-def _utf8(value: str) -> bytes:
-    try:
-        return value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("str contains a lone surrogate (not valid UTF-8)") from None
-
-
-def key_encode(value: object) -> bytes:
-    """The canonical, order-preserving bytes of a scalar (tag byte, then payload).
-
-    Within one type, bytewise order of encodings equals Python's order of values.
-    A ``uuid.UUID`` encodes as its 16 bytes.  Raises TypeError for an unsupported
-    type and ValueError for an unsupported value (NaN, inf, out-of-range int, lone
-    surrogate).
-    """
-    t = type(value)
-    if t is str:
-        return TAG_STR + _utf8(value)  # type: ignore[arg-type]
-    if t is int:
-        return _encode_int(value)  # type: ignore[arg-type]
-    if t is bytes:
-        return TAG_BYTES + value  # type: ignore[operator]
-    if t is bool:
-        return TAG_BOOL + (b"\x01" if value else b"\x00")
-    if t is float:
-        return _encode_float(value)  # type: ignore[arg-type]
-    # subclasses (IntEnum, str enums, ...) and uuid.UUID
-    if isinstance(value, bool):
-        return TAG_BOOL + (b"\x01" if value else b"\x00")
-    if isinstance(value, int):
-        return _encode_int(int(value))
-    if isinstance(value, float):
-        return _encode_float(float(value))
-    if isinstance(value, str):
-        return TAG_STR + _utf8(str(value))
-    if isinstance(value, bytes):
-        return TAG_BYTES + bytes(value)
-    if isinstance(value, uuid.UUID):
-        return TAG_BYTES + value.bytes
-    raise TypeError(f"a {t.__name__} cannot be indexed (use str, bytes, int, float, bool, UUID)")
-
-
-_unpack_double = struct.Struct(">d").unpack
-
-
-def key_decode(encoded: bytes) -> object:
-    """The scalar of :func:`key_encode` bytes (a UUID comes back as its 16 bytes)."""
-    tag, payload = encoded[:1], bytes(encoded[1:])
-    if tag == TAG_STR:
-        return payload.decode("utf-8")
-    if tag == TAG_BYTES:
-        return payload
-    if tag == TAG_BOOL:
-        return payload == b"\x01"
-    bits = int.from_bytes(payload, "big")
-    if tag == TAG_INT:
-        return bits - _INT_BIAS
-    if tag == TAG_FLOAT:
-        bits = bits ^ _SIGN_BIT if bits & _SIGN_BIT else bits ^ _ALL_BITS
-        return float(_unpack_double(bits.to_bytes(8, "big"))[0])
-    raise ValueError(f"not a key_encode value: tag {tag!r}")
-
-
-# -- column types ----------------------------------------------------------------------
-
-_Coercer = Callable[[object], object]
-
-AUTO_MAX_BYTES = 767
-STR_MAX = 768
-BYTES_MAX = 3072
 MAX_KEY_BYTES = 3072
 ENTITY_ID_BYTES = 16
-
-
-def _type_name(value: object) -> str:
-    return type(value).__name__
-
-
-def _coerce_uuid(value: object) -> object:
-    if isinstance(value, uuid.UUID):
-        return value.bytes
-    if isinstance(value, bytes):
-        if len(value) != 16:
-            raise ValueError(f"expected 16 bytes for a uuid, got {len(value)} bytes")
-        return bytes(value)
-    raise ValueError(f"expected 16 bytes or uuid.UUID, got {_type_name(value)}")
-
-
-def _coerce_int(value: object) -> object:
-    if type(value) is int:
-        if not _INT_MIN <= value <= _INT_MAX:
-            raise ValueError("int is outside the 64-bit signed range (-2**63 .. 2**63-1)")
-        return value
-    if isinstance(value, bool):
-        raise ValueError("bool is not an int")
-    if isinstance(value, int):
-        return _coerce_int(int(value))
-    raise ValueError(f"expected int, got {_type_name(value)}")
-
-
-def _coerce_float(value: object) -> object:
-    if type(value) is float:
-        _check_finite(value)
-        return value + 0.0  # normalises -0.0 to 0.0
-    if isinstance(value, bool):
-        raise ValueError("bool is not a float")
-    if isinstance(value, int):
-        try:
-            f = float(value)
-        except OverflowError:
-            raise ValueError("int is too large for a float") from None
-        if f != value:
-            raise ValueError("int cannot be stored exactly as a float (above 2**53)")
-        return f
-    if isinstance(value, float):
-        return _coerce_float(float(value))
-    raise ValueError(f"expected float, got {_type_name(value)}")
-
-
-def _coerce_bool(value: object) -> object:
-    if value is True:
-        return 1
-    if value is False:
-        return 0
-    raise ValueError(f"expected bool, got {_type_name(value)}")
-
-
-def _coerce_auto(value: object) -> object:
-    try:
-        encoded = key_encode(value)
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
-    if len(encoded) > AUTO_MAX_BYTES:
-        raise ValueError(
-            f"{_type_name(value)} encodes to {len(encoded)} bytes, longer than the "
-            f"{AUTO_MAX_BYTES} an untyped (auto) column holds; declare a typed str(N) "
-            "property for longer values"
-        )
-    return encoded
-
-
-def _str_coercer(n: int) -> _Coercer:
-    def coerce(value: object) -> object:
-        if type(value) is not str:
-            if not isinstance(value, str):
-                raise ValueError(f"expected str, got {_type_name(value)}")
-            value = str(value)
-        if len(value) > n:
-            raise ValueError(f"str of {len(value)} characters is longer than str({n})")
-        if not value.isascii():
-            _utf8(value)
-        return value
-
-    return coerce
-
-
-def _bytes_coercer(n: int) -> _Coercer:
-    def coerce(value: object) -> object:
-        if type(value) is not bytes:
-            if not isinstance(value, bytes):
-                raise ValueError(f"expected bytes, got {_type_name(value)}")
-            value = bytes(value)
-        if len(value) > n:
-            raise ValueError(f"bytes of {len(value)} bytes is longer than bytes({n})")
-        return value
-
-    return coerce
-
-
-_CANONICAL = re.compile(r"(uuid|int|float|bool|auto)\Z|(str|bytes)\(([1-9][0-9]{0,4})\)\Z")
-
-
-def _spec(name: str) -> tuple[str, int, _Coercer]:
-    """(sql, key_bytes, coercer) for a canonical type name, or ValueError."""
-    m = _CANONICAL.match(name)
-    if m is None:
-        raise ValueError(f"not a canonical column type name: {name!r}")
-    simple = m.group(1)
-    if simple == "uuid":
-        return "BINARY(16)", 16, _coerce_uuid
-    if simple == "int":
-        return "BIGINT", 8, _coerce_int
-    if simple == "float":
-        return "DOUBLE", 8, _coerce_float
-    if simple == "bool":
-        return "TINYINT", 1, _coerce_bool
-    if simple == "auto":
-        return f"VARBINARY({AUTO_MAX_BYTES})", AUTO_MAX_BYTES, _coerce_auto
-    kind, n = m.group(2), int(m.group(3))
-    if kind == "str":
-        if n > STR_MAX:
-            raise ValueError(f"str(N) takes 1 <= N <= {STR_MAX}, got {n}")
-        sql = f"VARCHAR({n}) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin"
-        return sql, 4 * n, _str_coercer(n)
-    if n > BYTES_MAX:
-        raise ValueError(f"bytes(N) takes 1 <= N <= {BYTES_MAX}, got {n}")
-    return f"VARBINARY({n})", n, _bytes_coercer(n)
-
-
-@dataclass(frozen=True)
-class ColumnType:
-    """A declared index column type; build it with :func:`parse_type`."""
-
-    name: str
-    sql: str
-    key_bytes: int
-    _coerce: _Coercer = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        sql, key_bytes, coercer = _spec(self.name)
-        if (sql, key_bytes) != (self.sql, self.key_bytes):
-            raise ValueError(
-                f"inconsistent ColumnType for {self.name!r}; use schemaless.index.parse_type()"
-            )
-        object.__setattr__(self, "_coerce", coercer)
-
-    @property
-    def is_auto(self) -> bool:
-        """True for the untyped ``auto`` column (values are :func:`key_encode` bytes)."""
-        return self.name == "auto"
-
-    @property
-    def plain(self) -> bool:
-        """Whether a column value, stored as a property, gives itself back: not so for
-        ``auto`` (key-encoded bytes) nor ``bool`` (0 and 1, from True and False only)."""
-        return self.name not in ("auto", "bool")
-
-    def coerce(self, value: object) -> object:
-        """The column value for ``value``; ValueError (with the reason) if it does not fit."""
-        return self._coerce(value)
-
-    def tag_bounds(self, coerced: object) -> tuple[bytes, bytes] | None:
-        """For ``auto``: ``(tag, tag + 1)``, bounds that keep a range within the value's
-        type (``lo <= column < hi``); None for typed columns."""
-        if self.name != "auto":
-            return None
-        if not isinstance(coerced, bytes) or not coerced:
-            raise ValueError("expected a coerced (key-encoded) auto value")
-        tag = coerced[0]
-        return bytes((tag,)), bytes((tag + 1,))
-
-
-_ALIASES = {"binary16": "uuid"}
-_PARSE = re.compile(r"(uuid|int|float|bool|auto|binary16)\Z|(str|string|bytes)\(([0-9]{1,6})\)\Z")
-
-
-@lru_cache(maxsize=256)
-def _parse_cached(text: str) -> ColumnType:
-    norm = "".join(text.split()).lower()
-    m = _PARSE.match(norm)
-    if m is None:
-        raise IndexDefinitionError(
-            f"unknown column type {text!r}: use uuid, str(N), bytes(N), int, float, bool or auto"
-        )
-    if m.group(1):
-        name = _ALIASES.get(m.group(1), m.group(1))
-    else:
-        kind = "str" if m.group(2) in ("str", "string") else "bytes"
-        n = int(m.group(3))
-        limit = STR_MAX if kind == "str" else BYTES_MAX
-        if not 1 <= n <= limit:
-            raise IndexDefinitionError(
-                f"bad column type {text!r}: {kind}(N) takes 1 <= N <= {limit}"
-            )
-        name = f"{kind}({n})"
-    sql, key_bytes, _ = _spec(name)
-    return ColumnType(name, sql, key_bytes)
-
-
-def parse_type(text: str) -> ColumnType:
-    """Parse a column type: ``uuid`` (alias ``binary16``), ``str(N)`` (alias
-    ``string(N)``), ``bytes(N)``, ``int``, ``float``, ``bool``, ``auto``.
-
-    Case-insensitive, spaces tolerated; IndexDefinitionError otherwise.
-    """
-    if not isinstance(text, str):
-        raise IndexDefinitionError(f"a column type must be a str, got {_type_name(text)}")
-    return _parse_cached(text)
-
-
-AUTO = parse_type("auto")
-
-# -- Index -----------------------------------------------------------------------------
-
 _INDEX_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}\Z")
 MAX_PROPERTIES = 8
 _COLUMN_PREFIX = "p_"
@@ -425,7 +93,7 @@ def _typed_properties(
                 raise IndexDefinitionError(f"property {prop!r} of {where}: {exc}") from None
         else:
             raise IndexDefinitionError(
-                f"property {prop!r} of {where}: a type must be a str, got {_type_name(type_text)}"
+                f"property {prop!r} of {where}: a type must be a str, got {type_name(type_text)}"
             )
         props.append(prop)
         types.append(ctype)
@@ -452,7 +120,7 @@ def _property_specs(
     if isinstance(properties, (str, bytes)) or not isinstance(properties, Iterable):
         raise IndexDefinitionError(
             f"properties must be a list of names (or a dict name -> type), "
-            f"got {_type_name(properties)}"
+            f"got {type_name(properties)}"
         )
     specs: list[tuple[object, object]] = []
     for item in properties:
@@ -604,7 +272,7 @@ class Index:
             if not isinstance(value, (list, tuple)):
                 raise InvalidEntity(
                     f"property {prop!r} of index {self.name!r} must be a list, "
-                    f"got {_type_name(value)}"
+                    f"got {type_name(value)}"
                 )
             for element in value:
                 if element is None:
@@ -660,7 +328,7 @@ class Index:
         if isinstance(value, (list, tuple)):
             raise InvalidQuery(
                 f"cannot query property {prop!r} of index {self.name!r} with a "
-                f"{_type_name(value)}; give a single value"
+                f"{type_name(value)}; give a single value"
             )
         try:
             return self._coercers[pos](value)
@@ -734,7 +402,7 @@ class Index:
     def from_dict(cls, d: Mapping[str, Any]) -> Index:
         """Rebuild an index from :meth:`to_dict` output; IndexDefinitionError if malformed."""
         if not isinstance(d, Mapping):
-            raise IndexDefinitionError(f"an index definition must be a dict, got {_type_name(d)}")
+            raise IndexDefinitionError(f"an index definition must be a dict, got {type_name(d)}")
         unknown = set(d) - {"name", "properties", "shard_on", "multi", "unique"}
         if unknown or "name" not in d or "properties" not in d:
             raise IndexDefinitionError(

@@ -109,6 +109,8 @@ def test_a_lock_timeout_is_retried_after_the_other_replies(servers: Any) -> None
 
     thread = threading.Thread(target=hold_the_row)
     thread.start()
+    retried: list[tuple[str, str]] = []
+    made[0].on_retry = lambda name, error: retried.append((name, type(error).__name__))
     try:
         assert holder_ready.wait(5)
         sql = (
@@ -116,9 +118,11 @@ def test_a_lock_timeout_is_retried_after_the_other_replies(servers: Any) -> None
         )
         out = gather({"locked": Batch(made[0], sql), "other": Batch(made[1], "SELECT 7")})
     finally:
+        made[0].on_retry = None
         thread.join()
         made[0].run(f"DROP DATABASE {db}")
     assert out == {"locked": [((1,),)], "other": [((7,),)]}
+    assert retried == [(made[0].name, "ShardUnavailable")]  # the hook saw the one retry
     assert len([t for t in traced if "FOR UPDATE" in t[1] and "SESSION" in t[1]]) == 2
     assert all(s._in_use == 0 for s in made)
 

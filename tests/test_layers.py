@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 #: Lowest first.  ``cleaner``, ``cli`` and ``local`` stand for their whole packages.
 LAYERS: list[set[str]] = [
-    {"errors", "failpoints", "forking", "hashing"},
+    {"errors", "failpoints", "forking", "hashing", "keys", "wire"},
     {
         "names",
         "ids",
@@ -26,9 +26,12 @@ LAYERS: list[set[str]] = [
         "clock",
         "jsonform",
         "results",
+        "columns",
+        "translate",
         "local",  # the development cluster: never imported by the library
     },
-    {"entity", "schema", "index", "connection", "expiry", "locate"},
+    {"entity", "schema", "index", "batch", "expiry", "locate"},
+    {"connection"},  # a server's pool
     {"catalog", "tables", "writes"},  # SQL builders, and the catalog
     {"scatter", "stale"},  # one batch per server
     {"cluster"},  # routing
@@ -36,8 +39,8 @@ LAYERS: list[set[str]] = [
     {"reader", "unique", "feed", "fit"},
     {"query", "protocol", "subscriptions"},
     {"store"},  # DataStore, the facade
-    {"aio", "connect", "dump", "grants", "move"},
-    {"demo", "__init__", "cleaner"},
+    {"aio", "connect", "dump", "grants", "move", "hooks"},
+    {"demo", "__init__", "cleaner", "metrics", "tracing"},
     {"cli"},
 ]
 

@@ -27,6 +27,7 @@ from schemaless.cli.main import cli
 from schemaless.deferrals import Deferrals
 from schemaless.errors import OutcomeUnknown, SchemalessError
 from schemaless.hashing import shard_of
+from schemaless.ids import id_hex
 from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.schema import shard_db
@@ -538,3 +539,40 @@ def test_a_crash_before_a_deferral_and_a_writer_throughout_end_exact(
     for key, m in checked.items():
         assert store.get(key)["m"] == m
         assert [e["id"] for e in store.query("by_m", m=m)] == [key]
+
+
+def test_a_unique_index_checks_its_deferred_claims_when_they_are_written(
+    store: DataStore, trio: LocalCluster
+) -> None:
+    """Claims of a unique index for the stopped server's shards are deferred with the
+    rest; the duplicate among them (two entities on healthy servers, one value whose
+    row lives on the stopped one) is found when they are written: the index stays
+    building with that duplicate recorded, and every other value is indexed."""
+    by_u = Index("by_u", {"u": "int"}, unique=True)
+    (dup,) = values_on(store, by_u, SICK, 1, start=5000)
+    for u in range(200):
+        store.put({"u": u})
+    twins = ids_on(store, 0, 1) + ids_on(store, 1, 1)
+    for key in twins:
+        store.put({"id": key, "u": dup})
+    store.declare_index(by_u, force=True)
+    cleaner = _cleaner(store, batch=20)
+    trio.stop_server(SICK)
+    backfill = _Backfill(cleaner, "by_u")
+    backfill.start()
+    try:
+        sick = _sick_shards(store)
+        wait_for(_healthy_scanned(store, sick, "by_u"), BOUND, "the healthy shards scanned")
+        assert store.cluster.catalog.duplicates("by_u") == {}  # not written: not known yet
+    finally:
+        revive(trio)
+    backfill.join(BOUND + 30)
+    cleaner.close()
+    assert backfill.result == [IndexState.BUILDING]
+    recorded = store.cluster.catalog.duplicates("by_u").values()
+    (found,) = [item for _, shown in recorded for item in shown]
+    assert sorted(found["ids"]) == sorted(id_hex(key) for key in twins)
+    assert Deferrals(store.cluster.catalog).of("by_u") == []
+    diff = diff_indexes(store, ["by_u"])["by_u"]
+    assert not diff.extra and not diff.behind  # every value but the twin's second is there
+    assert [key for _, _, key in diff.missing] in ([twins[0]], [twins[1]]), diff.summary()

@@ -11,9 +11,11 @@ stale row of its own.  Each shard's checkpoint
 restart resumes there.  One lane per server runs its shards, each shard as a
 pipeline: while a batch is written, proven and checkpointed (batches in order), the
 next one is derived and the one after it read.  A lane checks its server's fences
-first; if a server its work needs stays unavailable (``Runtime.patience``), its
-unfinished shards are left pending while the other lanes go on, and rounds after a
-pause take them up again until they are done.  When every shard is done, ``KEY
+first; if its server stays unavailable (``Runtime.patience``), its unfinished shards
+are left pending while the other lanes go on.  A batch's rows for logical shards whose
+server is ``down`` are deferred (``schemaless.deferrals``, recorded with the
+checkpoint; ``defer.Redo`` writes them once the server answers).  Rounds after a pause
+take up the pending shards and the deferrals until none is left.  Then ``KEY
 by_entity`` is built on the index's tables (a declaration creates them without it),
 then the index is marked ready, unless entities were set aside because their values do
 not fit it (``save_unfit``) or writes met it with such values (``Catalog.block_index``):

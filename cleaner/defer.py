@@ -3,11 +3,11 @@ deferrals once their servers answer (docs/architecture.md, "Deferred rows").
 
 ``Redo`` runs, each round, the deferrals of the backfill's part (by source shard)
 whose source and target servers both answered the round's ``SELECT 1``: one lane per
-source server, each deferral in turn.  A deferral's range of the source shard is read
-again batch by batch, only the rows for its target are written (upserted, proven, what
-changed reconciled, as a batch of the scan), and it is forgotten unless it was widened
-meanwhile.  One whose server fails again waits ``patience``, then is left for the next
-round (its source shard reported pending).
+source server, a source shard at a time.  The union of a source shard's deferred
+ranges is read again once, batch by batch, only the rows for their targets are written
+(upserted, proven, what changed reconciled, as a batch of the scan), and each deferral
+is forgotten unless it was widened meanwhile.  A source shard whose servers fail again
+waits ``patience``, then is left for the next round (reported pending).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     },
     {"entity", "schema", "index", "connection", "expiry"},
     {"catalog", "tables", "writes"},  # SQL builders, and the catalog
-    {"scatter", "stale"},  # one batch per server
+    {"scatter", "stale", "deferrals"},  # one batch per server; the catalog's deferrals
     {"cluster"},  # routing
     {"follow"},  # a call's deadline, following the map
     {"reader", "unique", "feed", "fit"},

@@ -52,7 +52,7 @@ from schemaless.unique import Violation
 
 from .access import read_entities, read_own, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
-from .defer import Redo, only
+from .defer import Redo, on, only
 from .estimate import max_added_ids
 from .repair import Repairer
 from .runtime import Runtime, ShardPending, Stopped, log
@@ -530,13 +530,12 @@ class Backfill:
         shard = state.shard
         down = set(self.rt.down)
         kept = only(derived, lambda t: topo.shard_servers[t] not in down)
-        self._put(topo, index, shard, after, rows, kept, pacer)
+        targets = derived.targets.keys() - kept.targets.keys()
+        if not self._put(topo, index, shard, after, rows, kept, pacer):
+            targets |= set(on(topo, down))  # the reconciliation left rows out there
         last = rows[-1][0] if rows else after
         done = len(rows) < self.rt.batch
-        deferred = [
-            Deferral(self.name, shard, t, after, last)
-            for t in sorted(derived.targets.keys() - kept.targets.keys())
-        ]
+        deferred = [Deferral(self.name, shard, t, after, last) for t in sorted(targets)]
         if deferred:
             failpoints.hit("cleaner.before_deferral")
         self.redo.deferrals.checkpoint(
@@ -560,10 +559,11 @@ class Backfill:
         rows: list[EntityRow],
         derived: Derived,
         pacer: _Pacer | None = None,
-    ) -> None:
+    ) -> bool:
         """Upsert ``derived`` (the rows of the batch ``rows`` of ``shard`` read after
         ``after``), record a unique index's duplicates, prove the batch unchanged or
-        reconcile what changed (no upsert to the servers that are ``down``)."""
+        reconcile what changed; whether no row of that reconciliation was left out
+        (none is sent to a server that is ``down``)."""
         store = self.rt.store
         burst = self.rt.burst
         pace = pacer if burst is not None else None
@@ -572,7 +572,8 @@ class Backfill:
             found = store.claims.settle(topo, contested)
             self._duplicates(topo, shard, _unexpired(store, shard, rows, found))
         if rows:
-            self._recheck(topo, index, shard, after, rows, derived, set(self.rt.down))
+            return self._recheck(topo, index, shard, after, rows, derived, set(self.rt.down))
+        return True
 
     def _duplicates(self, topo: Topology, shard: int, found: list[Violation]) -> None:
         """Record the values of this shard's entities that another live entity owns."""
@@ -638,11 +639,10 @@ class Backfill:
         rows: list[EntityRow],
         derived: Derived,
         down: set[int],
-    ) -> None:
+    ) -> bool:
         """Reconcile the rows this batch upserted (``derived``) for entities that a
-        writer changed since they were read (no upsert to the servers ``down``: a
-        writer upserts the rows of a version before it commits it, so the upserts of
-        the reconciliation are a safeguard; the deletes of stale rows are the point).
+        writer changed since they were read, but send no row to the servers ``down``;
+        whether none was left out.
 
         The proof that none did: the rows in the batch's ``added_id`` runs are as many
         as were read and their versions add up to the same sum (a row's version only
@@ -654,7 +654,7 @@ class Backfill:
         if seen.runs is not None:
             now = versions_proof(store, topo, shard, seen.runs)
             if now == (seen.count, seen.total):
-                return
+                return True
             self.rt.figures.add(rechecked=1)
         server = store.cluster.server_of_shard(topo, shard)
         sql, params = entity_versions_sql(topo.prefix, shard, after, rows[-1][0])
@@ -668,7 +668,10 @@ class Backfill:
                 for target, group in derived.targets.items()
             }
             found = read_own(store, topo, index, ours)  # an empty group sends nothing
-            self.repairer.reconcile(topo, [index], entities, found, add_missing=True, skip=down)
+            return self.repairer.reconcile(
+                topo, [index], entities, found, add_missing=True, skip=down
+            )
+        return True
 
     def _report(self, force: bool = False) -> None:
         with self._lock:

@@ -25,14 +25,15 @@ from .batch import Derived
 from .runtime import Runtime, ShardPending, Stopped, log
 from .scan import EntityRow
 
-__all__ = ["Redo", "only", "ready"]
+__all__ = ["Redo", "on", "only", "ready"]
 
 #: ``read(shard, after)``: the batch of a logical shard after an ``added_id``.
 Read = Callable[[int, int], list[EntityRow]]
 #: ``derive(index, shard, rows)``: a batch's index rows.
 Derive = Callable[[Index, int, list[EntityRow]], Derived]
-#: ``put(topo, index, shard, after, rows, derived)``: upsert, prove, reconcile.
-Put = Callable[[Topology, Index, int, int, list[EntityRow], Derived], None]
+#: ``put(topo, index, shard, after, rows, derived)``: upsert, prove, reconcile;
+#: whether no row was left out (none is sent to a server that is down).
+Put = Callable[[Topology, Index, int, int, list[EntityRow], Derived], bool]
 #: Runs jobs at once, each given a pool for its reads ahead.
 Parallel = Callable[[list[Callable[[ThreadPoolExecutor], None]]], None]
 
@@ -41,6 +42,11 @@ def only(derived: Derived, keep: Callable[[int], bool]) -> Derived:
     """The rows of ``derived`` for the logical shards ``keep`` accepts (no set-asides)."""
     targets = {t: rows for t, rows in derived.targets.items() if keep(t)}
     return Derived(targets, sum(len(rows) for rows in targets.values()))
+
+
+def on(topo: Topology, servers: Container[int]) -> list[int]:
+    """The logical shards that live on these servers (ids)."""
+    return [s for s, sid in enumerate(topo.shard_servers) if sid in servers]
 
 
 def ready(deferrals: Iterable[Deferral], topo: Topology, down: Container[int]) -> list[Deferral]:
@@ -139,8 +145,11 @@ class Redo:
         if not rows:
             return upto
         topo = self.rt.store.cluster.current()
+        down = set(self.rt.down)
         mine = only(self.derive(index, source, rows), targets.__contains__)
-        self.put(topo, index, source, after, rows, mine)
+        if not self.put(topo, index, source, after, rows, mine):  # rows left out: deferred
+            left = [Deferral(self.name, source, t, after, rows[-1][0]) for t in on(topo, down)]
+            self.deferrals.add(left)
         self.rt.throttle(len(rows))
         self.rt.figures.add(rows_backfilled=mine.rows, rows_checked=len(rows))
         failpoints.hit("cleaner.after_redo")

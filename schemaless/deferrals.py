@@ -56,20 +56,30 @@ class Deferrals:
         if not found:
             self.catalog.save_checkpoint(job, shard, position, done, rows)
             return
+        add, params = self._add_sql(found)
+        sql, more = self.catalog.checkpoint_sql(job, shard, position, done, rows)
+        self.catalog.server.run(
+            f"START TRANSACTION; {add}; {sql}; COMMIT", (*params, *more), commits=True
+        )
+
+    def add(self, deferred: Iterable[Deferral]) -> None:
+        """Record ``deferred`` (widening the row of each source and target)."""
+        found = list(deferred)
+        if found:
+            self.catalog.server.run(*self._add_sql(found))
+
+    def _add_sql(self, found: list[Deferral]) -> tuple[str, list[Any]]:
         marks = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(found))
         params: list[Any] = []
         now = now_us()
         for d in found:
             params += [d.index, d.source, d.target, d.after, d.upto, now]
-        sql, more = self.catalog.checkpoint_sql(job, shard, position, done, rows)
-        self.catalog.server.run(
-            f"START TRANSACTION; INSERT INTO {self.table}"
+        return (
+            f"INSERT INTO {self.table}"
             f" (index_name, source, target, after_id, upto_id, updated) VALUES {marks}"
             " ON DUPLICATE KEY UPDATE after_id = LEAST(after_id, VALUES(after_id)),"
-            " upto_id = GREATEST(upto_id, VALUES(upto_id)), updated = VALUES(updated);"
-            f" {sql}; COMMIT",
-            (*params, *more),
-            commits=True,
+            " upto_id = GREATEST(upto_id, VALUES(upto_id)), updated = VALUES(updated)",
+            params,
         )
 
     def of(self, index: str) -> list[Deferral]:

@@ -70,6 +70,8 @@ def test_deferrals_widen_finish_only_as_read_and_hold_ready_back(make_store: Any
     assert not deferrals.finish(read)  # not the range read: it stays
     assert deferrals.of("by_n")[0] == Deferral("by_n", 0, 3, 0, 30)
     assert deferrals.finish(deferrals.of("by_n")[0])
+    deferrals.add([Deferral("by_n", 1, 4, 3, 9)])  # no checkpoint moves
+    assert deferrals.of("by_n") == [Deferral("by_n", 1, 3, 0, 5), Deferral("by_n", 1, 4, 3, 9)]
     catalog.rescan("by_n", [1])
     assert deferrals.of("by_n") == [] and catalog.checkpoints(job) == {0: (30, True, 30)}
     assert catalog.set_ready("by_n")

@@ -11,9 +11,11 @@ stale row of its own.  Each shard's checkpoint
 restart resumes there.  One lane per server runs its shards, each shard as a
 pipeline: while a batch is written, proven and checkpointed (batches in order), the
 next one is derived and the one after it read.  A lane checks its server's fences
-first; if a server its work needs stays unavailable (``Runtime.patience``), its
-unfinished shards are left pending while the other lanes go on, and rounds after a
-pause take them up again until they are done.  When every shard is done, ``KEY
+first; if its server stays unavailable (``Runtime.patience``), its unfinished shards
+are left pending while the other lanes go on.  A batch's rows for logical shards whose
+server is ``down`` are deferred (``schemaless.deferrals``, recorded with the
+checkpoint; ``defer.Redo`` writes them once the server answers).  Rounds after a pause
+take up the pending shards and the deferrals until none is left.  Then ``KEY
 by_entity`` is built on the index's tables (a declaration creates them without it),
 then the index is marked ready, unless entities were set aside because their values do
 not fit it (``save_unfit``) or writes met it with such values (``Catalog.block_index``):
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +36,7 @@ from typing import Any
 
 from schemaless import failpoints
 from schemaless.catalog import IndexInfo, IndexState, Topology, backfill_job
+from schemaless.deferrals import Deferral
 from schemaless.errors import (
     CatalogError,
     IndexDefinitionError,
@@ -48,6 +52,7 @@ from schemaless.unique import Violation
 
 from .access import read_entities, read_own, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
+from .defer import Redo, on, only
 from .estimate import max_added_ids
 from .repair import Repairer
 from .runtime import Runtime, ShardPending, Stopped, log
@@ -173,6 +178,7 @@ class Backfill:
         self.name = name
         self.part = part  # (k, n): this process runs the logical shards with shard % n == k
         self.job = backfill_job(name)
+        self.redo = Redo(rt, name, part, self._read, self._derive, self._put)
         self._shards: dict[int, _Shard] = {}
         self.seconds = 0.0  # time spent scanning (after the grace period)
         self._started: float | None = None
@@ -221,7 +227,7 @@ class Backfill:
         finally:
             self.seconds = time.monotonic() - started
             self._report(force=True)
-        if not all(s.done for s in self._shards.values()):
+        if not all(s.done for s in self._shards.values()) or self.redo.left:
             return IndexState.BUILDING
         if self.part[1] > 1 and not self._all_parts_done(topo):
             log.info("index %r: part %d/%d done; other parts still running", self.name, k + 1, n)
@@ -262,13 +268,16 @@ class Backfill:
         """Whether every logical shard of this process's part is backfilled (and, for a
         unique index, no duplicate was left)."""
         done = bool(self._shards) and all(s.done for s in self._shards.values())
-        return done and not self.duplicates_left
+        return done and not self.redo.left and not self.duplicates_left
 
     def _all_parts_done(self, topo: Topology) -> bool:
-        """Whether the checkpoints say every logical shard is done (all parts)."""
+        """Whether the checkpoints say every logical shard is done and no deferral is
+        left (all parts)."""
         catalog = self.rt.store.cluster.catalog
         saved = self.rt.retry("reading checkpoints", lambda: catalog.checkpoints(self.job))
-        return all(saved.get(shard, (0, False, 0))[1] for shard in range(topo.n_shards))
+        left = self.rt.retry("reading deferrals", lambda: self.redo.deferrals.of(self.name))
+        done = all(saved.get(shard, (0, False, 0))[1] for shard in range(topo.n_shards))
+        return done and not left
 
     def _rescan_duplicates(self, topo: Topology) -> None:
         """The logical shards of this part where an earlier run found duplicates are
@@ -331,37 +340,51 @@ class Backfill:
             self._shards[shard].end = end
 
     def _run_rounds(self, topo: Topology, index: Index) -> None:
-        """Run the lanes until no shard is left pending (a server unavailable): each
-        round after a pause, on the map read afresh, with the shards still undone."""
+        """Run the lanes, then write the deferred rows whose servers answer, until no
+        shard is left pending and no deferral is left (a server unavailable): each
+        round after a pause, on the map read afresh, with the work still undone."""
         rt = self.rt
         rt.begin_pass()
         self._run_lanes(topo, index)
+        self.redo.run(topo, index, self._in_parallel)
         delays = backoff_delays(base=1.0, cap=rt.backoff_cap)
-        while rt.pending and not rt.stopping:
+        while (rt.pending or self.redo.left) and not rt.stopping:
             delay = next(delays)
-            shards = ", ".join(map(str, sorted(rt.pending)))
-            log.warning(
-                "index %r: logical shard(s) %s pending (%s); the index stays building; "
-                "trying them again in %.3gs",
-                self.name,
-                shards,
-                rt.pending[min(rt.pending)],
-                delay,
-            )
+            self._warn_waiting(topo, delay)
             rt.sleep(delay)
             rt.begin_pass()
             topo = rt.retry("reading the catalog", rt.store.cluster.refresh)
             rt.retry("measuring shards", self._measure)
             self._run_lanes(topo, index)
+            self.redo.run(topo, index, self._in_parallel)
+
+    def _warn_waiting(self, topo: Topology, delay: float) -> None:
+        """Log what a round left for the next one: pending shards, deferred rows."""
+        rt = self.rt
+        if rt.pending:
+            log.warning(
+                "index %r: logical shard(s) %s pending (%s); the index stays building; "
+                "trying them again in %.3gs",
+                self.name,
+                ", ".join(map(str, sorted(rt.pending))),
+                rt.pending[min(rt.pending)],
+                delay,
+            )
+        self.redo.warn(topo, delay)
 
     def _run_lanes(self, topo: Topology, index: Index) -> None:
         """One lane per server, each running its shards in turn; this thread ticks."""
         lanes = by_server(topo, [s.shard for s in self._shards.values() if not s.done], int)
-        if not lanes:
+        self._in_parallel([partial(self._lane, index=index, shards=s) for s in lanes.values()])
+
+    def _in_parallel(self, jobs: list[Callable[[ThreadPoolExecutor], None]]) -> None:
+        """Run ``jobs`` (each given the pool, for its reads ahead) at once; this thread
+        ticks; the first failure halts the others after their batch, then is raised."""
+        if not jobs:
             return
         self.rt.halt.clear()
-        with ThreadPoolExecutor(3 * len(lanes), thread_name_prefix="backfill") as pool:
-            futures = [pool.submit(self._lane, pool, index, shards) for shards in lanes.values()]
+        with ThreadPoolExecutor(3 * len(jobs), thread_name_prefix="backfill") as pool:
+            futures = [pool.submit(job, pool) for job in jobs]
             try:
                 while True:
                     done, pending = wait(futures, timeout=0.25, return_when=FIRST_EXCEPTION)
@@ -382,7 +405,7 @@ class Backfill:
 
     # -- one lane: the shards of one server ------------------------------------------------
 
-    def _lane(self, pool: ThreadPoolExecutor, index: Index, shards: list[int]) -> None:
+    def _lane(self, pool: ThreadPoolExecutor, *, index: Index, shards: list[int]) -> None:
         """The shards of one server in turn, one pipeline across them, after checking
         the server's fences; if a server the work needs stays unavailable, the lane's
         unfinished shards are left pending."""
@@ -463,16 +486,20 @@ class Backfill:
         last = len(rows) < self.rt.batch
         following = None if last else pool.submit(self._read, shard, rows[-1][0])
         failpoints.hit("cleaner.after_read")
+        derived = self._derive(index, shard, rows)
+        self._set_aside(index, shard, derived)
+        return rows, derived, following
+
+    def _derive(self, index: Index, shard: int, rows: list[EntityRow]) -> Derived:
+        """A batch's index rows (a body the codec refuses is decoded as ``get`` would)."""
         store = self.rt.store
-        derived = derive(
+        return derive(
             index,
             store.codec,
             rows,
             self._placement(store.cluster.current()),
             lambda key, version, body: store.decode(key, shard, version, body),
         )
-        self._set_aside(index, shard, derived)
-        return rows, derived, following
 
     def _write(
         self, index: Index, state: _Shard, after: int, rows: list[EntityRow], derived: Derived
@@ -497,14 +524,47 @@ class Backfill:
         derived: Derived,
         pacer: _Pacer,
     ) -> None:
-        store = self.rt.store
-        topo = store.cluster.current()
+        """Write a batch's rows but those for logical shards on a server that is down,
+        which are deferred: recorded with the checkpoint, in one transaction."""
+        topo = self.rt.store.cluster.current()
         shard = state.shard
-        blocked = sorted(t for t in derived.targets if topo.shard_servers[t] in self.rt.down)
-        if blocked:  # rows for a server that is down: this shard waits for it
-            why = f"index rows for logical shard(s) {blocked} on a server that is unavailable"
-            self.rt.skipped(shard, why)
-            raise ShardPending(shard, why)
+        down = set(self.rt.down)
+        kept = only(derived, lambda t: topo.shard_servers[t] not in down)
+        targets = derived.targets.keys() - kept.targets.keys()
+        if not self._put(topo, index, shard, after, rows, kept, pacer):
+            targets |= set(on(topo, down))  # the reconciliation left rows out there
+        last = rows[-1][0] if rows else after
+        done = len(rows) < self.rt.batch
+        deferred = [Deferral(self.name, shard, t, after, last) for t in sorted(targets)]
+        if deferred:
+            failpoints.hit("cleaner.before_deferral")
+        self.redo.deferrals.checkpoint(
+            self.job, shard, last, done, state.rows + len(rows), deferred
+        )
+        with self._lock:
+            state.position, state.done, state.rows = last, done, state.rows + len(rows)
+        self.rt.figures.add(
+            rows_backfilled=kept.rows,
+            rows_checked=len(rows),
+            rows_deferred=derived.rows - kept.rows,
+        )
+        failpoints.hit("cleaner.after_batch")
+
+    def _put(
+        self,
+        topo: Topology,
+        index: Index,
+        shard: int,
+        after: int,
+        rows: list[EntityRow],
+        derived: Derived,
+        pacer: _Pacer | None = None,
+    ) -> bool:
+        """Upsert ``derived`` (the rows of the batch ``rows`` of ``shard`` read after
+        ``after``), record a unique index's duplicates, prove the batch unchanged or
+        reconcile what changed; whether no row of that reconciliation was left out
+        (none is sent to a server that is ``down``)."""
+        store = self.rt.store
         burst = self.rt.burst
         pace = pacer if burst is not None else None
         contested = upsert_grouped(store, topo, index, derived.targets, burst, pace)
@@ -512,14 +572,8 @@ class Backfill:
             found = store.claims.settle(topo, contested)
             self._duplicates(topo, shard, _unexpired(store, shard, rows, found))
         if rows:
-            self._recheck(topo, index, shard, after, rows, derived)
-        last = rows[-1][0] if rows else after
-        done = len(rows) < self.rt.batch
-        store.cluster.catalog.save_checkpoint(self.job, shard, last, done, state.rows + len(rows))
-        with self._lock:
-            state.position, state.done, state.rows = last, done, state.rows + len(rows)
-        self.rt.figures.add(rows_backfilled=derived.rows, rows_checked=len(rows))
-        failpoints.hit("cleaner.after_batch")
+            return self._recheck(topo, index, shard, after, rows, derived, set(self.rt.down))
+        return True
 
     def _duplicates(self, topo: Topology, shard: int, found: list[Violation]) -> None:
         """Record the values of this shard's entities that another live entity owns."""
@@ -584,9 +638,11 @@ class Backfill:
         after: int,
         rows: list[EntityRow],
         derived: Derived,
-    ) -> None:
+        down: set[int],
+    ) -> bool:
         """Reconcile the rows this batch upserted (``derived``) for entities that a
-        writer changed since they were read.
+        writer changed since they were read, but send no row to the servers ``down``;
+        whether none was left out.
 
         The proof that none did: the rows in the batch's ``added_id`` runs are as many
         as were read and their versions add up to the same sum (a row's version only
@@ -598,7 +654,7 @@ class Backfill:
         if seen.runs is not None:
             now = versions_proof(store, topo, shard, seen.runs)
             if now == (seen.count, seen.total):
-                return
+                return True
             self.rt.figures.add(rechecked=1)
         server = store.cluster.server_of_shard(topo, shard)
         sql, params = entity_versions_sql(topo.prefix, shard, after, rows[-1][0])
@@ -612,7 +668,10 @@ class Backfill:
                 for target, group in derived.targets.items()
             }
             found = read_own(store, topo, index, ours)  # an empty group sends nothing
-            self.repairer.reconcile(topo, [index], entities, found, add_missing=True)
+            return self.repairer.reconcile(
+                topo, [index], entities, found, add_missing=True, skip=down
+            )
+        return True
 
     def _report(self, force: bool = False) -> None:
         with self._lock:

@@ -258,6 +258,8 @@ class Cleaner:
             f"unindexable {f['unindexable']:,}",
             f"corrupt {f['corrupt']:,}",
         ]
+        if f["rows_deferred"]:
+            parts.insert(3, f"rows deferred (a server down) {f['rows_deferred']:,}")
         seconds = self._work_seconds or elapsed
         if f["rows_backfilled"] and seconds > 0:
             parts.append(f"{f['rows_backfilled'] / seconds:,.0f} rows/s")

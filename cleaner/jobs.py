@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import click
 
 from schemaless.catalog import IndexState, backfill_job
+from schemaless.deferrals import Deferrals
 from schemaless.errors import CatalogError, IndexDefinitionError, SchemalessError
 from schemaless.store import DataStore
 
@@ -223,14 +224,17 @@ class Supervisor:
             log.error("%s; given up after %d restarts", what, w.restarts)
 
     def _part_done(self, w: _Worker) -> bool:
-        """Whether the checkpoints say every shard of a worker's part is done."""
+        """Whether the checkpoints say every shard of a worker's part is done, and no
+        deferral of its shards is left."""
         try:
             saved = self.checkpoints()
+            deferred = Deferrals(self.store.cluster.catalog).of(self.index)
         except SchemalessError as exc:  # unknown: starting it again finds out
             log.warning("part %s: checkpoints not read: %s", self._part(w), exc)
             return False
         shards = range(w.part, self._shards, self.jobs)
-        return all(saved.get(s, (0, False, 0))[1] for s in shards)
+        left = any(d.source % self.jobs == w.part for d in deferred)
+        return not left and all(saved.get(s, (0, False, 0))[1] for s in shards)
 
     def _collect(self, w: _Worker, pid: int, *, finished: bool) -> None:
         """Add a run's figures, as its last heartbeat reported them."""

@@ -29,6 +29,7 @@ _COUNTERS = frozenset(
         "rows_checked",
         "orphans_deleted",
         "rows_backfilled",
+        "rows_deferred",
         "rows_upserted",
         "rechecked",
         "unindexable",
@@ -58,6 +59,8 @@ class Figures:
     rows_checked: int = 0
     orphans_deleted: int = 0
     rows_backfilled: int = 0
+    rows_deferred: int = 0  # index rows a backfill deferred: their target's server was down
+    deferrals: int = 0  # (source, target) shard pairs whose deferred rows are not written yet
     rows_upserted: int = 0
     rechecked: int = 0  # backfill batches changed by writers meanwhile: versions read again
     unindexable: int = 0

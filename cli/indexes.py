@@ -13,6 +13,7 @@ import click
 
 from schemaless import fit
 from schemaless.catalog import IndexInfo, IndexState, backfill_job, now_us
+from schemaless.deferrals import Deferrals
 from schemaless.errors import IndexDefinitionError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
@@ -331,6 +332,7 @@ def status(
                 report["duplicates"] = _duplicates(ds, name)
             if info.state == IndexState.BUILDING:
                 report["blocked"] = _blocked(ds, name)
+                report["deferred"] = _deferred(ds, name)
             if as_json:
                 click.echo(json.dumps(report, sort_keys=True))
             else:
@@ -464,6 +466,37 @@ def _blocked(ds: DataStore, name: str) -> dict[str, Any]:
         "unfit": sum(count for count, _ in unfit.values()),
         "examples": shown + [e for _, (_, some) in sorted(unfit.items()) for e in some][:10],
     }
+
+
+def _deferred(ds: DataStore, name: str) -> list[dict[str, Any]]:
+    """The rows the backfill deferred (their target's server was down), per source and
+    target logical shard, with the target's server."""
+    topo = ds.cluster.current()
+    return [
+        {
+            "source": d.source,
+            "target": d.target,
+            "server": str(topo.servers[topo.shard_servers[d.target]]),
+            "after_added_id": d.after,
+            "upto_added_id": d.upto,
+        }
+        for d in Deferrals(ds.cluster.catalog).of(name)
+    ]
+
+
+def _echo_deferred(deferred: list[dict[str, Any]]) -> None:
+    """One line per server that rows wait for."""
+    targets: dict[str, set[int]] = {}
+    sources: dict[str, set[int]] = {}
+    for d in deferred:
+        targets.setdefault(d["server"], set()).add(d["target"])
+        sources.setdefault(d["server"], set()).add(d["source"])
+    for server in sorted(targets):
+        click.echo(
+            f"deferred: rows for {len(targets[server])} logical shard(s) on {server} "
+            f"(from {len(sources[server])} scanned shard(s)) wait for that server; the "
+            "backfill writes them when it answers, then the index can become ready"
+        )
 
 
 def _echo_blocked(name: str, blocked: dict[str, Any]) -> None:
@@ -630,6 +663,7 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
         _echo_duplicates(report["duplicates"])
     if "blocked" in report:
         _echo_blocked(name, report["blocked"])
+    _echo_deferred(report.get("deferred", []))
     _echo_daemons(report["daemons"])
     if state == IndexState.BUILDING:
         click.echo("next: " + follow_up("cleaner", f"--index={name}"))

@@ -372,22 +372,26 @@ class Catalog:
 
     def set_ready(self, name: str) -> bool:
         """Mark a building index ready unless a write or a backfill recorded values it
-        cannot hold (``block_index``, ``save_unfit``); True if it is ready now.  The
+        cannot hold (``block_index``, ``save_unfit``) or a backfill deferred rows
+        (``schemaless.deferrals``); True if it is ready now.  The
         index row is locked first (``block_index`` holds a shared lock on it), so a
         block either commits before this reads the blocks or finds the index ready."""
         out = self.server.run(
-            "START TRANSACTION; SET @marks = NULL, @writes = NULL;"
+            "START TRANSACTION; SET @marks = NULL, @writes = NULL, @deferred = NULL;"
             f" SELECT state FROM {self._t('indexes')} WHERE name = %s FOR UPDATE;"
             f" SELECT COUNT(*) INTO @marks FROM {self._t('checkpoints')}"
             " WHERE job = %s AND rows_done > 0 LOCK IN SHARE MODE;"
             f" SELECT COUNT(*) INTO @writes FROM {self._t('blocks')}"
             " WHERE index_name = %s AND writes > 0 LOCK IN SHARE MODE;"
+            f" SELECT COUNT(*) INTO @deferred FROM {self._t('deferrals')}"
+            " WHERE index_name = %s LOCK IN SHARE MODE;"
             f" UPDATE {self._t('indexes')} SET state = %s, changed = {_SERVER_US}"
-            " WHERE name = %s AND state = %s AND @marks + @writes = 0;"
+            " WHERE name = %s AND state = %s AND @marks + @writes + @deferred = 0;"
             " SELECT ROW_COUNT(); COMMIT",
             (
                 name,
                 unfit_job(name),
+                name,
                 name,
                 IndexState.READY.value,
                 name,
@@ -440,8 +444,8 @@ class Catalog:
         return writes, unfit
 
     def reopen_index(self, name: str, epoch: int) -> bool:
-        """Forget what blocked a building index and every checkpoint of its backfill
-        (the next one scans every shard again), and move the index epoch on from
+        """Forget what blocked a building index, every checkpoint and deferral of its
+        backfill (the next one scans every shard again), and move the index epoch on from
         ``epoch`` (whose successor's fences the caller created: a write in flight that
         met the index before this commits before the old fences go, or fails and
         writes again, blocking it anew); False if the epoch is no longer ``epoch``."""
@@ -453,8 +457,10 @@ class Catalog:
             " SET @moved = ROW_COUNT();"
             f" DELETE FROM {self._t('blocks')} WHERE index_name = %s AND @moved > 0;"
             f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s)"
-            " AND @moved > 0; SELECT @moved; COMMIT",
-            (str(epoch), name, *jobs),
+            " AND @moved > 0;"
+            f" DELETE FROM {self._t('deferrals')} WHERE index_name = %s AND @moved > 0;"
+            " SELECT @moved; COMMIT",
+            (str(epoch), name, *jobs, name),
             commits=True,
         )
         return bool(out[1][0][0])
@@ -480,7 +486,8 @@ class Catalog:
         self.server.run(
             f"DELETE FROM {self._t('indexes')} WHERE name = %s AND state = %s;"
             f" DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s, %s, %s);"
-            f" DELETE FROM {self._t('blocks')} WHERE index_name = %s",
+            f" DELETE FROM {self._t('blocks')} WHERE index_name = %s;"
+            f" DELETE FROM {self._t('deferrals')} WHERE index_name = %s",
             (
                 name,
                 IndexState.DROPPED.value,
@@ -488,6 +495,7 @@ class Catalog:
                 sweep_job(name),
                 unique_job(name),
                 unfit_job(name),
+                name,
                 name,
             ),
         )
@@ -504,7 +512,13 @@ class Catalog:
 
     def save_checkpoint(self, job: str, shard: int, position: int, done: bool, rows: int) -> None:
         """Advance a checkpoint; it never moves backward."""
-        self.server.run(
+        self.server.run(*self.checkpoint_sql(job, shard, position, done, rows))
+
+    def checkpoint_sql(
+        self, job: str, shard: int, position: int, done: bool, rows: int
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The statement of ``save_checkpoint`` (to run in a transaction of its own)."""
+        return (
             f"INSERT INTO {self._t('checkpoints')}"
             " (job, shard, position, done, rows_done, updated) VALUES (%s, %s, %s, %s, %s, %s)"
             " ON DUPLICATE KEY UPDATE"
@@ -546,15 +560,16 @@ class Catalog:
         return {int(s): (int(n), json.loads(bytes(c or b"[]"))) for s, n, c in out[0]}
 
     def rescan(self, index: str, shards: Iterable[int]) -> None:
-        """Forget the duplicates and the backfill checkpoints of these logical shards,
-        so that the next backfill scans them again."""
+        """Forget the duplicates, the backfill checkpoints and the deferrals of these
+        logical shards, so that the next backfill scans them again."""
         chosen = sorted(set(shards))
         if not chosen:
             return
         marks = ", ".join(["%s"] * len(chosen))
         self.server.run(
-            f"DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s) AND shard IN ({marks})",
-            (unique_job(index), backfill_job(index), *chosen),
+            f"DELETE FROM {self._t('checkpoints')} WHERE job IN (%s, %s) AND shard IN ({marks});"
+            f" DELETE FROM {self._t('deferrals')} WHERE index_name = %s AND source IN ({marks})",
+            (unique_job(index), backfill_job(index), *chosen, index, *chosen),
         )
 
     def heartbeat(self, name: str, figures: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ index or moving shards):
   ``feed_positions`` (subscriptions); INSERT, UPDATE on ``blocks`` (a write that
   meets a building index with values it cannot hold); SELECT, INSERT, UPDATE, DELETE on every
   shard database (on every server, so a shard that moves keeps working); no DDL.
-* ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints`` and
-  ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to mark an index
+* ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints``,
+  ``deferrals`` and ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to mark an index
   ready).  On each shard database, on the server holding it: SELECT; INSERT, UPDATE,
   DELETE on each maintained index table; on ``entities`` only ``INSERT (id, version,
   updated)`` and ``UPDATE (version, updated)``: fencing tombstones and raised
@@ -132,7 +132,7 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
             for db in topo.dbs:
                 grant(at, "SELECT, INSERT, UPDATE, DELETE", _every_table(db))
         return plan
-    for table in ("checkpoints", "status"):
+    for table in ("checkpoints", "deferrals", "status"):
         grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, table))
     grant(catalog_at, "UPDATE (`state`, `changed`)", quote(catalog_db, "indexes"))
     for at in plan:

@@ -169,6 +169,18 @@ CATALOG_TABLES = {
         " `examples` BLOB NOT NULL,"
         " `updated` BIGINT UNSIGNED NOT NULL"
     ),
+    # index rows a backfill could not write yet: the entities of logical shard
+    # ``source`` with added_id in (after_id, upto_id] may have rows for ``target``
+    # (schemaless.deferrals)
+    "deferrals": (
+        "`index_name` VARCHAR(64) NOT NULL,"
+        " `source` INT UNSIGNED NOT NULL,"
+        " `target` INT UNSIGNED NOT NULL,"
+        " `after_id` BIGINT UNSIGNED NOT NULL,"
+        " `upto_id` BIGINT UNSIGNED NOT NULL,"
+        " `updated` BIGINT UNSIGNED NOT NULL,"
+        " PRIMARY KEY (`index_name`, `source`, `target`)"
+    ),
     # each client's recent write latency per server (schemaless.latency)
     "clients": (
         "`name` VARCHAR(128) NOT NULL PRIMARY KEY,"

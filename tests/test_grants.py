@@ -27,6 +27,7 @@ from schemaless import DataStore, Index, PermissionDenied, ShardUnavailable
 from schemaless.cleaner import Cleaner, diff_indexes
 from schemaless.cleaner.main import main as cleaner_main
 from schemaless.cli.main import cli
+from schemaless.deferrals import Deferral, Deferrals
 from schemaless.grants import (
     GrantError,
     account,
@@ -228,6 +229,9 @@ def test_printed_grants_of_each_role(local_cluster: LocalCluster, store: DataSto
     assert (
         f"GRANT UPDATE (`state`, `changed`) ON `{prefix}_catalog`.`indexes` TO 'c'@'%';" in cleaner
     )
+    deferrals = f"GRANT INSERT, UPDATE, DELETE ON `{prefix}_catalog`.`deferrals` TO 'c'@'%';"
+    assert deferrals in cleaner
+    assert not any("`deferrals`" in line for line in lines)  # not the app's
 
     admin = statements(
         schemaless(local_cluster, store, "grants", "admin", "--user", "a", "--host", "10.%").output
@@ -434,6 +438,12 @@ def test_the_cleaner_user_backfills_and_repairs_but_never_writes_a_body(
             server.run(f"DROP TABLE {quote(shard_db(topo.prefix, shard), BY_N.table)}")
         with pytest.raises(PermissionDenied, match="INSERT command denied"):
             ds.cluster.catalog.add_dictionary(b"d" * 100)
+        # a backfill's deferred rows (a server down): recorded, read, forgotten
+        deferrals = Deferrals(ds.cluster.catalog)
+        deferred = Deferral("by_n", 0, 1, 0, 5)
+        deferrals.checkpoint("grants-test", 0, 5, False, 5, [deferred])
+        assert deferrals.of("by_n") == [deferred]
+        assert deferrals.finish(deferred) and deferrals.of("by_n") == []
         # in-process too: the purge is skipped and counted, the pass goes on
         figures = Cleaner(ds, tombstone_retention=0).run_once()
         assert figures["purge_skipped"] == 1 and figures["purged"] == 0

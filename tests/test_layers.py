@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"entity", "schema", "index", "batch", "expiry", "locate"},
     {"connection"},  # a server's pool
     {"catalog", "tables", "writes"},  # SQL builders, and the catalog
-    {"scatter", "stale"},  # one batch per server
+    {"scatter", "stale", "deferrals"},  # one batch per server; the catalog's deferrals
     {"cluster"},  # routing
     {"follow"},  # a call's deadline, following the map
     {"reader", "unique", "feed", "fit"},

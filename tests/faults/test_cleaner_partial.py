@@ -5,6 +5,10 @@ the stopped server's logical shards as pending; once it is back, the same Cleane
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -24,7 +28,10 @@ from schemaless.cleaner.main import PENDING_EXIT, _verify, main
 from schemaless.cleaner.throttler import ThrottleSettings
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.cli.main import cli
+from schemaless.deferrals import Deferrals
+from schemaless.errors import OutcomeUnknown, SchemalessError
 from schemaless.hashing import shard_of
+from schemaless.ids import id_hex
 from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.schema import shard_db
@@ -325,3 +332,255 @@ def test_once_exits_pending_then_zero(store: DataStore, trio: LocalCluster) -> N
     result = CliRunner().invoke(main, args, env=env)
     assert result.exit_code == 0, result.output
     assert_clean(store)
+
+
+# -- a backfill while a server is down: deferred rows ------------------------------------
+
+
+def _spread(store: DataStore, n: int) -> dict[bytes, int]:
+    """``n`` entities with random ids and values ``m`` hashed over every logical shard
+    (so nearly every batch has rows for every server); id -> m."""
+    out = {}
+    for m in range(n):
+        entity = {"m": m}
+        store.put(entity)
+        out[entity["id"]] = m
+    return out
+
+
+def _rows_on(store: DataStore, index: Index, shards: set[int]) -> int:
+    """Rows of a (building) index stored on these logical shards."""
+    topo = store.cluster.topology
+    total = 0
+    for shard in shards:
+        table = quote(shard_db(topo.prefix, shard), index.table)
+        server = store.cluster.server_of_shard(topo, shard)
+        total += int(server.run(f"SELECT COUNT(*) FROM {table}")[0][0][0])
+    return total
+
+
+def _added_ids(store: DataStore, shards: set[int]) -> dict[bytes, int]:
+    """id -> added_id of the entities stored on these logical shards."""
+    topo = store.cluster.topology
+    out: dict[bytes, int] = {}
+    for shard in shards:
+        table = quote(shard_db(topo.prefix, shard), "entities")
+        server = store.cluster.server_of_shard(topo, shard)
+        out.update(
+            {bytes(k): int(a) for a, k in server.run(f"SELECT added_id, id FROM {table}")[0]}
+        )
+    return out
+
+
+class _Backfill(threading.Thread):
+    """``cleaner.backfill(name)`` in a thread; ``result``: its state or exception."""
+
+    def __init__(self, cleaner: Cleaner, name: str) -> None:
+        super().__init__()
+        self.cleaner, self.name_ = cleaner, name
+        self.result: list[IndexState | BaseException] = []
+
+    def run(self) -> None:
+        try:
+            self.result.append(self.cleaner.backfill(self.name_))
+        except BaseException as exc:
+            self.result.append(exc)
+
+
+def _healthy_scanned(
+    store: DataStore, sick: set[int], name: str, pairs: set[tuple[int, int]] | None = None
+) -> Any:
+    """A predicate: every healthy logical shard's checkpoint is done, and deferrals are
+    recorded (exactly for the (source, target) ``pairs`` if given)."""
+    catalog = store.cluster.catalog
+    healthy = set(range(store.cluster.topology.n_shards)) - sick
+
+    def check() -> bool:
+        saved = catalog.checkpoints(backfill_job(name))
+        done = {s for s, (_, finished, _) in saved.items() if finished}
+        found = {(d.source, d.target) for d in Deferrals(catalog).of(name)}
+        return done == healthy and bool(found) and found == (pairs or found)
+
+    return check
+
+
+@pytest.mark.parametrize("fault", ["stop", "freeze"])
+def test_a_backfill_defers_the_rows_for_a_sick_server_and_writes_only_them_later(
+    store: DataStore, trio: LocalCluster, fault: str
+) -> None:
+    """Values hashed over every shard: every batch of a healthy shard has rows for the
+    stopped (or frozen) server.  The healthy shards are scanned to the end, their rows
+    for healthy shards written and those for the sick server's deferred; the index cannot be
+    made ready; once the server is back, the same backfill writes only the deferred
+    rows (and the stopped server's own shards), and the oracle is exact."""
+    ids = _spread(store, 400)
+    store.declare_index(BY_M)
+    topo = store.cluster.topology
+    n = topo.n_shards
+    sick = _sick_shards(store)
+    healthy = set(range(n)) - sick
+    source = {key: shard_of(key, n) for key in ids}
+    target = {key: shard_of(BY_M.shard_key((m,)), n) for key, m in ids.items()}
+    now_rows = sum(1 for k in ids if source[k] in healthy and target[k] in healthy)
+    later_rows = len(ids) - now_rows
+    cleaner = _cleaner(store, batch=20)  # several batches per shard: deferrals extended
+    pairs = {(source[k], target[k]) for k in ids if source[k] in healthy and target[k] in sick}
+    if fault == "stop":
+        trio.stop_server(SICK)
+    else:
+        trio.pause_server(SICK)
+    backfill = _Backfill(cleaner, "by_m")
+    backfill.start()
+    try:
+        scanned = _healthy_scanned(store, sick, "by_m", pairs)
+        wait_for(scanned, BOUND, "the healthy shards scanned")
+        figures = cleaner.figures.as_dict()
+        assert figures["rows_backfilled"] == now_rows, figures
+        assert figures["rows_deferred"] == sum(
+            1 for k in ids if source[k] in healthy and target[k] in sick
+        )
+        assert _rows_on(store, BY_M, healthy) == now_rows
+        # every row not written is in its (source, target) deferral's range
+        added = _added_ids(store, healthy)
+        ranges = {(d.source, d.target): d for d in Deferrals(store.cluster.catalog).of("by_m")}
+        for key in ids:
+            if source[key] in healthy and target[key] in sick:
+                d = ranges[source[key], target[key]]
+                assert d.after < added[key] <= d.upto
+        positions = store.cluster.catalog.checkpoints(backfill_job("by_m"))
+        assert not store.cluster.catalog.set_ready("by_m")  # the compare-and-set refuses
+        assert store.cluster.refresh().indexes["by_m"].state == IndexState.BUILDING
+        status = CliRunner().invoke(cli, ["index", "status", "by_m"], env=cluster_env(trio, store))
+        assert status.exit_code == 0, status.output
+        server = topo.servers[SICK]
+        assert f"deferred: rows for {len(sick)} logical shard(s) on {server}" in status.output
+        assert f"{len(sick)} of {n} shards still to scan" in status.output
+        assert not backfill.result, backfill.result
+    finally:
+        revive(trio)
+    backfill.join(BOUND + 30)
+    assert backfill.result == [IndexState.READY]
+    cleaner.close()
+    assert cleaner.figures.as_dict()["rows_backfilled"] == now_rows + later_rows
+    assert Deferrals(store.cluster.catalog).of("by_m") == []
+    after = store.cluster.catalog.checkpoints(backfill_job("by_m"))
+    assert {s: after[s] for s in healthy} == {s: positions[s] for s in healthy}  # not rescanned
+    assert_clean(store)
+    for key in list(ids)[:20]:
+        (got,) = store.query("by_m", m=ids[key])
+        assert got["id"] == key
+
+
+def test_a_crash_before_a_deferral_and_a_writer_throughout_end_exact(
+    store: DataStore, trio: LocalCluster
+) -> None:
+    """The backfill is SIGKILLed after writing a batch's healthy rows, before the
+    deferral and the checkpoint are recorded (failpoint ``cleaner.before_deferral``);
+    the next run,
+    with the server still stopped, then back, ends exact; a writer creating and
+    updating entities all along keeps every write it was told succeeded."""
+    ids = _spread(store, 300)
+    store.declare_index(BY_M)
+    sick = _sick_shards(store)
+    acknowledged: dict[bytes, int] = {}
+    unsure: set[bytes] = set()
+    stop = threading.Event()
+
+    def writer() -> None:
+        keys = list(ids)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            key = keys[i % len(keys)] if i % 2 else None
+            entity: dict[str, Any] = {"m": 10_000 + i}
+            if key is not None:
+                entity["id"] = key
+            try:
+                store.put(entity)
+            except OutcomeUnknown:
+                unsure.add(entity.get("id", b""))
+                continue
+            except SchemalessError:
+                continue
+            acknowledged[entity["id"]] = entity["m"]
+            time.sleep(0.005)
+
+    writing = threading.Thread(target=writer)
+    writing.start()
+    try:
+        trio.stop_server(SICK)
+        env = {
+            **os.environ,
+            **cluster_env(trio, store),
+            "SCHEMALESS_FAILPOINTS": "cleaner.before_deferral=kill",
+        }
+        args = ["--index=by_m", "--batch", "20", "--pending-after", "1", "--no-throttle"]
+        crashed = subprocess.run(
+            [sys.executable, "-m", "schemaless.cleaner.main", *args],
+            env=env,
+            capture_output=True,
+            timeout=BOUND + 30,
+        )
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr.decode()[-2000:]
+        written = _rows_on(store, BY_M, set(range(8)) - sick)
+        assert written > 0  # it died after writing a batch's rows, before its checkpoint
+        cleaner = _cleaner(store, batch=20)
+        backfill = _Backfill(cleaner, "by_m")
+        backfill.start()
+        try:
+            wait_for(_healthy_scanned(store, sick, "by_m"), BOUND, "the healthy shards scanned")
+        finally:
+            revive(trio)
+        backfill.join(BOUND + 30)
+        assert backfill.result == [IndexState.READY]
+        time.sleep(0.5)  # the writer goes on with every server
+    finally:
+        stop.set()
+        writing.join()
+        revive(trio)
+    wait_for(lambda: _answers(store), 10.0, "the sick server to answer")
+    cleaner.run_once(now=time.time() + 60)  # the failed writes' leftovers
+    cleaner.close()
+    assert_clean(store)
+    checked = {k: m for k, m in acknowledged.items() if k not in unsure}
+    assert len(checked) > 50
+    for key, m in checked.items():
+        assert store.get(key)["m"] == m
+        assert [e["id"] for e in store.query("by_m", m=m)] == [key]
+
+
+def test_a_unique_index_checks_its_deferred_claims_when_they_are_written(
+    store: DataStore, trio: LocalCluster
+) -> None:
+    """Claims of a unique index for the stopped server's shards are deferred with the
+    rest; the duplicate among them (two entities on healthy servers, one value whose
+    row lives on the stopped one) is found when they are written: the index stays
+    building with that duplicate recorded, and every other value is indexed."""
+    by_u = Index("by_u", {"u": "int"}, unique=True)
+    (dup,) = values_on(store, by_u, SICK, 1, start=5000)
+    for u in range(200):
+        store.put({"u": u})
+    twins = ids_on(store, 0, 1) + ids_on(store, 1, 1)
+    for key in twins:
+        store.put({"id": key, "u": dup})
+    store.declare_index(by_u, force=True)
+    cleaner = _cleaner(store, batch=20)
+    trio.stop_server(SICK)
+    backfill = _Backfill(cleaner, "by_u")
+    backfill.start()
+    try:
+        sick = _sick_shards(store)
+        wait_for(_healthy_scanned(store, sick, "by_u"), BOUND, "the healthy shards scanned")
+        assert store.cluster.catalog.duplicates("by_u") == {}  # not written: not known yet
+    finally:
+        revive(trio)
+    backfill.join(BOUND + 30)
+    cleaner.close()
+    assert backfill.result == [IndexState.BUILDING]
+    recorded = store.cluster.catalog.duplicates("by_u").values()
+    (found,) = [item for _, shown in recorded for item in shown]
+    assert sorted(found["ids"]) == sorted(id_hex(key) for key in twins)
+    assert Deferrals(store.cluster.catalog).of("by_u") == []
+    diff = diff_indexes(store, ["by_u"])["by_u"]
+    assert not diff.extra and not diff.behind  # every value but the twin's second is there
+    assert [key for _, _, key in diff.missing] in ([twins[0]], [twins[1]]), diff.summary()

@@ -32,7 +32,9 @@ LAYERS: list[set[str]] = [
     },
     {"entity", "schema", "index", "batch", "expiry", "locate"},
     {"connection"},  # a server's pool
-    {"catalog", "tables", "writes"},  # SQL builders, and the catalog
+    {"catalogdb", "topology", "tables", "writes"},  # SQL builders; the catalog's base, snapshot
+    {"shardmap", "indexstates", "checkpoints", "heartbeats", "dictionaries"},  # catalog parts
+    {"catalog"},  # the catalog: created, loaded, its parts as one object
     {"scatter", "stale", "deferrals"},  # one batch per server; the catalog's deferrals
     {"cluster"},  # routing
     {"follow"},  # a call's deadline, following the map

@@ -1,0 +1,204 @@
+"""The write protocol in today's layout and in ``d_owned`` (issue 39, step 1).
+
+Each layout runs the protocol's statements as the library sends them, per round trip:
+step 1 (the index rows on other servers than the entity's, one batch per server,
+servers in parallel), step 2 (one batch on the entity's server: its index rows there,
+the old body read, the conditional write, one transaction) and step 3 (the old body's
+rows deleted where ``entity_version < V``, one batch per server).  Today's statements
+come from ``schemaless.writes`` itself (a database per logical shard, the index epoch's
+fence table named by every body); ``d_owned``'s from ``bench.ownedsql`` (one database
+per server, every write guarded by the shard's ``owned`` row).  The operations: a put of
+a new entity, an update (a blind put that moves ``published``, so two of three indexes
+change rows) and a delete (a tombstone), each with 0, 1 and 3 indexes
+(``bench.ops.INDEXES``: i0, i1, i3).  A write that does not apply fails the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from schemaless import writes as today
+from schemaless.codec import Codec
+from schemaless.hashing import shard_of
+from schemaless.schema import entities_table_sql, fence_table, fence_table_sql
+from schemaless.writes import BLIND, NEW, EntityWrite, IndexRow
+
+from . import ownedsql
+from .data import Dataset
+from .env import RawClient
+from .layouts import Placement
+from .ops import INDEXES, UPDATE_DELTA
+
+__all__ = ["WRITE_LAYOUTS", "WRITE_OPS", "WRITE_SETS", "OwnedWrites", "TodayWrites", "cells"]
+
+WRITE_SETS = ("i0", "i1", "i3")
+WRITE_OPS = ("put", "update", "delete")
+WRITE_LAYOUTS = ("today", "d_owned")
+FENCE = fence_table(1)
+Batch = tuple[str, list[Any]]
+
+
+class TodayWrites:
+    """Today's layout: the library's own builders over a database per logical shard."""
+
+    name = "today"
+
+    def __init__(self, place: Placement, raw: RawClient) -> None:
+        self.place, self.raw = place, raw
+        self.dbs = [place.shard_db(s) for s in range(place.n_shards)]
+
+    def ddl(self, sid: int) -> list[str]:
+        out = []
+        for shard in self.place.shards_on(sid):
+            db = self.dbs[shard]
+            out += [f"CREATE DATABASE IF NOT EXISTS `{db}`", entities_table_sql(db)]
+            out += [index.create_table_sql(db) for index in INDEXES["i3"]]
+            out.append(fence_table_sql(db, 1))
+        return out
+
+    def upserts(self, sid: int, rows: list[IndexRow]) -> Batch:
+        return today.upsert_rows_sql(rows, self.dbs)
+
+    def deletes(self, sid: int, rows: list[IndexRow]) -> Batch:
+        return today.delete_rows_sql(rows, self.dbs)
+
+    def entity(self, sid: int, w: EntityWrite, rows: list[IndexRow]) -> tuple[str, list[Any], int]:
+        return today.entity_batch_sql([w], rows, self.dbs, FENCE)
+
+
+class OwnedWrites(TodayWrites):
+    """``d_owned``: one database per server, every write guarded by the ``owned`` row."""
+
+    name = "d_owned"
+
+    def __init__(self, place: Placement, raw: RawClient) -> None:
+        super().__init__(place, raw)
+        self.db = ownedsql.OwnedDb(place.one_db)
+
+    def ddl(self, sid: int) -> list[str]:
+        return self.db.ddl(INDEXES["i3"], self.place.shards_on(sid), FENCE)
+
+    def upserts(self, sid: int, rows: list[IndexRow]) -> Batch:
+        return ownedsql.upsert_rows_sql(self.db, rows)
+
+    def deletes(self, sid: int, rows: list[IndexRow]) -> Batch:
+        return ownedsql.delete_rows_sql(self.db, rows)
+
+    def entity(self, sid: int, w: EntityWrite, rows: list[IndexRow]) -> tuple[str, list[Any], int]:
+        return ownedsql.entity_batch_sql(self.db, [w], rows, FENCE)
+
+
+Layout = TodayWrites
+
+
+class Protocol:
+    """Steps 1-3 of one entity's write, on one layout."""
+
+    def __init__(self, layout: Layout, codec: Codec, versions: Iterable[int]) -> None:
+        self.layout, self.codec, self.versions = layout, codec, iter(versions)
+        self.place = layout.place
+
+    def rows(self, entity: dict[str, Any], set_name: str, version: int) -> list[IndexRow]:
+        n = self.place.n_shards
+        return [
+            IndexRow(index, shard_of(index.shard_key(row), n), row, entity["id"], version)
+            for index in INDEXES[set_name]
+            for row in sorted(index.rows(entity))
+        ]
+
+    def write(self, entity: dict[str, Any], set_name: str, kind: str) -> None:
+        """Put (``new``), update (``blind``) or delete ``entity``; fails unless applied."""
+        key, version = entity["id"], next(self.versions)
+        shard = shard_of(key, self.place.n_shards)
+        home = self.place.sid(shard)
+        body = None if kind == "delete" else self.codec.encode(entity)
+        new = self.rows(entity, set_name, version) if body is not None else []
+        local = [r for r in new if self.place.sid(r.shard) == home]
+        self._fan(self.layout.upserts, [r for r in new if self.place.sid(r.shard) != home])
+        want = bool(INDEXES[set_name]) and kind != "new"
+        w = EntityWrite(
+            self.layout.dbs[shard], shard, key, version, version, body,
+            NEW if kind == "new" else BLIND, want,
+        )  # fmt: skip
+        sql, params, first = self.layout.entity(home, w, local)
+        sets, counts = self.layout.raw.run_counts(home, sql, params)
+        if counts[first] <= 0:
+            raise AssertionError(f"{self.layout.name}: a {kind} did not apply")
+        if want and sets[0] and sets[0][0][0] is not None:
+            old = self.rows(self.codec.decode(sets[0][0][0]), set_name, version)
+            keep = {(r.index.name, r.values) for r in new}
+            self._fan(self.layout.deletes, [r for r in old if (r.index.name, r.values) not in keep])
+
+    def _fan(self, build: Callable[[int, list[IndexRow]], Batch], rows: list[IndexRow]) -> None:
+        by_sid: dict[int, list[IndexRow]] = {}
+        for row in rows:
+            by_sid.setdefault(self.place.sid(row.shard), []).append(row)
+        if by_sid:
+            self.layout.raw.fanout({sid: build(sid, group) for sid, group in by_sid.items()})
+
+
+def create(layout: Layout) -> None:
+    for sid in range(layout.place.servers):
+        layout.raw.run(sid, ";\n".join(layout.ddl(sid)))
+
+
+def _entities(ds: Dataset, start: int, count: int) -> list[dict[str, Any]]:
+    return [ds.entity(i) for i in range(start, start + count)]
+
+
+def _moved(entity: dict[str, Any]) -> dict[str, Any]:
+    return {**entity, "published": entity["published"] + UPDATE_DELTA}
+
+
+def cells(
+    place: Placement, raw: RawClient, codec: Codec, per_cell: int, warm: int
+) -> tuple[dict[str, dict[str, Callable[[Any], object]]], dict[str, list[Any]], list[Layout]]:
+    """Create both layouts' tables and preload them; the write cells (``put i1``, ...),
+    each a call per layout, and their items (``per_cell + warm`` each, every one used
+    once per layout: the first ``warm`` for the warm-up)."""
+    layouts: list[Layout] = [TodayWrites(place, raw), OwnedWrites(place, raw)]
+    n = per_cell + warm
+    ds = Dataset(3 * len(WRITE_SETS) * n)
+    clock = itertools.count(time.time_ns() // 1000)
+    protos = [Protocol(layout, codec, clock) for layout in layouts]
+    calls: dict[str, dict[str, Callable[[Any], object]]] = {}
+    items: dict[str, list[Any]] = {}
+    for layout in layouts:
+        create(layout)
+    for k, set_name in enumerate(WRITE_SETS):
+        base = 3 * k * n
+        olds = _entities(ds, base + n, 2 * n)  # preloaded: updated, then deleted
+        for proto, e in itertools.product(protos, olds):
+            proto.write(e, set_name, "new")
+        items[f"put {set_name}"] = _entities(ds, base, n)
+        items[f"update {set_name}"] = [_moved(e) for e in olds[:n]]
+        items[f"delete {set_name}"] = olds[n:]
+        for op, kind in zip(WRITE_OPS, ("new", "blind", "delete"), strict=True):
+            calls[f"{op} {set_name}"] = {p.layout.name: _writer(p, set_name, kind) for p in protos}
+    return calls, items, layouts
+
+
+def _writer(proto: Protocol, set_name: str, kind: str) -> Callable[[Any], object]:
+    return lambda entity: proto.write(entity, set_name, kind)
+
+
+def counts(layout: Layout) -> list[int]:
+    """Live entities, tombstones and each index's rows, summed over the servers (both
+    layouts must hold the same after the same writes)."""
+    place, out = layout.place, [0] * (2 + len(INDEXES["i3"]))
+    for sid in range(place.servers):
+        if isinstance(layout, OwnedWrites):
+            dbs = [layout.db]
+        else:
+            dbs = [ownedsql.OwnedDb(layout.dbs[shard]) for shard in place.shards_on(sid)]
+        for db in dbs:
+            sql = [f"SELECT SUM(`body` IS NOT NULL), SUM(`body` IS NULL) FROM {db.entities}"]
+            sql += [f"SELECT COUNT(*) FROM {db.table(i.table)}" for i in INDEXES["i3"]]
+            sets = layout.raw.run(sid, ";\n".join(sql))
+            got = [int(sets[0][0][0] or 0), int(sets[0][0][1] or 0)]
+            got += [int(rows[0][0]) for rows in sets[1:]]
+            out = [x + y for x, y in zip(out, got, strict=True)]
+    return out

@@ -128,9 +128,10 @@ def fence_sql(db: OwnedDb, shard: int) -> str:
 # -- writes -----------------------------------------------------------------------------
 
 
-def _guard(db: OwnedDb, shard: int) -> str:
-    """The source of every guarded insert: the shard's row, under a shared lock."""
-    return f" FROM {db.owned} WHERE `shard` = {int(shard)} LOCK IN SHARE MODE"
+def _guard(db: OwnedDb, shard: int, rows: str = "") -> str:
+    """The source of every guarded insert: the shard's row under a shared lock (after
+    ``rows``, a derived table of the rows to insert, if any)."""
+    return f" FROM {rows}{db.owned} WHERE {db.owned}.`shard` = {int(shard)} LOCK IN SHARE MODE"
 
 
 def _join(db: OwnedDb, table: str, shard: int) -> str:
@@ -160,16 +161,14 @@ def upsert_sql(db: OwnedDb, index: Index, shard: int, rows: int) -> str:
     (a plain literal there would make a utf8mb4 column and lose bytes)."""
     cols = ", ".join(quote(c) for c in (*index.columns, "entity_id", "entity_version"))
     binary = [t.sql.startswith(("BINARY", "VARBINARY")) for t in index.types] + [True, False]
-    where = f" FROM {{}}{db.owned} WHERE {db.owned}.`shard` = {int(shard)} LOCK IN SHARE MODE"
     if rows == 1:
         values = ", ".join(["%s"] * len(binary))
-        source = f"SELECT {db.owned}.`shard`, {values}" + where.format("")
+        source = f"SELECT {db.owned}.`shard`, {values}{_guard(db, shard)}"
     else:
         first = ", ".join(f"{'_binary ' if b else ''}%s AS `c{i}`" for i, b in enumerate(binary))
         more = f" UNION ALL SELECT {', '.join(['%s'] * len(binary))}" * (rows - 1)
-        source = f"SELECT {db.owned}.`shard`, `v`.*" + where.format(
-            f"(SELECT {first}{more}) AS `v`, "
-        )
+        derived = f"(SELECT {first}{more}) AS `v`, "
+        source = f"SELECT {db.owned}.`shard`, `v`.*{_guard(db, shard, derived)}"
     tail = _UNIQUE_TAIL if index.unique else _UPSERT_TAIL
     return f"INSERT INTO {db.table(index.table)} (`shard`, {cols}) {source}{tail}"
 
@@ -254,7 +253,7 @@ def entity_sql(db: OwnedDb, shard: int, kind: str, want_body: bool, fence: str |
     stmts = [f"SELECT `body` FROM {ent} WHERE `id` = %s"] if want_body else []
     insert = (
         f"INSERT INTO {ent} (`shard`, `id`, `version`, `updated`, `body`)"
-        f" SELECT `shard`, %s, {version}, %s, %s{_guard(db, shard)}"
+        f" SELECT {db.owned}.`shard`, %s, {version}, %s, %s{_guard(db, shard)}"
     )
     target = _join(db, ent, shard)
     if kind == "new":

@@ -75,11 +75,11 @@ def _cpu_seconds(pids: Sequence[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def drop(servers: Servers, place: Placement) -> None:
-    """Drop every database of ``place`` on every server."""
+def drop(servers: Servers, place: Placement, extra: Sequence[str] = ()) -> None:
+    """Drop every database of ``place`` (and ``extra``) on every server."""
     for sid in range(len(servers.addresses)):
         names = {r[0] for r in servers.admin(sid, "SHOW DATABASES")}
-        drops = [n for n in place.databases() if n in names]
+        drops = [n for n in dict.fromkeys([*place.databases(), *extra]) if n in names]
         if drops:
             servers.admin(sid, ";".join(f"DROP DATABASE `{n}`" for n in drops))
 
@@ -254,7 +254,8 @@ def _writes(
     place = Placement(check_prefix(f"{cfg.prefix}w{per_server}"), per_server * cfg.servers,
                       cfg.servers)  # fmt: skip
     raw = RawClient(servers)
-    drop(servers, place)
+    extra = [layoutwrites.owned_db(place, guard) for guard in layoutwrites.GUARDS]
+    drop(servers, place, extra)
     warm = 5
     try:
         t = time.perf_counter()
@@ -273,7 +274,7 @@ def _writes(
     finally:
         raw.close()
         if not cfg.keep:
-            drop(servers, place)
+            drop(servers, place, extra)
     return out
 
 

@@ -32,11 +32,22 @@ from .env import RawClient
 from .layouts import Placement
 from .ops import INDEXES, UPDATE_DELTA
 
-__all__ = ["WRITE_LAYOUTS", "WRITE_OPS", "WRITE_SETS", "OwnedWrites", "TodayWrites", "cells"]
+__all__ = [
+    "GUARDS",
+    "WRITE_LAYOUTS",
+    "WRITE_OPS",
+    "WRITE_SETS",
+    "OwnedWrites",
+    "TodayWrites",
+    "cells",
+    "owned_db",
+]
 
 WRITE_SETS = ("i0", "i1", "i3")
 WRITE_OPS = ("put", "update", "delete")
-WRITE_LAYOUTS = ("today", "d_owned")
+#: the owned layout's guards and their write layouts' names
+GUARDS = {"row": "d_owned", "head": "d_head", "none": "d_none"}
+WRITE_LAYOUTS = ("today", *GUARDS.values())
 FENCE = fence_table(1)
 Batch = tuple[str, list[Any]]
 
@@ -70,13 +81,13 @@ class TodayWrites:
 
 
 class OwnedWrites(TodayWrites):
-    """``d_owned``: one database per server, every write guarded by the ``owned`` row."""
+    """``d_owned``: one database per server, every write guarded by the ``owned`` row
+    (``guard``: ``row``, or the variants ``head`` and ``none``, ``bench.ownedsql``)."""
 
-    name = "d_owned"
-
-    def __init__(self, place: Placement, raw: RawClient) -> None:
+    def __init__(self, place: Placement, raw: RawClient, guard: str = "row") -> None:
         super().__init__(place, raw)
-        self.db = ownedsql.OwnedDb(place.one_db)
+        self.name = GUARDS[guard]
+        self.db = ownedsql.OwnedDb(owned_db(place, guard), guard)
 
     def ddl(self, sid: int) -> list[str]:
         return self.db.ddl(INDEXES["i3"], self.place.shards_on(sid), FENCE)
@@ -92,6 +103,11 @@ class OwnedWrites(TodayWrites):
 
 
 Layout = TodayWrites
+
+
+def owned_db(place: Placement, guard: str) -> str:
+    """The database of an owned write layout (``d_owned``'s is the read layout's)."""
+    return place.one_db if guard == "row" else f"{place.prefix}_{guard}"
 
 
 class Protocol:
@@ -159,7 +175,8 @@ def cells(
     """Create both layouts' tables and preload them; the write cells (``put i1``, ...),
     each a call per layout, and their items (``per_cell + warm`` each, every one used
     once per layout: the first ``warm`` for the warm-up)."""
-    layouts: list[Layout] = [TodayWrites(place, raw), OwnedWrites(place, raw)]
+    layouts: list[Layout] = [TodayWrites(place, raw)]
+    layouts += [OwnedWrites(place, raw, guard) for guard in GUARDS]
     n = per_cell + warm
     ds = Dataset(3 * len(WRITE_SETS) * n)
     clock = itertools.count(time.time_ns() // 1000)

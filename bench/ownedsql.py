@@ -18,6 +18,13 @@ A write batch's plain reads (the old body, before a write) need no count: the wr
 after them is guarded, and only the result of a write that applied is used.  The
 builders mirror ``schemaless.writes`` (step 1 upserts, step 2's entity batch, step 3's
 guarded deletes), parameters in the same order.
+
+``OwnedDb.guard`` picks the guard's shape: ``row`` (the above, every statement), or
+``head``: plain statements after one check at the batch's head, in its transaction
+(``head_sql``: the batch's shards' rows counted under a shared lock, a ``SIGNAL`` if
+one is missing, which ends the batch with error 1644 and writes nothing, as today's
+missing table does); ``none`` is no guard at all (``b_key``'s writes: no fence, only
+the benchmark's measure of what the tables alone cost).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ __all__ = [
     "entity_batch_sql",
     "entity_sql",
     "fence_sql",
+    "head_sql",
     "read_batch",
     "stale_shards",
     "upsert_rows_sql",
@@ -48,9 +56,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class OwnedDb:
-    """A server's database of the owned layout (its tables' quoted names)."""
+    """A server's database of the owned layout (its tables' quoted names) and the
+    shape of its writes' guard (``row``, ``head`` or ``none``)."""
 
     name: str
+    guard: str = "row"
 
     def table(self, table: str) -> str:
         return quote(self.name, table)
@@ -161,16 +171,18 @@ def upsert_sql(db: OwnedDb, index: Index, shard: int, rows: int) -> str:
     (a plain literal there would make a utf8mb4 column and lose bytes)."""
     cols = ", ".join(quote(c) for c in (*index.columns, "entity_id", "entity_version"))
     binary = [t.sql.startswith(("BINARY", "VARBINARY")) for t in index.types] + [True, False]
+    tail = _UNIQUE_TAIL if index.unique else _UPSERT_TAIL
+    head = f"INSERT INTO {db.table(index.table)} (`shard`, {cols})"
+    if db.guard != "row":
+        one = f"({int(shard)}, {', '.join(['%s'] * len(binary))})"
+        return f"{head} VALUES {', '.join([one] * rows)}{tail}"
     if rows == 1:
         values = ", ".join(["%s"] * len(binary))
-        source = f"SELECT {db.owned}.`shard`, {values}{_guard(db, shard)}"
-    else:
-        first = ", ".join(f"{'_binary ' if b else ''}%s AS `c{i}`" for i, b in enumerate(binary))
-        more = f" UNION ALL SELECT {', '.join(['%s'] * len(binary))}" * (rows - 1)
-        derived = f"(SELECT {first}{more}) AS `v`, "
-        source = f"SELECT {db.owned}.`shard`, `v`.*{_guard(db, shard, derived)}"
-    tail = _UNIQUE_TAIL if index.unique else _UPSERT_TAIL
-    return f"INSERT INTO {db.table(index.table)} (`shard`, {cols}) {source}{tail}"
+        return f"{head} SELECT {db.owned}.`shard`, {values}{_guard(db, shard)}{tail}"
+    first = ", ".join(f"{'_binary ' if b else ''}%s AS `c{i}`" for i, b in enumerate(binary))
+    more = f" UNION ALL SELECT {', '.join(['%s'] * len(binary))}" * (rows - 1)
+    derived = f"(SELECT {first}{more}) AS `v`, "
+    return f"{head} SELECT {db.owned}.`shard`, `v`.*{_guard(db, shard, derived)}{tail}"
 
 
 def _upserts(db: OwnedDb, rows: Iterable[IndexRow]) -> tuple[list[str], list[Any]]:
@@ -189,23 +201,29 @@ def _upserts(db: OwnedDb, rows: Iterable[IndexRow]) -> tuple[list[str], list[Any
 
 def upsert_rows_sql(db: OwnedDb, rows: Iterable[IndexRow]) -> tuple[str, list[Any]]:
     """Step 1: one guarded multi-row upsert per (logical shard, index)."""
+    rows = list(rows)
     stmts, params = _upserts(db, rows)
-    return _in_transaction(stmts), params
+    return _batch(db, stmts, [r.shard for r in rows]), params
 
 
 def delete_rows_sql(db: OwnedDb, rows: Iterable[IndexRow]) -> tuple[str, list[Any]]:
     """Step 3: delete an old body's rows where ``entity_version < V``, guarded."""
     stmts: list[str] = []
     params: list[Any] = []
-    for row in sorted(rows, key=lambda r: (r.shard, r.index.name, r.values, r.entity_id)):
+    rows = sorted(rows, key=lambda r: (r.shard, r.index.name, r.values, r.entity_id))
+    for row in rows:
         table = db.table(row.index.table)
         where = " AND ".join(f"{table}.{quote(c)} = %s" for c in row.index.columns)
+        target = f"{table} FROM {_join(db, table, row.shard)}"
+        if db.guard != "row":
+            target = f"FROM {table}"
+            where += f" AND {table}.`shard` = {int(row.shard)}"
         stmts.append(
-            f"DELETE {table} FROM {_join(db, table, row.shard)} WHERE {where}"
+            f"DELETE {target} WHERE {where}"
             f" AND {table}.`entity_id` = %s AND {table}.`entity_version` < %s"
         )
         params += [*row.values, row.entity_id, row.version]
-    return _in_transaction(stmts), params
+    return _batch(db, stmts, [r.shard for r in rows]), params
 
 
 def entity_batch_sql(
@@ -222,11 +240,9 @@ def entity_batch_sql(
     upserts = len(stmts)
     fenced = False
     for w in sorted(writes, key=lambda w: (w.shard, w.entity_id)):
-        kind = (
-            w.mode.kind
-            if w.body is not None
-            else ("delete" if w.mode.kind == "blind" else "delete_cas")
-        )
+        kind = w.mode.kind if w.body is not None else "delete"
+        if w.body is None and w.mode.kind != "blind":
+            kind = "delete_cas"
         use_fence = fence if fence is not None and w.body is not None and not fenced else None
         fenced = fenced or use_fence is not None
         stmts.append(entity_sql(db, w.shard, kind, w.want_body, use_fence))
@@ -240,9 +256,11 @@ def entity_batch_sql(
             params += [w.updated, w.version, w.entity_id, w.version]
         else:
             params += [w.updated, w.version, w.entity_id, w.mode.expected]
-    if len(stmts) > 1:
-        return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1 + upserts
-    return ";\n".join(stmts), params, 0
+    shards = [r.shard for r in rows] + [w.shard for w in writes]
+    sql = _batch(db, stmts, shards)
+    if not sql.startswith("START TRANSACTION"):
+        return sql, params, 0
+    return sql, params, upserts + (2 if db.guard == "head" else 1)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -251,11 +269,12 @@ def entity_sql(db: OwnedDb, shard: int, kind: str, want_body: bool, fence: str |
     ent = db.entities
     version = f"%s + (SELECT COUNT(*) FROM {db.table(fence)})" if fence else "%s"
     stmts = [f"SELECT `body` FROM {ent} WHERE `id` = %s"] if want_body else []
-    insert = (
-        f"INSERT INTO {ent} (`shard`, `id`, `version`, `updated`, `body`)"
-        f" SELECT {db.owned}.`shard`, %s, {version}, %s, %s{_guard(db, shard)}"
-    )
+    cols = f"INSERT INTO {ent} (`shard`, `id`, `version`, `updated`, `body`)"
+    insert = f"{cols} SELECT {db.owned}.`shard`, %s, {version}, %s, %s{_guard(db, shard)}"
     target = _join(db, ent, shard)
+    if db.guard != "row":
+        insert = f"{cols} VALUES ({int(shard)}, %s, {version}, %s, %s)"
+        target = ent
     if kind == "new":
         stmts.append(insert)
     elif kind in ("blind", "create"):
@@ -281,8 +300,22 @@ def entity_sql(db: OwnedDb, shard: int, kind: str, want_body: bool, fence: str |
     return ";\n".join(stmts)
 
 
-def _in_transaction(stmts: list[str]) -> str:
-    if len(stmts) > 1:
+def head_sql(db: OwnedDb, shards: Iterable[int]) -> str:
+    """The ``head`` guard: the rows of the batch's shards, under a shared lock, or an
+    error (1644) that ends the batch before anything is written."""
+    named = sorted(set(shards))
+    return (
+        f"BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM {db.owned} WHERE `shard` IN ({_ints(named)})"
+        f" LOCK IN SHARE MODE) < {len(named)} THEN SIGNAL SQLSTATE '45000'"
+        " SET MESSAGE_TEXT = 'a logical shard of this batch is not on this server'; END IF; END"
+    )
+
+
+def _batch(db: OwnedDb, stmts: list[str], shards: Iterable[int]) -> str:
+    """Several statements share one commit; with the ``head`` guard, after its check."""
+    if db.guard == "head":
+        stmts = ["START TRANSACTION", head_sql(db, shards), *stmts, "COMMIT"]
+    elif len(stmts) > 1:
         stmts = ["START TRANSACTION", *stmts, "COMMIT"]
     return ";\n".join(stmts)
 

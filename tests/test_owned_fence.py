@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import MySQLdb
 import pytest
 
 from bench import ownedsql
@@ -241,3 +242,47 @@ def test_the_fence_waits_for_and_blocks_its_shard_only(
     finally:
         for conn in (other, fencer, late):
             conn.close()
+
+
+def test_the_head_guard_delays_the_fence_then_refuses(
+    servers: Servers, db: ownedsql.OwnedDb
+) -> None:
+    """The ``head`` guard's check holds the batch's shards' rows until the commit (the
+    fence waits), and after the fence it ends the batch with error 1644 before any
+    write (the step 2 batch's transaction is left to the client to roll back)."""
+    head = ownedsql.OwnedDb(db.name, "head")
+    write = EntityWrite("", 1, _id(1, 5), 9, 9, b"h", BLIND, False)
+    sql, params, first = ownedsql.entity_batch_sql(head, [write])
+    start, check, insert, commit = sql.split(";\n")
+    assert (start, commit, first) == ("START TRANSACTION", "COMMIT", 2)
+    writer, fencer = _open(servers), _open(servers)
+    try:
+        _exec(writer, start)
+        _exec(writer, check)
+        thread, fence = _timed(lambda: _exec(fencer, ownedsql.fence_sql(db, 1))[1])
+        time.sleep(HOLD)
+        assert thread.is_alive()
+        assert _exec(writer, insert, params)[1] == 1
+        _exec(writer, commit)
+        thread.join()
+        assert fence["result"] == 1 and fence["seconds"] >= HOLD
+        late = EntityWrite("", 1, _id(1, 6), 9, 9, b"h", BLIND, False)
+        sql, params, _ = ownedsql.entity_batch_sql(head, [late])
+        with pytest.raises(MySQLdb.MySQLError) as refused:
+            _run(writer, sql, params)
+        assert refused.value.args[0] == 1644
+        _exec(writer, "ROLLBACK")
+        found = servers.admin(0, f"SELECT `id` FROM {db.entities} WHERE `shard` = 1")
+        assert sorted(r[0] for r in found) == [_id(1), _id(1, 5)]
+    finally:
+        writer.close()
+        fencer.close()
+
+
+def _run(conn: Any, sql: str, params: list[Any]) -> None:
+    """A whole multi-statement batch, to its end (or its first error)."""
+    cur = conn.cursor()
+    cur.execute(sql, params)
+    while cur.nextset():
+        pass
+    cur.close()

@@ -132,3 +132,24 @@ def test_the_owned_layouts_reads_end_with_the_count() -> None:
     ):
         for sid, (sql, _) in batches.items():
             assert sql.split(";\n")[-1] == count + expect[sid]
+
+
+def test_a_head_guarded_batch_checks_all_its_shards_first() -> None:
+    """The ``head`` variant: every batch (steps 1, 2 and 3) is one transaction that
+    first counts the rows of all the shards it writes, under a shared lock."""
+    head = ownedsql.OwnedDb("own_one", "head")
+    writes = [EntityWrite("", s, bytes([s]) * 16, 9, 9, b"b", BLIND, True) for s in (7, 3)]
+    rows = [_row(BY_USER, 3), _row(BY_TIME, 12)]
+    batches = {
+        (3, 7, 12): ownedsql.entity_batch_sql(head, writes, rows)[0],
+        (3, 12): ownedsql.upsert_rows_sql(head, rows)[0],
+        (12, 3): ownedsql.delete_rows_sql(head, rows)[0],
+        (3,): ownedsql.delete_rows_sql(head, rows[:1])[0],
+    }
+    for shards, sql in batches.items():
+        stmts = sql.split(";\n")
+        assert (stmts[0], stmts[-1]) == ("START TRANSACTION", "COMMIT")
+        assert stmts[1] == ownedsql.head_sql(head, shards)
+        named = ", ".join(str(s) for s in sorted(shards))
+        assert f"WHERE `shard` IN ({named}) LOCK IN SHARE MODE) < {len(shards)} " in stmts[1]
+        assert "SIGNAL SQLSTATE" in stmts[1] and all(OWNED not in s for s in stmts[2:])

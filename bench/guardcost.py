@@ -26,6 +26,7 @@ __all__ = ["SHAPES", "main"]
 
 DB = "guardcost"
 T, ONE, OWNED = f"`{DB}`.`today`", f"`{DB}`.`one`", f"`{DB}`.`owned`"
+TRIG = f"`{DB}`.`trig`"  # one table per server, guarded by triggers
 _LOCK = f" FROM {OWNED} WHERE {OWNED}.`shard` = 3 LOCK IN SHARE MODE"
 
 #: name -> (SQL, parameters of call k): inserts of new rows, then updates of row k
@@ -49,6 +50,10 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
         " WHERE `shard` = 3 LOCK IN SHARE MODE), %s, 1)",
         lambda k: [k],
     ),
+    "insert, trigger-guarded": (
+        f"INSERT INTO {TRIG} (`shard`, `id`, `v`) VALUES (3, %s, 1)",
+        lambda k: [k],
+    ),
     "update, today": (f"UPDATE {T} SET `v` = `v` + 1 WHERE `id` = %s", lambda k: [k]),
     "update, no guard": (f"UPDATE {ONE} SET `v` = `v` + 1 WHERE `id` = %s", lambda k: [k]),
     "update join owned (row)": (
@@ -58,6 +63,10 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
     ),
     "update where shard in (locked select)": (
         f"UPDATE {ONE} SET `v` = `v` + 1 WHERE `id` = %s AND `shard` IN (SELECT `shard`{_LOCK})",
+        lambda k: [k],
+    ),
+    "update, trigger-guarded": (
+        f"UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s",
         lambda k: [k],
     ),
     "count, locked (head's read)": (
@@ -80,7 +89,14 @@ DDL = [
     f"CREATE TABLE {ONE} (`shard` SMALLINT UNSIGNED NOT NULL, `added_id` BIGINT UNSIGNED NOT"
     " NULL AUTO_INCREMENT, `id` BIGINT NOT NULL, `v` BIGINT NOT NULL,"
     " PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`), UNIQUE KEY `by_id` (`id`))",
+    f"CREATE TABLE {TRIG} LIKE {ONE}",
     f"CREATE TABLE {OWNED} (`shard` SMALLINT UNSIGNED NOT NULL PRIMARY KEY)",
+    *(
+        f"CREATE TRIGGER `{DB}`.`trig_{when}` BEFORE {when} ON {TRIG} FOR EACH ROW"
+        f" IF NOT EXISTS (SELECT 1 FROM {OWNED} WHERE `shard` = NEW.`shard`"
+        " LOCK IN SHARE MODE) THEN SIGNAL SQLSTATE '45000'; END IF"
+        for when in ("INSERT", "UPDATE")
+    ),
     f"INSERT INTO {OWNED} VALUES (1), (2), (3), (4)",
 ]
 
@@ -120,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     raw = RawClient(servers)
     try:
         raw.run(0, ";\n".join(DDL))
-        for name in ("insert, today", "insert, no guard"):  # the rows the updates name
+        for name in ("insert, today", "insert, no guard", "insert, trigger-guarded"):
             for k in range(a.n // a.rounds):
                 raw.run(0, SHAPES[name][0], [k])
         out = measure(raw, pids, a.n, a.rounds)

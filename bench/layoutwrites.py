@@ -46,7 +46,7 @@ __all__ = [
 WRITE_SETS = ("i0", "i1", "i3")
 WRITE_OPS = ("put", "update", "delete")
 #: the owned layout's guards and their write layouts' names
-GUARDS = {"row": "d_owned", "head": "d_head", "none": "d_none"}
+GUARDS = {"row": "d_owned", "head": "d_head", "trigger": "d_trigger", "none": "d_none"}
 WRITE_LAYOUTS = ("today", *GUARDS.values())
 FENCE = fence_table(1)
 Batch = tuple[str, list[Any]]

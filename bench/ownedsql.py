@@ -23,8 +23,10 @@ guarded deletes), parameters in the same order.
 ``head``: plain statements after one check at the batch's head, in its transaction
 (``head_sql``: the batch's shards' rows counted under a shared lock, a ``SIGNAL`` if
 one is missing, which ends the batch with error 1644 and writes nothing, as today's
-missing table does); ``none`` is no guard at all (``b_key``'s writes: no fence, only
-the benchmark's measure of what the tables alone cost).
+missing table does); ``trigger``: plain statements, the check in the tables' triggers
+(``OwnedDb.triggers``: in the server, whatever statement writes); ``none`` is no guard
+at all (``b_key``'s writes: no fence, only the benchmark's measure of what the tables
+alone cost).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ __all__ = [
 @dataclass(frozen=True)
 class OwnedDb:
     """A server's database of the owned layout (its tables' quoted names) and the
-    shape of its writes' guard (``row``, ``head`` or ``none``)."""
+    shape of its writes' guard (``row``, ``head``, ``trigger`` or ``none``)."""
 
     name: str
     guard: str = "row"
@@ -105,10 +107,27 @@ class OwnedDb:
             )
         if fence is not None:
             out.append(fence_table_sql(self.name, fence_epoch(fence) or 0))
+        if self.guard == "trigger":
+            for table in ["entities", *(index.table for index in indexes)]:
+                out += self.triggers(table)
         rows = ", ".join(f"({int(s)})" for s in shards)
         if rows:
             out.append(f"INSERT IGNORE INTO {self.owned} VALUES {rows}")
         return out
+
+    def triggers(self, table: str) -> list[str]:
+        """The ``trigger`` guard of one table: an insert or update of a row whose shard
+        has no ``owned`` row fails (1644); the row's shared lock is held to the commit.
+        (Deletes are left unguarded: a stale one removes rows the move deletes anyway,
+        and the move's own deletes of the old rows come after the fence.)"""
+        return [
+            f"CREATE TRIGGER IF NOT EXISTS {quote(self.name, f'{table}_{when[:3].lower()}')}"
+            f" BEFORE {when} ON {self.table(table)} FOR EACH ROW IF NOT EXISTS (SELECT 1 FROM"
+            f" {self.owned} WHERE `shard` = NEW.`shard` LOCK IN SHARE MODE) THEN SIGNAL"
+            " SQLSTATE '45000' SET MESSAGE_TEXT = 'this logical shard is not on this server';"
+            " END IF"
+            for when in ("INSERT", "UPDATE")
+        ]
 
 
 # -- reads ------------------------------------------------------------------------------

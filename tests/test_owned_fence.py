@@ -34,7 +34,12 @@ def servers(local_cluster: LocalCluster) -> Servers:
 def db(servers: Servers) -> Iterator[ownedsql.OwnedDb]:
     """An owned-layout database on server 0 owning shards 1 and 2, each with one
     entity (id ``bytes([s]) * 16``, version 1) and its by_user row."""
-    own = ownedsql.OwnedDb("of_" + uuid.uuid4().hex[:10])
+    own = _create(servers, ownedsql.OwnedDb("of_" + uuid.uuid4().hex[:10]))
+    yield own
+    servers.admin(0, f"DROP DATABASE {own.name}")
+
+
+def _create(servers: Servers, own: ownedsql.OwnedDb) -> ownedsql.OwnedDb:
     servers.admin(0, ";\n".join(own.ddl([BY_USER], [1, 2])))
     for s in (1, 2):
         servers.admin(
@@ -44,8 +49,7 @@ def db(servers: Servers) -> Iterator[ownedsql.OwnedDb]:
             f" INSERT INTO {own.table(BY_USER.table)} VALUES ({s}, %s, {s}, %s, 1)",
             [_id(s), _id(s), _id(s)],
         )
-    yield own
-    servers.admin(0, f"DROP DATABASE {own.name}")
+    return own
 
 
 def _id(shard: int, k: int = 0) -> bytes:
@@ -286,3 +290,32 @@ def _run(conn: Any, sql: str, params: list[Any]) -> None:
     while cur.nextset():
         pass
     cur.close()
+
+
+def test_the_trigger_guard_delays_the_fence_then_refuses(servers: Servers) -> None:
+    """The ``trigger`` variant: plain statements, the check in the tables' triggers. A
+    write holds the row until its commit (the fence waits); after the fence an insert
+    or update of the shard fails with error 1644 whatever statement sends it, and
+    another shard's writes go on."""
+    db = _create(servers, ownedsql.OwnedDb("ot_" + uuid.uuid4().hex[:10], "trigger"))
+    shapes = {s: _shapes(db, s) for s in (1, 2)}
+    writer, fencer = _open(servers), _open(servers)
+    try:
+        assert _held(writer, shapes[1]["insert"]) == 1
+        thread, fence = _timed(lambda: _exec(fencer, ownedsql.fence_sql(db, 1))[1])
+        time.sleep(HOLD)
+        assert thread.is_alive()
+        _exec(writer, "COMMIT")
+        thread.join()
+        assert fence["result"] == 1 and fence["seconds"] >= HOLD
+        for shape in ("upsert", "update", "tombstone", "step 1", "step 1, 3 rows"):
+            sql, params = shapes[1][shape]
+            with pytest.raises(MySQLdb.MySQLError) as refused:
+                _run(writer, sql, params)
+            assert refused.value.args[0] == 1644, shape
+            assert _held(writer, shapes[2][shape]) >= 1, shape
+            _exec(writer, "ROLLBACK")
+    finally:
+        writer.close()
+        fencer.close()
+        servers.admin(0, f"DROP DATABASE {db.name}")

@@ -7,7 +7,8 @@ the old body read, the conditional write, one transaction) and step 3 (the old b
 rows deleted where ``entity_version < V``, one batch per server).  Today's statements
 come from ``schemaless.writes`` itself (a database per logical shard, the index epoch's
 fence table named by every body); ``d_owned``'s from ``bench.ownedsql`` (one database
-per server, every write guarded by the shard's ``owned`` row).  The operations: a put of
+per server, every write guarded by the shard's ``owned`` row; the variants of
+``GUARDS`` guard otherwise, or not at all).  The operations: a put of
 a new entity, an update (a blind put that moves ``published``, so two of three indexes
 change rows) and a delete (a tombstone), each with 0, 1 and 3 indexes
 (``bench.ops.INDEXES``: i0, i1, i3).  A write that does not apply fails the run.
@@ -70,19 +71,19 @@ class TodayWrites:
             out.append(fence_table_sql(db, 1))
         return out
 
-    def upserts(self, sid: int, rows: list[IndexRow]) -> Batch:
+    def upserts(self, rows: list[IndexRow]) -> Batch:
         return today.upsert_rows_sql(rows, self.dbs)
 
-    def deletes(self, sid: int, rows: list[IndexRow]) -> Batch:
+    def deletes(self, rows: list[IndexRow]) -> Batch:
         return today.delete_rows_sql(rows, self.dbs)
 
-    def entity(self, sid: int, w: EntityWrite, rows: list[IndexRow]) -> tuple[str, list[Any], int]:
+    def entity(self, w: EntityWrite, rows: list[IndexRow]) -> tuple[str, list[Any], int]:
         return today.entity_batch_sql([w], rows, self.dbs, FENCE)
 
 
 class OwnedWrites(TodayWrites):
     """``d_owned``: one database per server, every write guarded by the ``owned`` row
-    (``guard``: ``row``, or the variants ``head`` and ``none``, ``bench.ownedsql``)."""
+    (``guard``: ``row``, or a variant of ``GUARDS``; ``bench.ownedsql``)."""
 
     def __init__(self, place: Placement, raw: RawClient, guard: str = "row") -> None:
         super().__init__(place, raw)
@@ -92,17 +93,17 @@ class OwnedWrites(TodayWrites):
     def ddl(self, sid: int) -> list[str]:
         return self.db.ddl(INDEXES["i3"], self.place.shards_on(sid), FENCE)
 
-    def upserts(self, sid: int, rows: list[IndexRow]) -> Batch:
+    def upserts(self, rows: list[IndexRow]) -> Batch:
         return ownedsql.upsert_rows_sql(self.db, rows)
 
-    def deletes(self, sid: int, rows: list[IndexRow]) -> Batch:
+    def deletes(self, rows: list[IndexRow]) -> Batch:
         return ownedsql.delete_rows_sql(self.db, rows)
 
-    def entity(self, sid: int, w: EntityWrite, rows: list[IndexRow]) -> tuple[str, list[Any], int]:
+    def entity(self, w: EntityWrite, rows: list[IndexRow]) -> tuple[str, list[Any], int]:
         return ownedsql.entity_batch_sql(self.db, [w], rows, FENCE)
 
 
-Layout = TodayWrites
+Layout = TodayWrites  # the write layouts' common type
 
 
 def owned_db(place: Placement, guard: str) -> str:
@@ -139,7 +140,7 @@ class Protocol:
             self.layout.dbs[shard], shard, key, version, version, body,
             NEW if kind == "new" else BLIND, want,
         )  # fmt: skip
-        sql, params, first = self.layout.entity(home, w, local)
+        sql, params, first = self.layout.entity(w, local)
         sets, counts = self.layout.raw.run_counts(home, sql, params)
         if counts[first] <= 0:
             raise AssertionError(f"{self.layout.name}: a {kind} did not apply")
@@ -148,12 +149,12 @@ class Protocol:
             keep = {(r.index.name, r.values) for r in new}
             self._fan(self.layout.deletes, [r for r in old if (r.index.name, r.values) not in keep])
 
-    def _fan(self, build: Callable[[int, list[IndexRow]], Batch], rows: list[IndexRow]) -> None:
+    def _fan(self, build: Callable[[list[IndexRow]], Batch], rows: list[IndexRow]) -> None:
         by_sid: dict[int, list[IndexRow]] = {}
         for row in rows:
             by_sid.setdefault(self.place.sid(row.shard), []).append(row)
         if by_sid:
-            self.layout.raw.fanout({sid: build(sid, group) for sid, group in by_sid.items()})
+            self.layout.raw.fanout({sid: build(group) for sid, group in by_sid.items()})
 
 
 def create(layout: Layout) -> None:

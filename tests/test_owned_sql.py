@@ -153,3 +153,20 @@ def test_a_head_guarded_batch_checks_all_its_shards_first() -> None:
         named = ", ".join(str(s) for s in sorted(shards))
         assert f"WHERE `shard` IN ({named}) LOCK IN SHARE MODE) < {len(shards)} " in stmts[1]
         assert "SIGNAL SQLSTATE" in stmts[1] and all(OWNED not in s for s in stmts[2:])
+
+
+def test_the_trigger_guard_covers_every_table() -> None:
+    """``trigger``: each table (entities, every index) checks inserts and updates."""
+    db = ownedsql.OwnedDb("own_one", "trigger")
+    ddl = db.ddl(INDEXES, [1, 2])
+    for table in ["entities", *(index.table for index in INDEXES)]:
+        for when in ("INSERT", "UPDATE"):
+            (trigger,) = [s for s in ddl if f" BEFORE {when} ON `own_one`.`{table}` " in s]
+            assert f"FROM {OWNED} WHERE `shard` = NEW.`shard` LOCK IN SHARE MODE" in trigger
+            assert "SIGNAL SQLSTATE" in trigger
+    assert not any("TRIGGER" in s for s in ownedsql.OwnedDb("own_one").ddl(INDEXES, [1]))
+    # its statements are the plain ones: no read of the owned table of their own
+    sql, _, _ = ownedsql.entity_batch_sql(
+        db, [EntityWrite("", 1, b"k" * 16, 9, 9, b"b", NEW, False)]
+    )
+    assert OWNED not in sql

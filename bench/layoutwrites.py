@@ -8,10 +8,12 @@ rows deleted where ``entity_version < V``, one batch per server).  Today's state
 come from ``schemaless.writes`` itself (a database per logical shard, the index epoch's
 fence table named by every body); ``d_owned``'s from ``bench.ownedsql`` (one database
 per server, every write guarded by the shard's ``owned`` row; the variants of
-``GUARDS`` guard otherwise, or not at all).  The operations: a put of
-a new entity, an update (a blind put that moves ``published``, so two of three indexes
-change rows) and a delete (a tombstone), each with 0, 1 and 3 indexes
-(``bench.ops.INDEXES``: i0, i1, i3).  A write that does not apply fails the run.
+``GUARDS`` guard otherwise, or not at all).  The operations: a put of a new entity, an
+update (a blind put that moves ``published``, so two of three indexes change rows) and
+a delete (a tombstone), each with 0, 1 and 3 indexes (``bench.ops.INDEXES``: i0, i1,
+i3) and with one unique index (u1: step 1 claims the value and reads its owner back,
+as ``schemaless.unique`` does; in ``d_owned`` that read's batch ends with the count).
+A write that does not apply, or a claim not held, fails the run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from schemaless import writes as today
 from schemaless.codec import Codec
 from schemaless.hashing import shard_of
+from schemaless.index import Index
 from schemaless.schema import entities_table_sql, fence_table, fence_table_sql
 from schemaless.writes import BLIND, NEW, EntityWrite, IndexRow
 
@@ -31,7 +34,7 @@ from . import ownedsql
 from .data import Dataset
 from .env import RawClient
 from .layouts import Placement
-from .ops import INDEXES, UPDATE_DELTA
+from .ops import INDEXES
 
 __all__ = [
     "GUARDS",
@@ -44,7 +47,12 @@ __all__ = [
     "owned_db",
 ]
 
-WRITE_SETS = ("i0", "i1", "i3")
+#: the cells' index sets: bench.ops's, and one unique index (a claim in step 1)
+UNIQUE = Index("by_published", {"published": "int"}, unique=True)
+SETS: dict[str, list[Index]] = {**{k: INDEXES[k] for k in ("i0", "i1", "i3")}, "u1": [UNIQUE]}
+ALL_INDEXES = [*INDEXES["i3"], UNIQUE]
+WRITE_SETS = tuple(SETS)
+MOVED = 10**7  # an update moves ``published`` by this, past every entity's (unique)
 WRITE_OPS = ("put", "update", "delete")
 #: the owned layout's guards and their write layouts' names
 GUARDS = {"row": "d_owned", "head": "d_head", "trigger": "d_trigger", "none": "d_none"}
@@ -67,12 +75,34 @@ class TodayWrites:
         for shard in self.place.shards_on(sid):
             db = self.dbs[shard]
             out += [f"CREATE DATABASE IF NOT EXISTS `{db}`", entities_table_sql(db)]
-            out += [index.create_table_sql(db) for index in INDEXES["i3"]]
+            out += [index.create_table_sql(db) for index in ALL_INDEXES]
             out.append(fence_table_sql(db, 1))
         return out
 
     def upserts(self, rows: list[IndexRow]) -> Batch:
         return today.upsert_rows_sql(rows, self.dbs)
+
+    def claims(self, rows: list[IndexRow]) -> Batch:
+        """Step 1 with a unique index, as ``schemaless.unique`` claims: the upserts,
+        then the owners of the unique rows' values (one ``SELECT`` per table)."""
+        sql, params = self.upserts(rows)
+        stmts = [sql]
+        for shard, index, values in _unique_groups(rows):
+            more_sql, more = today.owners_sql(self.db_name(shard), index, values)
+            stmts.append(more_sql)
+            params += more
+        return self.read_batch(stmts, rows), params
+
+    def db_name(self, shard: int) -> str:
+        return self.dbs[shard]
+
+    def read_batch(self, stmts: list[str], rows: list[IndexRow]) -> str:
+        return ";\n".join(stmts)
+
+    def stale(self, sets: list[Any], rows: list[IndexRow]) -> bool:
+        """Whether a read batch's results show a shard not owned (never, today: the
+        statements fail instead)."""
+        return False
 
     def deletes(self, rows: list[IndexRow]) -> Batch:
         return today.delete_rows_sql(rows, self.dbs)
@@ -91,10 +121,19 @@ class OwnedWrites(TodayWrites):
         self.db = ownedsql.OwnedDb(owned_db(place, guard), guard)
 
     def ddl(self, sid: int) -> list[str]:
-        return self.db.ddl(INDEXES["i3"], self.place.shards_on(sid), FENCE)
+        return self.db.ddl(ALL_INDEXES, self.place.shards_on(sid), FENCE)
 
     def upserts(self, rows: list[IndexRow]) -> Batch:
         return ownedsql.upsert_rows_sql(self.db, rows)
+
+    def db_name(self, shard: int) -> str:
+        return self.db.name
+
+    def read_batch(self, stmts: list[str], rows: list[IndexRow]) -> str:
+        return ownedsql.read_batch(self.db, stmts, [r.shard for r in rows])
+
+    def stale(self, sets: list[Any], rows: list[IndexRow]) -> bool:
+        return ownedsql.stale_shards(sets, [r.shard for r in rows])
 
     def deletes(self, rows: list[IndexRow]) -> Batch:
         return ownedsql.delete_rows_sql(self.db, rows)
@@ -122,7 +161,7 @@ class Protocol:
         n = self.place.n_shards
         return [
             IndexRow(index, shard_of(index.shard_key(row), n), row, entity["id"], version)
-            for index in INDEXES[set_name]
+            for index in SETS[set_name]
             for row in sorted(index.rows(entity))
         ]
 
@@ -133,9 +172,13 @@ class Protocol:
         home = self.place.sid(shard)
         body = None if kind == "delete" else self.codec.encode(entity)
         new = self.rows(entity, set_name, version) if body is not None else []
-        local = [r for r in new if self.place.sid(r.shard) == home]
-        self._fan(self.layout.upserts, [r for r in new if self.place.sid(r.shard) != home])
-        want = bool(INDEXES[set_name]) and kind != "new"
+        local = [r for r in new if not r.index.unique and self.place.sid(r.shard) == home]
+        remote = [r for r in new if r not in local]  # a unique claim is settled in step 1
+        if any(r.index.unique for r in remote):
+            self._claim(remote)
+        else:
+            self._fan(self.layout.upserts, remote)
+        want = bool(SETS[set_name]) and kind != "new"
         w = EntityWrite(
             self.layout.dbs[shard], shard, key, version, version, body,
             NEW if kind == "new" else BLIND, want,
@@ -150,11 +193,37 @@ class Protocol:
             self._fan(self.layout.deletes, [r for r in old if (r.index.name, r.values) not in keep])
 
     def _fan(self, build: Callable[[list[IndexRow]], Batch], rows: list[IndexRow]) -> None:
+        by_sid = self._by_server(rows)
+        if by_sid:
+            self.layout.raw.fanout({sid: build(group) for sid, group in by_sid.items()})
+
+    def _claim(self, rows: list[IndexRow]) -> None:
+        """Step 1 with unique rows: each must be this entity's after it (no contest
+        here), and the batch's count must show its shards owned."""
+        by_sid = self._by_server(rows)
+        results = self.layout.raw.fanout(
+            {sid: self.layout.claims(group) for sid, group in by_sid.items()}
+        )
+        for sid, sets in results.items():
+            owners = {bytes(r[-2]) for found in sets for r in found if len(r) >= 3}
+            mine = {r.entity_id for r in by_sid[sid] if r.index.unique}
+            if self.layout.stale(sets, by_sid[sid]) or not mine <= owners:
+                raise AssertionError(f"{self.layout.name}: a unique claim was not held")
+
+    def _by_server(self, rows: list[IndexRow]) -> dict[int, list[IndexRow]]:
         by_sid: dict[int, list[IndexRow]] = {}
         for row in rows:
             by_sid.setdefault(self.place.sid(row.shard), []).append(row)
-        if by_sid:
-            self.layout.raw.fanout({sid: build(group) for sid, group in by_sid.items()})
+        return by_sid
+
+
+def _unique_groups(rows: list[IndexRow]) -> list[tuple[int, Index, list[tuple[Any, ...]]]]:
+    """(shard, index, values) of each unique index table the rows name."""
+    groups: dict[tuple[int, str], list[IndexRow]] = {}
+    for row in rows:
+        if row.index.unique:
+            groups.setdefault((row.shard, row.index.name), []).append(row)
+    return [(s, g[0].index, [r.values for r in g]) for (s, _), g in sorted(groups.items())]
 
 
 def create(layout: Layout) -> None:
@@ -167,7 +236,7 @@ def _entities(ds: Dataset, start: int, count: int) -> list[dict[str, Any]]:
 
 
 def _moved(entity: dict[str, Any]) -> dict[str, Any]:
-    return {**entity, "published": entity["published"] + UPDATE_DELTA}
+    return {**entity, "published": entity["published"] + MOVED}
 
 
 def cells(
@@ -204,9 +273,9 @@ def _writer(proto: Protocol, set_name: str, kind: str) -> Callable[[Any], object
 
 
 def counts(layout: Layout) -> list[int]:
-    """Live entities, tombstones and each index's rows, summed over the servers (both
-    layouts must hold the same after the same writes)."""
-    place, out = layout.place, [0] * (2 + len(INDEXES["i3"]))
+    """Live entities, tombstones and each index's rows, summed over the servers (every
+    layout must hold the same after the same writes)."""
+    place, out = layout.place, [0] * (2 + len(ALL_INDEXES))
     for sid in range(place.servers):
         if isinstance(layout, OwnedWrites):
             dbs = [layout.db]
@@ -214,7 +283,7 @@ def counts(layout: Layout) -> list[int]:
             dbs = [ownedsql.OwnedDb(layout.dbs[shard]) for shard in place.shards_on(sid)]
         for db in dbs:
             sql = [f"SELECT SUM(`body` IS NOT NULL), SUM(`body` IS NULL) FROM {db.entities}"]
-            sql += [f"SELECT COUNT(*) FROM {db.table(i.table)}" for i in INDEXES["i3"]]
+            sql += [f"SELECT COUNT(*) FROM {db.table(i.table)}" for i in ALL_INDEXES]
             sets = layout.raw.run(sid, ";\n".join(sql))
             got = [int(sets[0][0][0] or 0), int(sets[0][0][1] or 0)]
             got += [int(rows[0][0]) for rows in sets[1:]]

@@ -12,6 +12,7 @@ import pytest
 from bench import ownedsql
 from bench.env import RawClient, Servers
 from bench.layouts import OwnedLayout, Placement
+from bench.layoutwrites import OwnedWrites, TodayWrites
 from bench.ops import BY_FEED, BY_TIME, BY_USER
 from schemaless.codec import Codec as EntityCodec
 from schemaless.index import Index
@@ -170,3 +171,19 @@ def test_the_trigger_guard_covers_every_table() -> None:
         db, [EntityWrite("", 1, b"k" * 16, 9, 9, b"b", NEW, False)]
     )
     assert OWNED not in sql
+
+
+def test_a_unique_claims_owner_read_ends_with_the_count() -> None:
+    """Step 1 with a unique index reads the values' owners back: in the owned layout
+    that batch is a read batch too (a stale owner would make a false violation)."""
+    place = Placement("own", 8, 2)
+    raw = RawClient(Servers(("127.0.0.1:1",), "unused"))  # never connects
+    rows = [_row(UNIQUE, 5, 1), _row(UNIQUE, 3, 2), _row(BY_TIME, 3)]
+    sql, params = OwnedWrites(place, raw).claims(rows)
+    stmts = sql.split(";\n")
+    assert stmts[-1] == f"SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3, 5)"
+    owners = [s for s in stmts if s.startswith("SELECT `p_name`, `entity_id`")]
+    assert len(owners) == 2 and sql.count("%s") == len(params)
+    assert all(_guarded(s, shard) for s, shard in zip(_writes(sql), (3, 3, 5), strict=True))
+    today_sql, _ = TodayWrites(place, raw).claims(rows)
+    assert "owned" not in today_sql and today_sql.count("SELECT `p_name`") == 2

@@ -134,6 +134,14 @@ class RawClient:
         """Send one batch to server ``sid``; the rows of every result set."""
         return self._receive(sid, *self._send(sid, sql, params))
 
+    def run_counts(
+        self, sid: int, sql: str, params: Sequence[Any] = ()
+    ) -> tuple[list[tuple[Any, ...]], list[int]]:
+        """``run``, and the affected-row counts of the statements without a result set
+        (as the library reads them: which writes of a batch applied)."""
+        counts: list[int] = []
+        return self._receive(sid, *self._send(sid, sql, params), counts), counts
+
     def fanout(self, batches: Mapping[int, tuple[str, Sequence[Any]]]) -> dict[int, Any]:
         """One batch per server, servers in parallel: every batch is sent before any
         reply is read (the same pipelining as the library's ``gather``)."""
@@ -150,13 +158,17 @@ class RawClient:
         db.send_query(sql.encode() % tuple(db.literal(p) for p in params) if params else sql)
         return db, started
 
-    def _receive(self, sid: int, db: Any, started: float) -> list[tuple[Any, ...]]:
+    def _receive(
+        self, sid: int, db: Any, started: float, counts: list[int] | None = None
+    ) -> list[tuple[Any, ...]]:
         db.read_query_result()
         results: list[tuple[Any, ...]] = []
         while True:
             result = db.store_result()
             if result is not None:
                 results.append(result.fetch_row(maxrows=0))
+            elif counts is not None:
+                counts.append(db.affected_rows())
             if db.next_result() != 0:
                 break
         # A result object takes the connection's lock when it is freed: free it before

@@ -32,6 +32,7 @@ from schemaless.codec import Codec
 from schemaless.local import LocalCluster
 from schemaless.schema import check_prefix
 
+from . import layoutwrites
 from .data import Dataset
 from .env import RawClient, Servers, machine_info, set_server_globals
 from .harness import write_results
@@ -42,6 +43,7 @@ from .measure import percentile
 __all__ = ["LayoutConfig", "format_markdown", "main", "run"]
 
 OPS = ("get_many", "query_eq", "scatter")
+PARTS = ("reads", "writes")  # reads: the read layouts and their moves
 
 
 @dataclass
@@ -57,6 +59,7 @@ class LayoutConfig:
     prefix: str = "lay"
     cluster_dir: str = ".layout-cluster"
     keep: bool = False
+    parts: list[str] = field(default_factory=lambda: list(PARTS))
 
 
 def _log(msg: str) -> None:
@@ -72,11 +75,11 @@ def _cpu_seconds(pids: Sequence[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def drop(servers: Servers, place: Placement) -> None:
-    """Drop every database of ``place`` on every server."""
+def drop(servers: Servers, place: Placement, extra: Sequence[str] = ()) -> None:
+    """Drop every database of ``place`` (and ``extra``) on every server."""
     for sid in range(len(servers.addresses)):
         names = {r[0] for r in servers.admin(sid, "SHOW DATABASES")}
-        drops = [n for n in place.databases() if n in names]
+        drops = [n for n in dict.fromkeys([*place.databases(), *extra]) if n in names]
         if drops:
             servers.admin(sid, ";".join(f"DROP DATABASE `{n}`" for n in drops))
 
@@ -123,21 +126,25 @@ def _check_same(layouts: dict[str, Layout], items: dict[str, list[Any]], n: int)
                 raise AssertionError(f"layouts disagree (or find nothing) on {op}")
 
 
+Cells = dict[str, dict[str, Callable[[Any], object]]]
+
+
 def _measure(
-    layouts: dict[str, Layout], items: dict[str, list[Any]], cfg: LayoutConfig, pids: list[int]
+    cells: Cells, items: dict[str, list[Any]], cfg: LayoutConfig, pids: list[int], skip: int = 0
 ) -> dict[str, dict[str, Any]]:
-    """Interleaved slices: per op and round, each layout runs ``slice_ops`` items."""
+    """Interleaved slices: per cell and round, each layout runs ``slice_ops`` items
+    (from item ``skip`` on), the layouts in a rotated order."""
     lat: dict[tuple[str, str], list[float]] = {}
     medians: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}
-    names = list(layouts)
-    pos = {op: 0 for op in OPS}
+    pos = dict.fromkeys(cells, skip)
     for r in range(cfg.rounds):
-        for op in OPS:
+        for op, calls in cells.items():
             batch = [items[op][(pos[op] + k) % len(items[op])] for k in range(cfg.slice_ops)]
             pos[op] += cfg.slice_ops
+            names = list(calls)
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                call = _call(layouts[name], op)
+                call = calls[name]
                 times = []
                 s0, c0 = _cpu_seconds(pids), time.process_time()
                 for item in batch:
@@ -188,7 +195,17 @@ def _moves(
 def run_size(
     servers: Servers, cfg: LayoutConfig, per_server: int, pids: list[int]
 ) -> dict[str, Any]:
-    """Load, measure and move at ``per_server`` logical shards per server."""
+    """The parts of the run (``cfg.parts``) at ``per_server`` logical shards per server."""
+    out: dict[str, Any] = {"per_server": per_server, "n_shards": per_server * cfg.servers}
+    if "reads" in cfg.parts:
+        out.update(_reads(servers, cfg, per_server, pids))
+    if "writes" in cfg.parts:
+        out["writes"] = _writes(servers, cfg, per_server, pids)
+    return out
+
+
+def _reads(servers: Servers, cfg: LayoutConfig, per_server: int, pids: list[int]) -> dict[str, Any]:
+    """Load, measure the reads and move, every read layout."""
     n_shards = per_server * cfg.servers
     codec = Codec()
     data = make_data(Dataset(cfg.entities), n_shards, codec)
@@ -217,7 +234,8 @@ def run_size(
             for layout in layouts.values():
                 for item in items[op][:10]:
                     _call(layout, op)(item)
-        ops = _measure(layouts, items, cfg, pids)
+        cells = {op: {n: _call(layout, op) for n, layout in layouts.items()} for op in OPS}
+        ops = _measure(cells, items, cfg, pids)
         keys = {e[0]: e[1] for e in data.entities}
         moves = _moves(servers, raw, places, keys, cfg.hold)
         _check_same(layouts, items, 5)  # and after the moves, from the new places
@@ -225,13 +243,39 @@ def run_size(
         raw.close()
         if not cfg.keep:
             drop(servers, places["a"])
-    return {
-        "per_server": per_server,
-        "n_shards": n_shards,
-        "load_s": load_s,
-        "ops": ops,
-        "moves": moves,
-    }
+    return {"load_s": load_s, "ops": ops, "moves": moves}
+
+
+def _writes(
+    servers: Servers, cfg: LayoutConfig, per_server: int, pids: list[int]
+) -> dict[str, dict[str, Any]]:
+    """Put, update and delete with 0, 1 and 3 indexes, today's layout against
+    ``d_owned`` (``bench.layoutwrites``); both must hold the same rows at the end."""
+    place = Placement(check_prefix(f"{cfg.prefix}w{per_server}"), per_server * cfg.servers,
+                      cfg.servers)  # fmt: skip
+    raw = RawClient(servers)
+    extra = [layoutwrites.owned_db(place, guard) for guard in layoutwrites.GUARDS]
+    drop(servers, place, extra)
+    warm = 5
+    try:
+        t = time.perf_counter()
+        cells, items, layouts = layoutwrites.cells(
+            place, raw, Codec(), cfg.rounds * cfg.slice_ops, warm
+        )
+        _log(f"{per_server} shards per server: writes loaded in {time.perf_counter() - t:.1f} s")
+        for op, calls in cells.items():  # warm-up
+            for call in calls.values():
+                for item in items[op][:warm]:
+                    call(item)
+        out = _measure(cells, items, cfg, pids, skip=warm)
+        held = [layoutwrites.counts(layout) for layout in layouts]
+        if any(h != held[0] for h in held):
+            raise AssertionError(f"the write layouts hold different rows: {held}")
+    finally:
+        raw.close()
+        if not cfg.keep:
+            drop(servers, place, extra)
+    return out
 
 
 def run(
@@ -260,15 +304,40 @@ def run(
 
 
 def format_markdown(results: dict[str, Any]) -> str:
-    """The results as two Markdown tables: operations, then moves."""
+    """The results as Markdown tables: reads, moves, writes (those measured)."""
+    sizes = results["sizes"]
+    lines: list[str] = []
+    if any("ops" in size for size in sizes):
+        lines += _ops_table(sizes, "ops", "a_union")
+    if any("moves" in size for size in sizes):
+        lines += [
+            "",
+            "| shards/server | layout | shard | rows | copy s | fence s | held s | probe max ms"
+            " | verify s | stale write | stale read |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for size in sizes:
+            for m in size.get("moves", []):
+                lines.append(
+                    f"| {size['per_server']} | {m['kind']} | {m['shard']} | {m['rows']} |"
+                    f" {m['copy_s']:.3f} | {m['fence_s']:.3f} | {m['held_s']:.1f} |"
+                    f" {m['probe_max_ms']:.1f} | {m['verify_s']:.3f} | {m['stale_write']} |"
+                    f" {m['stale_read']} |"
+                )
+    if any("writes" in size for size in sizes):
+        lines += ["", *_ops_table(sizes, "writes", "today")]
+    return "\n".join(lines).strip("\n")
+
+
+def _ops_table(sizes: list[dict[str, Any]], part: str, base_name: str) -> list[str]:
     lines = [
         "| shards/server | operation | layout | p50 ms | p99 ms | rounds' p50 min..max"
-        " | vs a_union (p50) | server CPU us/op | client CPU us/op |",
+        f" | vs {base_name} (p50) | server CPU us/op | client CPU us/op |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for size in results["sizes"]:
-        for op, by in size["ops"].items():
-            base = by["a_union"]["p50_ms"]
+    for size in sizes:
+        for op, by in size.get(part, {}).items():
+            base = by[base_name]["p50_ms"]
             for name, r in by.items():
                 cpu = "" if r["server_cpu_us"] is None else f"{r['server_cpu_us']:.0f}"
                 lines.append(
@@ -276,21 +345,7 @@ def format_markdown(results: dict[str, Any]) -> str:
                     f" {r['p99_ms']:.2f} | {r['round_p50_min_ms']:.2f}..{r['round_p50_max_ms']:.2f}"
                     f" | {r['p50_ms'] / base:.2f} | {cpu} | {r['client_cpu_us']:.0f} |"
                 )
-    lines += [
-        "",
-        "| shards/server | layout | shard | rows | copy s | fence s | held s | probe max ms"
-        " | verify s | stale write | stale read |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for size in results["sizes"]:
-        for m in size["moves"]:
-            lines.append(
-                f"| {size['per_server']} | {m['kind']} | {m['shard']} | {m['rows']} |"
-                f" {m['copy_s']:.3f} | {m['fence_s']:.3f} | {m['held_s']:.1f} |"
-                f" {m['probe_max_ms']:.1f} | {m['verify_s']:.3f} | {m['stale_write']} |"
-                f" {m['stale_read']} |"
-            )
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -305,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--hold", type=float, default=0.3, help="seconds held during a fence")
     p.add_argument("--dir", default=".layout-cluster", help="local cluster directory")
     p.add_argument("--prefix", default="lay", help="database prefix (its databases dropped)")
+    p.add_argument("--parts", default=",".join(PARTS), help="reads and/or writes")
     p.add_argument("--keep", action="store_true", help="keep the servers and the data")
     p.add_argument("--out", default=None, help="also write the JSON results here")
     a = p.parse_args(argv)
@@ -317,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         prefix=a.prefix,
         cluster_dir=a.dir,
         keep=a.keep,
+        parts=[x for x in a.parts.split(",") if x.strip()],
     )
     results = run(cfg)
     print(format_markdown(results))

@@ -37,6 +37,7 @@ from schemaless.hashing import shard_of
 from schemaless.names import quote
 from schemaless.schema import entities_table_sql
 
+from . import ownedsql
 from .data import Dataset
 from .env import RawClient
 from .ops import BY_USER
@@ -385,15 +386,20 @@ class OwnedLayout(KeyTableLayout):
         )
         return sql, [low]
 
-    def _send(self, calls: dict[int, tuple[str, list[Any], list[int]]]) -> list[tuple[Any, ...]]:
-        check = f";\nSELECT COUNT(*) FROM {self.table(2)} WHERE `shard` IN "
-        checked = {
-            sid: (f"{sql}{check}({_ints(shards)})", params)
+    def batches(
+        self, calls: dict[int, tuple[str, list[Any], list[int]]]
+    ) -> dict[int, tuple[str, list[Any]]]:
+        """Each server's read batch, the count of its shards' ``owned`` rows last."""
+        db = ownedsql.OwnedDb(self.place.one_db)
+        return {
+            sid: (ownedsql.read_batch(db, [sql], shards), params)
             for sid, (sql, params, shards) in calls.items()
         }
+
+    def _send(self, calls: dict[int, tuple[str, list[Any], list[int]]]) -> list[tuple[Any, ...]]:
         out = []
-        for sid, sets in self.raw.fanout(checked).items():
-            if sets[-1][0][0] != len(calls[sid][2]):
+        for sid, sets in self.raw.fanout(self.batches(calls)).items():
+            if ownedsql.stale_shards(sets, calls[sid][2]):
                 raise StaleMap(f"server {sid} does not own all of {calls[sid][2]}")
             out += [row for rows in sets[:-1] for row in rows]
         return out

@@ -22,6 +22,7 @@ from bench.layouts import (
     StaleMap,
     make_data,
 )
+from bench.layoutwrites import WRITE_LAYOUTS, WRITE_OPS, WRITE_SETS
 from schemaless.codec import Codec
 from schemaless.local import LocalCluster
 
@@ -73,8 +74,15 @@ def test_layout_benchmark_tiny(servers: Servers, local_cluster: LocalCluster) ->
     assert moves["d", False]["stale_read"] == "0 rows read"
     # EXCHANGE PARTITION waits for a transaction on another shard of the table
     assert moves["c", True]["fence_s"] >= cfg.hold / 2
+    # the writes: every cell on every write layout, the same rows held at the end
+    cells = {f"{op} {s}" for op in WRITE_OPS for s in WRITE_SETS}
+    assert set(size["writes"]) == cells
+    for by in size["writes"].values():
+        assert list(by) == list(WRITE_LAYOUTS)
+        assert all(r["ops"] == 6 and 0 < r["p50_ms"] <= r["p99_ms"] for r in by.values())
     text = format_markdown(data)
     assert "| 4 | get_many | d_owned |" in text and "| 4 | c |" in text
+    assert "| 4 | update i3 | d_owned |" in text and "vs today (p50)" in text
 
 
 def test_owned_rows_detect_a_stale_map(servers: Servers) -> None:

@@ -1,0 +1,153 @@
+"""``python -m bench.guardcost``: the servers' CPU and latency of each guard shape,
+statement by statement (issue 39, step 1's profile).
+
+One connection sends each shape ``--n`` times (autocommit, one statement per round
+trip), the shapes interleaved in rounds: today's statement on a shard's own table, the
+same on one table per server with no guard, and the guarded shapes of
+``bench.ownedsql`` (and the alternatives tried).  Run on a local cluster (``--dir``;
+the server's CPU from ``/proc``).  Example: ``python -m bench.guardcost --n 2000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from schemaless.local import LocalCluster
+
+from .env import RawClient, Servers
+from .layout import _cpu_seconds
+
+__all__ = ["SHAPES", "main"]
+
+DB = "guardcost"
+T, ONE, OWNED = f"`{DB}`.`today`", f"`{DB}`.`one`", f"`{DB}`.`owned`"
+TRIG = f"`{DB}`.`trig`"  # one table per server, guarded by triggers
+_LOCK = f" FROM {OWNED} WHERE {OWNED}.`shard` = 3 LOCK IN SHARE MODE"
+
+#: name -> (SQL, parameters of call k): inserts of new rows, then updates of row k
+SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
+    "insert, today": (f"INSERT INTO {T} (`id`, `v`) VALUES (%s, 1)", lambda k: [k]),
+    "insert, no guard": (
+        f"INSERT INTO {ONE} (`shard`, `id`, `v`) VALUES (3, %s, 1)",
+        lambda k: [k],
+    ),
+    "insert ... select, locked (row)": (
+        f"INSERT INTO {ONE} (`shard`, `id`, `v`) SELECT {OWNED}.`shard`, %s, 1{_LOCK}",
+        lambda k: [k],
+    ),
+    "insert ... select, unlocked": (
+        f"INSERT INTO {ONE} (`shard`, `id`, `v`) SELECT {OWNED}.`shard`, %s, 1"
+        f" FROM {OWNED} WHERE {OWNED}.`shard` = 3",
+        lambda k: [k],
+    ),
+    "insert values (subquery)": (
+        f"INSERT INTO {ONE} (`shard`, `id`, `v`) VALUES ((SELECT `shard` FROM {OWNED}"
+        " WHERE `shard` = 3 LOCK IN SHARE MODE), %s, 1)",
+        lambda k: [k],
+    ),
+    "insert, trigger-guarded": (
+        f"INSERT INTO {TRIG} (`shard`, `id`, `v`) VALUES (3, %s, 1)",
+        lambda k: [k],
+    ),
+    "update, today": (f"UPDATE {T} SET `v` = `v` + 1 WHERE `id` = %s", lambda k: [k]),
+    "update, no guard": (f"UPDATE {ONE} SET `v` = `v` + 1 WHERE `id` = %s", lambda k: [k]),
+    "update join owned (row)": (
+        f"UPDATE {ONE} JOIN {OWNED} ON {OWNED}.`shard` = {ONE}.`shard` AND {OWNED}.`shard` = 3"
+        f" SET `v` = `v` + 1 WHERE {ONE}.`id` = %s",
+        lambda k: [k],
+    ),
+    "update where shard in (locked select)": (
+        f"UPDATE {ONE} SET `v` = `v` + 1 WHERE `id` = %s AND `shard` IN (SELECT `shard`{_LOCK})",
+        lambda k: [k],
+    ),
+    "update, trigger-guarded": (
+        f"UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s",
+        lambda k: [k],
+    ),
+    "count, locked (head's read)": (
+        f"SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3) LOCK IN SHARE MODE",
+        lambda k: [],
+    ),
+    "head check (compound)": (
+        f"BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3)"
+        " LOCK IN SHARE MODE) < 1 THEN SIGNAL SQLSTATE '45000'; END IF; END",
+        lambda k: [],
+    ),
+    "select 1 (a round trip)": ("SELECT 1", lambda k: []),
+}
+
+DDL = [
+    f"DROP DATABASE IF EXISTS `{DB}`",
+    f"CREATE DATABASE `{DB}`",
+    f"CREATE TABLE {T} (`added_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+    " `id` BIGINT NOT NULL, `v` BIGINT NOT NULL, UNIQUE KEY `by_id` (`id`))",
+    f"CREATE TABLE {ONE} (`shard` SMALLINT UNSIGNED NOT NULL, `added_id` BIGINT UNSIGNED NOT"
+    " NULL AUTO_INCREMENT, `id` BIGINT NOT NULL, `v` BIGINT NOT NULL,"
+    " PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`), UNIQUE KEY `by_id` (`id`))",
+    f"CREATE TABLE {TRIG} LIKE {ONE}",
+    f"CREATE TABLE {OWNED} (`shard` SMALLINT UNSIGNED NOT NULL PRIMARY KEY)",
+    *(
+        f"CREATE TRIGGER `{DB}`.`trig_{when}` BEFORE {when} ON {TRIG} FOR EACH ROW"
+        f" IF NOT EXISTS (SELECT 1 FROM {OWNED} WHERE `shard` = NEW.`shard`"
+        " LOCK IN SHARE MODE) THEN SIGNAL SQLSTATE '45000'; END IF"
+        for when in ("INSERT", "UPDATE")
+    ),
+    f"INSERT INTO {OWNED} VALUES (1), (2), (3), (4)",
+]
+
+
+def measure(raw: RawClient, pids: Sequence[int], n: int, rounds: int) -> dict[str, Any]:
+    """Per shape: median latency (µs) and the server's CPU per statement (µs)."""
+    lat: dict[str, list[float]] = {name: [] for name in SHAPES}
+    cpu = dict.fromkeys(SHAPES, 0.0)
+    step = n // rounds
+    for r in range(rounds):
+        for i, (name, (sql, params)) in enumerate(SHAPES.items()):
+            base = (1 + i) * 10**7 + r * step if name.startswith("insert") else 0
+            c0 = _cpu_seconds(pids)
+            for j in range(step):  # inserts: new ids; updates: the preloaded rows
+                t = time.perf_counter()
+                raw.run(0, sql, params(base + j))
+                lat[name].append(time.perf_counter() - t)
+            cpu[name] += _cpu_seconds(pids) - c0
+    return {
+        name: {
+            "p50_us": round(1e6 * statistics.median(lat[name]), 1),
+            "server_cpu_us": round(1e6 * cpu[name] / (step * rounds), 1),
+        }
+        for name in SHAPES
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.guardcost", description=__doc__)
+    p.add_argument("--n", type=int, default=2000, help="statements per shape")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
+    p.add_argument("--dir", default=".layout-cluster", help="local cluster directory")
+    a = p.parse_args(argv)
+    cluster = LocalCluster(Path(a.dir).absolute(), servers=1).up()
+    servers = Servers(tuple(cluster.addresses), str(cluster.option_file))
+    pids = [pid for pid in (s.pid() for s in cluster.servers) if pid is not None]
+    raw = RawClient(servers)
+    try:
+        raw.run(0, ";\n".join(DDL))
+        for name in ("insert, today", "insert, no guard", "insert, trigger-guarded"):
+            for k in range(a.n // a.rounds):
+                raw.run(0, SHAPES[name][0], [k])
+        out = measure(raw, pids, a.n, a.rounds)
+        print("| shape | p50 µs | server CPU µs/statement |\n|---|---|---|")
+        for name, r in out.items():
+            print(f"| {name} | {r['p50_us']:.0f} | {r['server_cpu_us']:.0f} |")
+    finally:
+        raw.run(0, f"DROP DATABASE IF EXISTS `{DB}`")
+        raw.close()
+        cluster.down()
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,15 @@ from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
 from .dry_run import show_dry_run
-from .options import BadOption, CliError, Connection, Group, follow_up, pass_connection
+from .options import (
+    BadOption,
+    CliError,
+    Connection,
+    Group,
+    follow_up,
+    group_connection,
+    pass_connection,
+)
 from .output import echo_table, human_duration, json_line, warn_unreachable
 from .stats import (
     Backfill,
@@ -74,6 +82,7 @@ def _check_properties(
 
 
 @click.group(cls=Group)
+@group_connection
 def index() -> None:
     """Declare, list, watch and drop indexes.
 

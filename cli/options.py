@@ -212,6 +212,18 @@ def pass_connection(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def group_connection(f: F) -> F:
+    """Add the connection options to a group of commands (``schemaless index --prefix
+    app list``): they are read by its commands, as a group above them would be."""
+
+    @connection_options
+    @functools.wraps(f)
+    def wrapper(*args: Any, url: str | None, prefix: str, **kwargs: Any) -> Any:
+        return f(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def _given(ctx: click.Context, name: str) -> Any:
     """An option of the command or of a group above it (``schemaless --prefix app get``
     and ``schemaless get --prefix app`` alike): the innermost one given on the command

@@ -10,7 +10,7 @@ from schemaless.errors import CatalogError
 from schemaless.move import MoveReport, ShardMover, rebalance_plan
 
 from .admin import show_shards
-from .options import BadOption, Connection, pass_connection
+from .options import BadOption, Connection, group_connection, pass_connection
 
 __all__ = ["dictionary", "replicas", "servers", "shards"]
 
@@ -162,6 +162,7 @@ def drop_old(conn: Connection) -> None:
 
 
 @click.group()
+@group_connection
 def servers() -> None:
     """The servers of the datastore.
 
@@ -207,6 +208,7 @@ def add_server(conn: Connection, address: Address) -> None:
 
 
 @click.group()
+@group_connection
 def replicas() -> None:
     """Read replicas of the servers (reads with consistency='replica').
 
@@ -253,6 +255,7 @@ def remove_replica(conn: Connection, server: str, address: Address) -> None:
 
 
 @click.group()
+@group_connection
 def dictionary() -> None:
     """Codec dictionaries: smaller bodies for small entities.
 

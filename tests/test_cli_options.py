@@ -46,6 +46,10 @@ def test_connection_options_before_or_after_the_command(run: Cli, prefix: str) -
     assert "by_n" in run.ok("--prefix", prefix, "index", "list").output
     assert "expire" in run.ok("--prefix", prefix, "expiry").output.lower()
     assert "nosuch" in run.fails("--prefix", prefix, "index", "list", "--prefix", "nosuch")
+    # and on a group of commands, between the program and the command
+    assert "by_n" in run.ok("index", "--prefix", prefix, "list").output
+    assert "127.0.0.1" in run.ok("servers", "--prefix", prefix, "list").output
+    assert "nosuch" in run.fails("index", "--prefix", "nosuch", "list")
     # the command to run next repeats the options given, wherever they were given
     out = run.ok("--prefix", prefix, "index", "create", "by_title", "--property", "title:str(16)")
     assert f"cleaner --index=by_title --prefix {prefix}" in out.output
@@ -71,6 +75,9 @@ def test_every_command_that_connects_takes_them_where_its_group_does() -> None:
     groups = [("schemaless", cli), ("cleaner", cleaner)]
     for program, group in groups:
         assert {"url", "prefix"} <= {p.name for p in group.params}, program
+    for name, sub in cli.commands.items():  # every group of commands but `local`
+        if isinstance(sub, click.Group) and name != "local":
+            assert {"url", "prefix"} <= {p.name for p in sub.params}, name
     leaves = [*_leaves(cli, "schemaless"), *_leaves(cleaner, "cleaner")]
     connecting = [name for name, cmd in leaves if "prefix" in {p.name for p in cmd.params}]
     assert len(connecting) > 20 and all(" local " not in name for name in connecting)

@@ -20,6 +20,7 @@ BY_GROUP = Index("by_group", {"group": "int", "name": "str(6)"}, shard_on="group
 BY_RAW = Index("by_raw", {"raw": "bytes(4)"})
 BY_N = Index("by_n", {"n": "int"})
 BY_AUTO = Index("by_auto", ["a"])
+BY_TAGS = Index("by_tags", {"tags": "str(6)"}, multi="tags")
 
 # Boundary characters: LIKE's wildcards and escape, multi-byte, emoji, the last
 # characters before and after the surrogates, the last code point.
@@ -95,7 +96,7 @@ def stored(local_cluster: LocalCluster) -> Iterator[tuple[DataStore, list[dict[s
     rng = random.Random(4040)
     store = DataStore(
         local_cluster.addresses,
-        [BY_NAME, BY_GROUP, BY_RAW, BY_N, BY_AUTO],
+        [BY_NAME, BY_GROUP, BY_RAW, BY_N, BY_AUTO, BY_TAGS],
         prefix="t_" + uuid.uuid4().hex[:12],
         shards=8,
         option_file=str(local_cluster.option_file),
@@ -106,6 +107,7 @@ def stored(local_cluster: LocalCluster) -> Iterator[tuple[DataStore, list[dict[s
     entities += [{"id": new_id(), "name": p, "group": 1} for p in PREFIXES]  # equal to it
     for e in entities:
         e["raw"] = e["name"].encode()[:4]
+        e["tags"] = [random_text(rng, 6) for _ in range(rng.randrange(4))]
     store.put_many(entities)
     try:
         yield store, entities
@@ -128,6 +130,9 @@ def test_prefix_queries_match_the_brute_force_filter(
         some = [e for e in expected if e["group"] in (0, 2)]
         found = paged(store, BY_GROUP, order, group__in=[2, 0], name__startswith=prefix)
         assert sorted(e.id for e in found) == sorted(e["id"] for e in some)
+        tagged = [e for e in entities if any(t.startswith(prefix) for t in e["tags"])]
+        found = paged(store, BY_TAGS, order, tags__startswith=prefix)  # each entity once
+        assert sorted(e.id for e in found) == sorted(e["id"] for e in tagged)
         raw = prefix.encode()[:4]
         expected = [e for e in entities if e["raw"].startswith(raw)]
         check(paged(store, BY_RAW, order, raw__startswith=raw), expected, "raw", order)

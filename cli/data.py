@@ -238,8 +238,9 @@ def _columns(index: Index, entities: Iterable[Mapping[str, Any]], chosen: str | 
     "wheres",
     multiple=True,
     metavar="EXPR",
-    help="PROPERTY OP VALUE, OP one of = > >= < <= (repeatable): equality on a prefix "
-    "of the index's properties, then at most one range on the next.",
+    help="PROPERTY OP VALUE, OP one of = > >= < <= (repeatable), or "
+    "PROPERTY__startswith=VALUE: equality on a prefix of the index's properties, then "
+    "at most one range or prefix on the next.",
 )
 @click.option(
     "--order",
@@ -285,6 +286,7 @@ def query(
         schemaless query by_user --where user_id=0190f3a4c2e47b3d8a1f5e6d7c8b9a01 \\
             --where 'published>=1700000000' --order -published --limit 20
         schemaless query by_link --where link=https://example.com/a --json
+        schemaless query by_name --where 'name__startswith=ali' --limit 10
     """
     with conn.store() as ds:
         index = _queryable(ds, index_name, include_building)

@@ -1,7 +1,8 @@
 """``--where`` expressions: ``PROPERTY OP VALUE`` into DataStore.query conditions.
 
-``OP`` is ``=``, ``>``, ``>=``, ``<`` or ``<=``.  ``VALUE`` is converted by the type of
-the index column it is compared with:
+``OP`` is ``=``, ``>``, ``>=``, ``<`` or ``<=``; ``PROPERTY__startswith=VALUE`` is a
+prefix (a str(N) or bytes(N) column).  ``VALUE`` is converted by the type of the index
+column it is compared with:
 
 =========  ================================================================
 int        an integer (``-12``)
@@ -31,6 +32,7 @@ from typing import Any
 from schemaless.errors import InvalidId, InvalidQuery
 from schemaless.ids import parse_id
 from schemaless.index import Index
+from schemaless.query import prefix_value
 
 from .options import BadOption
 
@@ -38,6 +40,7 @@ __all__ = ["OPERATORS", "literal", "parse_where"]
 
 #: ``--where`` operator -> DataStore.query keyword suffix.
 OPERATORS = {"=": "", ">": "__gt", ">=": "__gte", "<": "__lt", "<=": "__lte"}
+_STARTSWITH = "__startswith"
 
 _EXPR = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|=|<|>)(.*)\Z", re.DOTALL)
 _CAST = re.compile(r"(str|int|float|bool|bytes|uuid):(.*)\Z", re.DOTALL)
@@ -111,9 +114,14 @@ def parse_where(expressions: Sequence[str], index: Index) -> dict[str, Any]:
         m = _EXPR.match(expr)
         if m is None:
             raise BadOption(
-                f"{expr!r}: expected PROPERTY OP VALUE with OP one of = > >= < <=", "--where"
+                f"{expr!r}: expected PROPERTY OP VALUE with OP one of = > >= < <= "
+                "(or PROPERTY__startswith=VALUE)",
+                "--where",
             )
         prop, op, text = m.groups()
+        suffix = OPERATORS[op]
+        if op == "=" and prop not in index.properties and prop.endswith(_STARTSWITH):
+            prop, suffix = prop[: -len(_STARTSWITH)], _STARTSWITH
         if prop not in index.properties:
             raise BadOption(
                 f"{expr!r}: index {index.name!r} has no property {prop!r} "
@@ -125,11 +133,14 @@ def parse_where(expressions: Sequence[str], index: Index) -> dict[str, Any]:
             value = literal(text, ctype.name)
         except ValueError as exc:
             raise BadOption(f"{expr!r}: {exc} for {prop} ({ctype.name})", "--where") from None
+        key = prop + suffix
         try:
-            index.coerce_query_value(prop, value)
+            if suffix == _STARTSWITH:
+                prefix_value(index, prop, key, value)
+            else:
+                index.coerce_query_value(prop, value)
         except InvalidQuery as exc:
             raise BadOption(f"{expr!r}: {exc}", "--where") from None
-        key = prop + OPERATORS[op]
         if key in conditions:
             raise BadOption(f"{expr!r}: a second {op!r} condition on {prop!r}", "--where")
         conditions[key] = value

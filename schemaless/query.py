@@ -35,11 +35,13 @@ from .tables import union_all
 if TYPE_CHECKING:
     from .entity import Entity
 
-__all__ = ["Page", "Query", "QueryEngine"]
+__all__ = ["Page", "Query", "QueryEngine", "prefix_end", "prefix_value"]
 
 MAX_LIMIT = 1000
 MAX_IN = 1000
 _OPS = {"gt": (">", False), "gte": (">=", True), "lt": ("<", False), "lte": ("<=", True)}
+_MAX_CHAR = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)  # not characters: utf8mb4 has no encoding for them
 _CURSOR_VERSION = 1
 _MAX_CURSOR = 16384
 _PY_TYPES: dict[str, type] = {"int": int, "float": float, "bool": int}
@@ -70,6 +72,7 @@ class Query:
     limit: int
     partial: bool = False
     consistency: str = "primary"
+    prefix: str | bytes | None = None  # __startswith: the range's values start with it
 
     @functools.cached_property
     def fingerprint(self) -> bytes:
@@ -140,7 +143,8 @@ class Query:
             high, inclusive = self.upper
             if value > high or (value == high and not inclusive):
                 return False
-        return True
+        # The range is exact; this re-checks a prefix on the stored value.
+        return self.prefix is None or bool(value.startswith(self.prefix))
 
 
 class QueryEngine:
@@ -201,6 +205,7 @@ class QueryEngine:
                 f"({', '.join(idx.properties)}); got {', '.join(eq) or 'none'}"
             )
         lower, upper, bounds = _range(idx, k, ranges)
+        prefix = next((ops["startswith"] for ops in ranges.values() if "startswith" in ops), None)
         descending = self._direction(idx, k, order)
         if consistency not in ("primary", "replica"):
             raise InvalidQuery(f"consistency must be 'primary' or 'replica', got {consistency!r}")
@@ -218,6 +223,7 @@ class QueryEngine:
             limit,
             partial,
             consistency,
+            prefix,
         )
 
     @staticmethod
@@ -489,9 +495,12 @@ def _conditions(
             _bound(ranges, prop, "lte", idx.coerce_query_value(prop, value[1]))
         elif op in _OPS:
             _bound(ranges, prop, op, idx.coerce_query_value(prop, value))
+        elif op == "startswith":
+            _bound(ranges, prop, op, prefix_value(idx, prop, key, value))
         else:
             raise InvalidQuery(
-                f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte or between"
+                f"unknown operator {op!r} in {key!r}: use in, gt, gte, lt, lte, between "
+                "or startswith"
             )
     return eq, ranges, in_prop
 
@@ -519,6 +528,13 @@ def _range(
             "a range is allowed only on the property after the equality prefix "
             f"of index {idx.name!r} ({after})"
         )
+    if "startswith" in ops:
+        if len(ops) > 1:
+            raise InvalidQuery(
+                f"{prop}__startswith does not combine with another range on {prop!r}"
+            )
+        end = prefix_end(ops["startswith"])
+        return (ops["startswith"], True), None if end is None else (end, False), None
     lower = upper = None
     for op in ("gt", "gte"):
         if op in ops:
@@ -532,6 +548,37 @@ def _range(
     if lower and upper and bounds != idx.types[k].tag_bounds(upper[0]):
         raise InvalidQuery(f"range bounds on {prop!r} are of different types")
     return lower, upper, bounds
+
+
+def prefix_value(idx: Index, prop: str, key: str, value: object) -> str | bytes:
+    """A ``__startswith`` value, checked: a str(N) or bytes(N) column, a value that
+    fits it (a longer prefix is refused, as an equality with it is)."""
+    ctype = idx.types[idx.properties.index(prop)]
+    if not ctype.name.startswith(("str(", "bytes(")):
+        raise InvalidQuery(
+            f"{key}: startswith needs a str(N) or bytes(N) column; {prop!r} of index "
+            f"{idx.name!r} is {ctype.name}"
+        )
+    coerced = idx.coerce_query_value(prop, value)
+    assert isinstance(coerced, (str, bytes))
+    return coerced
+
+
+def prefix_end(prefix: str | bytes) -> str | bytes | None:
+    """The least value above every value that starts with ``prefix``, in code point
+    order (str: utf8mb4_nopad_bin's order) or byte order (bytes); None if there is none
+    (the prefix is empty or all maximal). The values from ``prefix`` up to it, excluded,
+    are exactly those that start with it."""
+    if isinstance(prefix, bytes):
+        raw = prefix.rstrip(b"\xff")
+        return raw[:-1] + bytes((raw[-1] + 1,)) if raw else None
+    text = prefix.rstrip(chr(_MAX_CHAR))
+    if not text:
+        return None
+    nxt = ord(text[-1]) + 1
+    if _SURROGATES[0] <= nxt <= _SURROGATES[1]:
+        nxt = _SURROGATES[1] + 1
+    return text[:-1] + chr(nxt)
 
 
 def _first(part: tuple[int, tuple[Any, ...]]) -> int:

@@ -564,13 +564,13 @@ class DataStore:
         Conditions are ``prop=value`` (equality; "contains" for a multi-valued
         property) or ``prop__in=[...]`` (any of the values; at most one per query,
         answered with one statement per server) on a prefix of the index's
-        properties, then at most one range on the
-        next property: ``prop__gt``, ``__gte``, ``__lt``, ``__lte``, ``__between=(lo,
-        hi)``; a property named like a parameter of this method (``order``,
-        ``limit``...) goes in ``where={...}``.  ``order`` is "asc" or "desc" (or
-        "-prop"); the returned list's
-        ``cursor`` fetches the next page (None when there is no more).  With
-        ``partial=True`` unreachable servers are skipped and named in the page's
+        properties, then at most one range on the next property: ``prop__gt``,
+        ``__gte``, ``__lt``, ``__lte``, ``__between=(lo, hi)``, or ``__startswith``
+        (a prefix, on a str(N) or bytes(N) column); a property named like a parameter
+        of this method (``order``, ``limit``...) goes in ``where={...}``.  ``order`` is
+        "asc" or "desc" (or "-prop"); the returned list's ``cursor`` fetches the next
+        page (None when there is no more).  With ``partial=True`` unreachable servers
+        are skipped and named in the page's
         ``missing_shards`` instead of raising ``ShardUnavailable`` (a server marked
         down is skipped at once).  ``timeout``: as in ``get``.
         """

@@ -369,6 +369,23 @@ def test_literal(text: str, type_name: str, expected: object) -> None:
     assert value == expected and type(value) is type(expected)
 
 
+def test_query_by_prefix(run: Cli) -> None:
+    names = ["pfx%alice", "pfx%alison", "pfx%bob", "pfx_al", "pfx%al\\x"]
+    run.ok("put", input="".join(json.dumps({"s": n}) + "\n" for n in names))
+    run.ok("put", input='{"raw": {"$bytes": "fe01ff"}}\n{"raw": {"$bytes": "fe02"}}\n')
+
+    def found(index: str, where: str, *more: str) -> list[Any]:
+        got = run.ok("query", index, "--where", where, "--json", *more).stdout
+        return [e.get("s", e.get("raw")) for e in json_lines(got)]
+
+    assert found("t_str", "s__startswith=pfx%al") == ["pfx%al\\x", "pfx%alice", "pfx%alison"]
+    assert found("t_str", "s__startswith=pfx%ali", "--order", "desc") == names[1::-1]
+    assert found("t_str", "s__startswith=pfx_") == ["pfx_al"]
+    assert found("t_bytes", "raw__startswith=0xfe01") == [{"$bytes": "fe01ff"}]
+    line = run.fails("query", "t_int", "--where", "n__startswith=1")
+    assert "'--where'" in line and "startswith needs a str(N) or bytes(N) column" in line
+
+
 @pytest.mark.parametrize(
     ("where", "needle"),
     [

@@ -32,7 +32,7 @@ from .stats import (
 
 __all__ = ["index"]
 
-_PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,61}\Z")
+_PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHOW_SHARDS = 20
 _LIVE_S = 30.0  # a Cleaner silent this long (six of its 5 s heartbeats) is not at work
 
@@ -61,7 +61,8 @@ def _check_properties(
         name = name.strip()
         if not _PROPERTY.match(name):
             raise BadOption(
-                f"{spec!r}: a property is NAME or NAME:TYPE, NAME of letters, digits and '_'",
+                f"{spec!r}: a property is NAME or NAME:TYPE, NAME of letters, digits and '_' "
+                "(a nested path: NAME.NAME, e.g. author.id)",
                 "--property",
             )
         if sep:

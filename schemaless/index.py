@@ -31,6 +31,11 @@ MAX_PROPERTIES = 8
 _COLUMN_PREFIX = "p_"
 
 
+def _column(path: Sequence[str]) -> str:
+    """The column of a property path: ``p_`` then its segments joined by ``__``."""
+    return _COLUMN_PREFIX + "__".join(path)
+
+
 def _check_index_name(name: object) -> str:
     if not isinstance(name, str) or not _INDEX_NAME.match(name):
         raise IndexDefinitionError(
@@ -57,29 +62,57 @@ def _resolve_name(name: str | None, table: str | None) -> str:
     return _check_index_name(name)
 
 
+def _check_path(where: str, raw: object) -> tuple[str, ...]:
+    """A property's path segments: ``author.id`` is ``("author", "id")``, each segment a
+    checked identifier (IndexDefinitionError naming the path and the bad part)."""
+    if isinstance(raw, str) and "." in raw:
+        for seg in raw.split("."):
+            if not seg:
+                raise IndexDefinitionError(
+                    f"{where}: property path {raw!r} has an empty segment "
+                    "(a leading, trailing or doubled '.')"
+                )
+            try:
+                check_identifier(seg)
+            except IndexDefinitionError:
+                raise IndexDefinitionError(
+                    f"{where}: segment {seg!r} of property path {raw!r} is not a name "
+                    "(letters, digits and '_', not starting with a digit)"
+                ) from None
+        return tuple(raw.split("."))
+    try:
+        return (check_identifier(raw, what="property name"),)
+    except IndexDefinitionError as exc:
+        raise IndexDefinitionError(f"{where}: {exc}") from None
+
+
 def _typed_properties(
     where: str, specs: Sequence[tuple[Any, Any]]
 ) -> tuple[list[str], list[ColumnType]]:
-    """An index's property names, checked, and their column types."""
+    """An index's property names (or dotted paths), checked, and their column types."""
     props: list[str] = []
     types: list[ColumnType] = []
     seen: dict[str, str] = {}
     for raw_prop, type_text in specs:
-        try:
-            prop = check_identifier(raw_prop, what="property name")
-        except IndexDefinitionError as exc:
-            raise IndexDefinitionError(f"{where}: {exc}") from None
-        if len(_COLUMN_PREFIX + prop) > 64:
+        path = _check_path(where, raw_prop)
+        prop = ".".join(path)
+        column = _column(path)
+        if len(column) > 64:
             raise IndexDefinitionError(
-                f"property name {prop!r} in {where} is too long (at most 62 characters)"
+                f"property {prop!r} in {where} is too long (its column {column!r} "
+                "would be above 64 characters)"
             )
-        folded = prop.lower()
+        folded = column.lower()
         if folded in seen:
+            other = seen[folded]
             raise IndexDefinitionError(
                 f"{where} lists property {prop!r} twice"
-                if seen[folded] == prop
-                else f"{where}: properties {seen[folded]!r} and {prop!r} differ only in "
+                if other == prop
+                else f"{where}: properties {other!r} and {prop!r} differ only in "
                 "case (column names are case-insensitive)"
+                if other.lower() == prop.lower()
+                else f"{where}: properties {other!r} and {prop!r} would share the column "
+                f"{column!r} (a path's '.' becomes '__')"
             )
         seen[folded] = prop
         if type_text is None:
@@ -152,6 +185,7 @@ class Index:
         "_coercers",
         "_key",
         "_pairs",
+        "_paths",
         "_pos",
         "columns",
         "multi",
@@ -199,7 +233,7 @@ class Index:
 
         self.properties = tuple(props)
         self.types = tuple(types)
-        self.columns = tuple(_COLUMN_PREFIX + p for p in props)
+        self.columns = tuple(_column(p.split(".")) for p in props)
         self._pos = {p: i for i, p in enumerate(props)}
         listed = ", ".join(props)
 
@@ -226,6 +260,7 @@ class Index:
 
         self._coercers = tuple(t._coerce for t in types)
         self._pairs = tuple(zip(self.properties, self._coercers, strict=True))
+        self._paths = tuple(tuple(p.split(".")) if "." in p else None for p in props)
         self._key = (
             self.name,
             self.properties,
@@ -244,10 +279,11 @@ class Index:
         empty).  InvalidEntity when a value does not fit its column.
         """
         get = entity.get
+        paths = self._paths
         if self.multi_pos is None:
             row = []
-            for prop, coerce in self._pairs:
-                value = get(prop)
+            for pos, (prop, coerce) in enumerate(self._pairs):
+                value = get(prop) if paths[pos] is None else self.lookup(entity, pos)
                 if value is None:
                     return set()
                 try:
@@ -260,7 +296,7 @@ class Index:
         values: list[Any] = []
         elements: set[Any] = set()
         for i, (prop, coerce) in enumerate(self._pairs):
-            value = get(prop)
+            value = get(prop) if paths[i] is None else self.lookup(entity, i)
             if value is None:
                 return set()
             if i != multi_pos:
@@ -295,13 +331,50 @@ class Index:
         ``rows`` gives (None: no row), without building the row (the backfill's hot
         path).  InvalidEntity when it does not fit the column."""
         prop = self.properties[0]
-        value = entity.get(prop)
+        value = entity.get(prop) if self._paths[0] is None else self.lookup(entity, 0)
         if value is None:
             return None
         try:
             return self._coercers[0](value)
         except ValueError as exc:
             raise self._bad_value(prop, value, exc) from None
+
+    def lookup(self, entity: Mapping[str, Any], pos: int) -> Any:
+        """The stored value of property ``pos``, followed down its path (None: missing);
+        for the multi property, a path that goes through lists gives the list of what
+        it reaches in each element.  InvalidEntity when the path crosses a value that
+        is not a dict (or a list, for a non-multi property): the put is refused."""
+        prop = self.properties[pos]
+        path = self._paths[pos]
+        if path is None:
+            return entity.get(prop)
+        values: list[Any] = [entity]
+        crossed = False
+        for seg in path:
+            reached: list[Any] = []
+            for value in values:
+                items = value if isinstance(value, (list, tuple)) else (value,)
+                crossed = crossed or items is value
+                if items is value and pos != self.multi_pos:
+                    raise InvalidEntity(
+                        f"property {prop!r} of index {self.name!r} goes through a list "
+                        f"before {seg!r}, but the index is not multi-valued on it"
+                    )
+                for item in items:
+                    if isinstance(item, Mapping):
+                        reached.append(item.get(seg))
+                    elif item is not None:
+                        raise InvalidEntity(
+                            f"property {prop!r} of index {self.name!r}: the value "
+                            f"before {seg!r} is not a dict (got {type_name(item)})"
+                        )
+            values = reached
+        if not crossed:
+            return values[0] if values else None
+        leaves: list[Any] = []
+        for value in values:
+            leaves.extend(value if isinstance(value, (list, tuple)) else (value,))
+        return leaves
 
     def _bad_value(self, prop: str, value: object, exc: ValueError) -> InvalidEntity:
         if isinstance(value, (list, tuple)):

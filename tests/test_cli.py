@@ -605,3 +605,29 @@ def test_the_password_is_never_printed(run: Cli, local_cluster: LocalCluster) ->
             assert result.exit_code == 1, result.output
             assert len(result.stderr.splitlines()) == 1
             assert "denied" in result.stderr.lower(), result.stderr
+
+
+def test_cli_indexes_and_queries_a_path(run: Cli) -> None:
+    run.ok(
+        "index", "create", "by_author_id",
+        "--property", "author.id:uuid", "--property", "published:int",
+    )  # fmt: skip
+    author = "0f" * 16
+    lines = [
+        json.dumps({"author": {"id": {"$uuid": author}}, "published": i, "title": f"p{i}"})
+        for i in range(3)
+    ]
+    run.ok("put", input="\n".join(lines) + "\n")
+    got = json_lines(
+        run.ok(
+            "query", "by_author_id", "--where", f"author.id={author}", "--where", "published>=1",
+            "--include-building", "--json",
+        ).stdout
+    )  # fmt: skip
+    assert [e["title"] for e in got] == ["p1", "p2"]
+    for bad in ("a..b:int", "a.:int", ".a:int"):
+        line = run.fails("index", "create", "bad", "--property", bad)
+        assert "'--property'" in line and "a nested path: NAME.NAME" in line
+    line = run.fails("query", "by_author_id", "--where", "author..id=1", "--include-building")
+    assert "'--where'" in line
+    assert "by_author_id" in run.ok("index", "list").output

@@ -172,6 +172,56 @@ def _property_specs(
     return specs
 
 
+_FILTER_TYPES = (str, int, float, bool)
+
+
+def _follow(entity: Mapping[str, Any], path: Sequence[str]) -> Any:
+    """The value at ``path`` (None when a step is missing or not a dict)."""
+    value: Any = entity
+    for seg in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(seg)
+    return value
+
+
+def _filter(where: str, spec: object, index: Index) -> tuple[tuple[str, tuple[str, ...], Any], ...]:
+    """A partial index's filter ``{property or path: value}``, checked: each value a
+    str, int, float or bool, and one that fits its column when the index uses the
+    property too (never the multi one: a list never equals a value)."""
+    if spec is None:
+        return ()
+    if not isinstance(spec, Mapping) or not spec:
+        raise IndexDefinitionError(
+            f"where of {where} must be a non-empty dict property -> value, got {spec!r}"
+        )
+    out = []
+    for raw, value in sorted(spec.items(), key=lambda kv: str(kv[0])):
+        path = _check_path(f"where of {where}", raw)
+        prop = ".".join(path)
+        if type(value) not in _FILTER_TYPES or value != value:
+            raise IndexDefinitionError(
+                f"where of {where}: the value of {prop!r} must be a str, int, float or "
+                f"bool, got {value!r}"
+            )
+        pos = index._pos.get(prop)
+        if pos is not None and pos == index.multi_pos:
+            raise IndexDefinitionError(
+                f"where of {where}: {prop!r} is the index's multi property (a list "
+                "never equals a value)"
+            )
+        if pos is not None:
+            try:
+                index._coercers[pos](value)
+            except ValueError as exc:
+                raise IndexDefinitionError(
+                    f"where of {where}: {prop!r}={value!r} does not fit the index's "
+                    f"column {index.types[pos].name}: {exc}"
+                ) from None
+        out.append((prop, path, value))
+    return tuple(out)
+
+
 class Index:
     """An index definition (immutable).
 
@@ -179,6 +229,8 @@ class Index:
     FriendFeed form) and ``Index("by_user", {"user_id": "uuid", "published": "int"})``
     define the same kind of object; untyped properties are ``auto``.  ``unique=True``:
     at most one live entity produces a given tuple of values (``UniqueViolation``).
+    ``where={"kind": "post"}``: a partial index, rows only for the entities whose
+    properties (or paths) equal these values.
     """
 
     __slots__ = (
@@ -188,6 +240,7 @@ class Index:
         "_paths",
         "_pos",
         "columns",
+        "filter",
         "multi",
         "multi_pos",
         "name",
@@ -209,6 +262,7 @@ class Index:
     multi: str | None
     multi_pos: int | None
     unique: bool
+    filter: tuple[tuple[str, tuple[str, ...], Any], ...]
 
     def __init__(
         self,
@@ -219,17 +273,18 @@ class Index:
         table: str | None = None,
         multi: str | None = None,
         unique: bool = False,
+        where: Mapping[str, Any] | None = None,
     ) -> None:
         self.name = _resolve_name(name, table)
         self.table = "index_" + self.name
-        where = f"index {self.name!r}"
+        label = f"index {self.name!r}"
 
         specs = _property_specs(properties)
         if not 1 <= len(specs) <= MAX_PROPERTIES:
             raise IndexDefinitionError(
-                f"{where} needs 1 to {MAX_PROPERTIES} properties, got {len(specs)}"
+                f"{label} needs 1 to {MAX_PROPERTIES} properties, got {len(specs)}"
             )
-        props, types = _typed_properties(where, specs)
+        props, types = _typed_properties(label, specs)
 
         self.properties = tuple(props)
         self.types = tuple(types)
@@ -241,26 +296,27 @@ class Index:
             shard_on = props[0]
         if not isinstance(shard_on, str) or shard_on not in self._pos:
             raise IndexDefinitionError(
-                f"shard_on {shard_on!r} of {where} must be one of its properties ({listed})"
+                f"shard_on {shard_on!r} of {label} must be one of its properties ({listed})"
             )
         self.shard_on = shard_on
         self.shard_pos = self._pos[shard_on]
 
         if multi is not None and (not isinstance(multi, str) or multi not in self._pos):
             raise IndexDefinitionError(
-                f"multi {multi!r} of {where} must be one of its properties ({listed})"
+                f"multi {multi!r} of {label} must be one of its properties ({listed})"
             )
         self.multi = multi
         self.multi_pos = None if multi is None else self._pos[multi]
         if not isinstance(unique, bool):
-            raise IndexDefinitionError(f"unique of {where} must be True or False, got {unique!r}")
+            raise IndexDefinitionError(f"unique of {label} must be True or False, got {unique!r}")
         self.unique = unique
 
-        _check_key_size(where, props, types)
+        _check_key_size(label, props, types)
 
         self._coercers = tuple(t._coerce for t in types)
         self._pairs = tuple(zip(self.properties, self._coercers, strict=True))
         self._paths = tuple(tuple(p.split(".")) if "." in p else None for p in props)
+        self.filter = _filter(label, where, self)
         self._key = (
             self.name,
             self.properties,
@@ -268,6 +324,7 @@ class Index:
             shard_on,
             multi,
             unique,
+            tuple((p, v, type(v).__name__) for p, _, v in self.filter),
         )
 
     # -- rows --------------------------------------------------------------------------
@@ -276,8 +333,11 @@ class Index:
         """The index rows (coerced column values, in property order) ``entity`` produces.
 
         No rows when an indexed property is absent or None (or the multi list is
-        empty).  InvalidEntity when a value does not fit its column.
+        empty), or when the entity does not match a partial index's filter.
+        InvalidEntity when a value does not fit its column.
         """
+        if self.filter and not self.selects(entity):
+            return set()
         get = entity.get
         paths = self._paths
         if self.multi_pos is None:
@@ -330,6 +390,8 @@ class Index:
         """For an index of one column, not multi-valued: the value of the one row that
         ``rows`` gives (None: no row), without building the row (the backfill's hot
         path).  InvalidEntity when it does not fit the column."""
+        if self.filter and not self.selects(entity):
+            return None
         prop = self.properties[0]
         value = entity.get(prop) if self._paths[0] is None else self.lookup(entity, 0)
         if value is None:
@@ -338,6 +400,15 @@ class Index:
             return self._coercers[0](value)
         except ValueError as exc:
             raise self._bad_value(prop, value, exc) from None
+
+    def selects(self, entity: Mapping[str, Any]) -> bool:
+        """Whether ``entity`` matches the filter of a partial index (equal values of
+        equal types; a missing path, or one through a non-dict, does not match)."""
+        for _, path, want in self.filter:
+            value = _follow(entity, path)
+            if type(value) is not type(want) or value != want:
+                return False
+        return True
 
     def lookup(self, entity: Mapping[str, Any], pos: int) -> Any:
         """The stored value of property ``pos``, followed down its path (None: missing);
@@ -459,8 +530,8 @@ class Index:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable definition (see :meth:`from_dict`); ``unique`` only when
-        set, so a catalog written before unique indexes reads the same."""
+        """A JSON-serialisable definition (see :meth:`from_dict`); ``unique`` and
+        ``where`` only when set, so a catalog written before them reads the same."""
         out: dict[str, Any] = {
             "name": self.name,
             "properties": [[p, t.name] for p, t in zip(self.properties, self.types, strict=True)],
@@ -469,6 +540,8 @@ class Index:
         }
         if self.unique:
             out["unique"] = True
+        if self.filter:
+            out["where"] = {prop: value for prop, _, value in self.filter}
         return out
 
     @classmethod
@@ -476,11 +549,11 @@ class Index:
         """Rebuild an index from :meth:`to_dict` output; IndexDefinitionError if malformed."""
         if not isinstance(d, Mapping):
             raise IndexDefinitionError(f"an index definition must be a dict, got {type_name(d)}")
-        unknown = set(d) - {"name", "properties", "shard_on", "multi", "unique"}
+        unknown = set(d) - {"name", "properties", "shard_on", "multi", "unique", "where"}
         if unknown or "name" not in d or "properties" not in d:
             raise IndexDefinitionError(
                 f"malformed index definition (keys {sorted(map(str, d))}): expected "
-                "name, properties, shard_on, multi, unique"
+                "name, properties, shard_on, multi, unique, where"
             )
         properties = d["properties"]
         if not isinstance(properties, (list, tuple)):
@@ -491,6 +564,7 @@ class Index:
             d.get("shard_on"),
             multi=d.get("multi"),
             unique=d.get("unique", False),
+            where=d.get("where"),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -505,6 +579,7 @@ class Index:
         props = [f"{p}:{t.name}" for p, t in zip(self.properties, self.types, strict=True)]
         extra = f", multi={self.multi!r}" if self.multi is not None else ""
         extra += ", unique=True" if self.unique else ""
+        extra += f", where={self.to_dict()['where']!r}" if self.filter else ""
         return f"Index({self.name!r}, {props!r}, shard_on={self.shard_on!r}{extra})"
 
     # -- FriendFeed-style query --------------------------------------------------------

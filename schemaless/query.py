@@ -553,6 +553,8 @@ def _definition(index: Index) -> str:
 
 def _produces(index: Index, entity: Entity, values: tuple[Any, ...]) -> bool:
     """Whether the entity produces this index row, without computing all its rows."""
+    if index.filter and not index.selects(entity):
+        return False
     for pos in range(len(index.properties)):
         try:
             value, target = index.lookup(entity, pos), values[pos]

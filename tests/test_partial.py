@@ -13,7 +13,7 @@ from conftest import assert_clean, same_store
 from schemaless import Index, failpoints
 from schemaless.cleaner import Cleaner
 from schemaless.cleaner.batch import int_column
-from schemaless.errors import IndexDefinitionError
+from schemaless.errors import IndexDefinitionError, UniqueViolation
 from schemaless.failpoints import FailpointError
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
@@ -175,4 +175,19 @@ def test_backfill_and_repair_go_by_the_filter(make_store: Any) -> None:
         assert [e["n"] for e in store.iter(POSTS, where={"user": user})] == want
     report = Cleaner(store).run_once()
     assert report is not None
+    assert_clean(store)
+
+
+def test_a_unique_partial_index_is_unique_among_matching_entities(make_store: Any) -> None:
+    slugs = Index("slugs", {"slug": "str(20)"}, unique=True, where={"kind": "post"})
+    store = make_store([slugs])
+    post = {"slug": "hello", "kind": "post"}
+    store.put(post)
+    store.put({"slug": "hello", "kind": "draft"})  # outside the filter: no claim
+    with pytest.raises(UniqueViolation):
+        store.put({"slug": "hello", "kind": "post"})
+    store.put({**post, "kind": "draft"})  # the post leaves the filter: the value is free
+    store.put({"slug": "hello", "kind": "post", "n": 2})
+    assert [e.get("n") for e in store.iter(slugs, where={"slug": "hello"})] == [2]
+    store.flush()
     assert_clean(store)

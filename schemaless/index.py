@@ -404,8 +404,8 @@ class Index:
     def selects(self, entity: Mapping[str, Any]) -> bool:
         """Whether ``entity`` matches the filter of a partial index (equal values of
         equal types; a missing path, or one through a non-dict, does not match)."""
-        for _, path, want in self.filter:
-            value = _follow(entity, path)
+        for prop, path, want in self.filter:
+            value = entity.get(prop) if len(path) == 1 else _follow(entity, path)
             if type(value) is not type(want) or value != want:
                 return False
         return True
@@ -419,6 +419,16 @@ class Index:
         path = self._paths[pos]
         if path is None:
             return entity.get(prop)
+        if pos != self.multi_pos:  # the common case: no list to cross
+            value: Any = entity
+            for seg in path:
+                if type(value) is dict or isinstance(value, Mapping):
+                    value = value.get(seg)
+                elif value is None:
+                    return None
+                else:
+                    raise self._crossed(prop, seg, value)
+            return value
         values: list[Any] = [entity]
         crossed = False
         for seg in path:
@@ -426,19 +436,11 @@ class Index:
             for value in values:
                 items = value if isinstance(value, (list, tuple)) else (value,)
                 crossed = crossed or items is value
-                if items is value and pos != self.multi_pos:
-                    raise InvalidEntity(
-                        f"property {prop!r} of index {self.name!r} goes through a list "
-                        f"before {seg!r}, but the index is not multi-valued on it"
-                    )
                 for item in items:
                     if isinstance(item, Mapping):
                         reached.append(item.get(seg))
                     elif item is not None:
-                        raise InvalidEntity(
-                            f"property {prop!r} of index {self.name!r}: the value "
-                            f"before {seg!r} is not a dict (got {type_name(item)})"
-                        )
+                        raise self._crossed(prop, seg, item)
             values = reached
         if not crossed:
             return values[0] if values else None
@@ -446,6 +448,18 @@ class Index:
         for value in values:
             leaves.extend(value if isinstance(value, (list, tuple)) else (value,))
         return leaves
+
+    def _crossed(self, prop: str, seg: str, value: object) -> InvalidEntity:
+        """The error of a path that meets ``value`` where it needs a dict."""
+        if isinstance(value, (list, tuple)):
+            return InvalidEntity(
+                f"property {prop!r} of index {self.name!r} goes through a list before "
+                f"{seg!r}, but the index is not multi-valued on it"
+            )
+        return InvalidEntity(
+            f"property {prop!r} of index {self.name!r}: the value before {seg!r} is not "
+            f"a dict (got {type_name(value)})"
+        )
 
     def _bad_value(self, prop: str, value: object, exc: ValueError) -> InvalidEntity:
         if isinstance(value, (list, tuple)):

@@ -93,10 +93,12 @@ class Derived:
 
 
 def int_column(index: Index) -> str | None:
-    """The property of an index of one int column when ``_rows`` is built, else None."""
-    if _rows is None or index.multi_pos is not None or len(index.properties) != 1:
+    """The property of an index of one int column on a top-level property (a path
+    or a partial index takes the Python path) when ``_rows`` is built, else None."""
+    if _rows is None or index.multi_pos is not None or len(index.properties) != 1 or index.filter:
         return None
-    return index.properties[0] if index.types[0].name == "int" else None
+    prop = index.properties[0]
+    return prop if index.types[0].name == "int" and "." not in prop else None
 
 
 def derive(

@@ -33,7 +33,8 @@ _NUMERIC = ("int", "float")
 
 
 def expiry_index(topo: Topology, prop: str) -> Index | None:
-    """A ready index that leads with the expiry property as a number, if any."""
+    """A ready index that leads with the expiry property as a number, if any (not a
+    partial one: it holds the rows of some entities only)."""
     for name in sorted(topo.indexes):
         info = topo.indexes[name]
         index = info.index
@@ -42,6 +43,7 @@ def expiry_index(topo: Topology, prop: str) -> Index | None:
             and index.properties[0] == prop
             and index.types[0].name in _NUMERIC
             and index.multi is None
+            and not index.filter
         ):
             return index
     return None

@@ -37,17 +37,44 @@ from .stats import (
     heartbeats,
     max_added_ids,
 )
+from .where import literal
 
 __all__ = ["index"]
 
-_PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,61}\Z")
+_PROPERTY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _SHOW_SHARDS = 20
 _LIVE_S = 30.0  # a Cleaner silent this long (six of its 5 s heartbeats) is not at work
 
 
 def describe(idx: Index) -> str:
-    """``user_id:uuid, published:int``."""
-    return ", ".join(f"{p}:{t.name}" for p, t in zip(idx.properties, idx.types, strict=True))
+    """``user_id:uuid, published:int`` (then ``where kind='post'`` for a partial index)."""
+    out = ", ".join(f"{p}:{t.name}" for p, t in zip(idx.properties, idx.types, strict=True))
+    return out + (f" where {_filter_text(idx)}" if idx.filter else "")
+
+
+def _filter_text(idx: Index) -> str:
+    """A partial index's filter: ``kind='post' and n=3``."""
+    return " and ".join(f"{prop}={value!r}" for prop, _, value in idx.filter)
+
+
+def _check_filter(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, Any] | None:
+    """``--where NAME=VALUE`` (repeatable) as a partial index's filter; a VALUE is
+    read as ``query --where`` reads one for an ``auto`` column."""
+    out: dict[str, Any] = {}
+    for spec in values:
+        name, sep, text = spec.partition("=")
+        name = name.strip()
+        if not sep or not _PROPERTY.match(name):
+            raise BadOption(f"{spec!r}: expected NAME=VALUE (NAME may be a path a.b)", "--where")
+        if name in out:
+            raise BadOption(f"{spec!r}: a second value for {name!r}", "--where")
+        try:
+            out[name] = literal(text, "auto")
+        except ValueError as exc:
+            raise BadOption(f"{spec!r}: {exc}", "--where") from None
+    return out or None
 
 
 def _when(us: int) -> str:
@@ -69,7 +96,8 @@ def _check_properties(
         name = name.strip()
         if not _PROPERTY.match(name):
             raise BadOption(
-                f"{spec!r}: a property is NAME or NAME:TYPE, NAME of letters, digits and '_'",
+                f"{spec!r}: a property is NAME or NAME:TYPE, NAME of letters, digits and '_' "
+                "(a nested path: NAME.NAME, e.g. author.id)",
                 "--property",
             )
         if sep:
@@ -109,6 +137,15 @@ def index() -> None:
 @click.option("--shard-on", metavar="NAME", help="Property that places the rows (default: first).")
 @click.option("--multi", metavar="NAME", help="A list-valued property: one row per element.")
 @click.option(
+    "--where",
+    "filter_",
+    multiple=True,
+    metavar="NAME=VALUE",
+    callback=_check_filter,
+    help="A partial index: rows only for entities whose NAME (a property or path) "
+    "equals VALUE (repeatable: all must hold). VALUE as in `query --where`.",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Declare nothing: sample the stored entities and estimate the index rows, "
@@ -134,6 +171,7 @@ def create(
     properties: list[str],
     shard_on: str | None,
     multi: str | None,
+    filter_: dict[str, Any] | None,
     dry_run: bool,
     as_json: bool,
     force: bool,
@@ -163,8 +201,9 @@ def create(
             --property published:int --shard-on user_id
         schemaless index create by_tag --property tags:'str(64)' --multi tags
         schemaless index create by_email --property email:'str(254)' --unique
+        schemaless index create posts_by_user --property user_id:uuid --where kind=post
     """
-    definition = _definition(name, properties, shard_on, multi, unique)
+    definition = _definition(name, properties, shard_on, multi, unique, filter_)
     with conn.store() as ds:
         if dry_run:
             show_dry_run(ds, definition, as_json)
@@ -202,7 +241,12 @@ def _check_fit(ds: DataStore, definition: Index) -> None:
 
 
 def _definition(
-    name: str, properties: list[str], shard_on: str | None, multi: str | None, unique: bool
+    name: str,
+    properties: list[str],
+    shard_on: str | None,
+    multi: str | None,
+    unique: bool,
+    filter_: dict[str, Any] | None = None,
 ) -> Index:
     """The index ``index create`` declares; a bad option is named."""
     names = [p.partition(":")[0] for p in properties]
@@ -215,7 +259,13 @@ def _definition(
         Index(name, ["x"])  # the name alone
     except IndexDefinitionError as exc:
         raise BadOption(str(exc), "NAME") from None
-    return Index(name, properties, shard_on, multi=multi, unique=unique)
+    definition = Index(name, properties, shard_on, multi=multi, unique=unique)
+    if filter_ is None:
+        return definition
+    try:
+        return Index(name, properties, shard_on, multi=multi, unique=unique, where=filter_)
+    except IndexDefinitionError as exc:
+        raise BadOption(str(exc), "--where") from None
 
 
 def _echo_created(definition: Index, existed: bool, state: str, refresh: float) -> None:
@@ -665,6 +715,8 @@ def _echo_report(report: dict[str, Any], snap: Backfill | None, all_shards: bool
     click.echo(f"  multi       {d['multi'] or '-'}")
     if d.get("unique"):
         click.echo("  unique      yes")
+    if d.get("where"):
+        click.echo(f"  where       {_filter_text(Index.from_dict(d))}")
     click.echo(f"  declared    {_when(report['created_us'])}")
     click.echo(f"  changed     {_when(report['changed_us'])}")
     _echo_backfill(report, snap, all_shards)

@@ -42,7 +42,9 @@ __all__ = ["OPERATORS", "literal", "parse_where"]
 OPERATORS = {"=": "", ">": "__gt", ">=": "__gte", "<": "__lt", "<=": "__lte"}
 _STARTSWITH = "__startswith"
 
-_EXPR = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|=|<|>)(.*)\Z", re.DOTALL)
+_EXPR = re.compile(
+    r"\s*([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s*(<=|>=|=|<|>)(.*)\Z", re.DOTALL
+)
 _CAST = re.compile(r"(str|int|float|bool|bytes|uuid):(.*)\Z", re.DOTALL)
 _INT = re.compile(r"[+-]?[0-9]+\Z")
 _FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?\Z")

@@ -31,6 +31,11 @@ MAX_PROPERTIES = 8
 _COLUMN_PREFIX = "p_"
 
 
+def _column(path: Sequence[str]) -> str:
+    """The column of a property path: ``p_`` then its segments joined by ``__``."""
+    return _COLUMN_PREFIX + "__".join(path)
+
+
 def _check_index_name(name: object) -> str:
     if not isinstance(name, str) or not _INDEX_NAME.match(name):
         raise IndexDefinitionError(
@@ -57,29 +62,57 @@ def _resolve_name(name: str | None, table: str | None) -> str:
     return _check_index_name(name)
 
 
+def _check_path(where: str, raw: object) -> tuple[str, ...]:
+    """A property's path segments: ``author.id`` is ``("author", "id")``, each segment a
+    checked identifier (IndexDefinitionError naming the path and the bad part)."""
+    if isinstance(raw, str) and "." in raw:
+        for seg in raw.split("."):
+            if not seg:
+                raise IndexDefinitionError(
+                    f"{where}: property path {raw!r} has an empty segment "
+                    "(a leading, trailing or doubled '.')"
+                )
+            try:
+                check_identifier(seg)
+            except IndexDefinitionError:
+                raise IndexDefinitionError(
+                    f"{where}: segment {seg!r} of property path {raw!r} is not a name "
+                    "(letters, digits and '_', not starting with a digit)"
+                ) from None
+        return tuple(raw.split("."))
+    try:
+        return (check_identifier(raw, what="property name"),)
+    except IndexDefinitionError as exc:
+        raise IndexDefinitionError(f"{where}: {exc}") from None
+
+
 def _typed_properties(
     where: str, specs: Sequence[tuple[Any, Any]]
 ) -> tuple[list[str], list[ColumnType]]:
-    """An index's property names, checked, and their column types."""
+    """An index's property names (or dotted paths), checked, and their column types."""
     props: list[str] = []
     types: list[ColumnType] = []
     seen: dict[str, str] = {}
     for raw_prop, type_text in specs:
-        try:
-            prop = check_identifier(raw_prop, what="property name")
-        except IndexDefinitionError as exc:
-            raise IndexDefinitionError(f"{where}: {exc}") from None
-        if len(_COLUMN_PREFIX + prop) > 64:
+        path = _check_path(where, raw_prop)
+        prop = ".".join(path)
+        column = _column(path)
+        if len(column) > 64:
             raise IndexDefinitionError(
-                f"property name {prop!r} in {where} is too long (at most 62 characters)"
+                f"property {prop!r} in {where} is too long (its column {column!r} "
+                "would be above 64 characters)"
             )
-        folded = prop.lower()
+        folded = column.lower()
         if folded in seen:
+            other = seen[folded]
             raise IndexDefinitionError(
                 f"{where} lists property {prop!r} twice"
-                if seen[folded] == prop
-                else f"{where}: properties {seen[folded]!r} and {prop!r} differ only in "
+                if other == prop
+                else f"{where}: properties {other!r} and {prop!r} differ only in "
                 "case (column names are case-insensitive)"
+                if other.lower() == prop.lower()
+                else f"{where}: properties {other!r} and {prop!r} would share the column "
+                f"{column!r} (a path's '.' becomes '__')"
             )
         seen[folded] = prop
         if type_text is None:
@@ -139,6 +172,56 @@ def _property_specs(
     return specs
 
 
+_FILTER_TYPES = (str, int, float, bool)
+
+
+def _follow(entity: Mapping[str, Any], path: Sequence[str]) -> Any:
+    """The value at ``path`` (None when a step is missing or not a dict)."""
+    value: Any = entity
+    for seg in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(seg)
+    return value
+
+
+def _filter(where: str, spec: object, index: Index) -> tuple[tuple[str, tuple[str, ...], Any], ...]:
+    """A partial index's filter ``{property or path: value}``, checked: each value a
+    str, int, float or bool, and one that fits its column when the index uses the
+    property too (never the multi one: a list never equals a value)."""
+    if spec is None:
+        return ()
+    if not isinstance(spec, Mapping) or not spec:
+        raise IndexDefinitionError(
+            f"where of {where} must be a non-empty dict property -> value, got {spec!r}"
+        )
+    out = []
+    for raw, value in sorted(spec.items(), key=lambda kv: str(kv[0])):
+        path = _check_path(f"where of {where}", raw)
+        prop = ".".join(path)
+        if type(value) not in _FILTER_TYPES or value != value:
+            raise IndexDefinitionError(
+                f"where of {where}: the value of {prop!r} must be a str, int, float or "
+                f"bool, got {value!r}"
+            )
+        pos = index._pos.get(prop)
+        if pos is not None and pos == index.multi_pos:
+            raise IndexDefinitionError(
+                f"where of {where}: {prop!r} is the index's multi property (a list "
+                "never equals a value)"
+            )
+        if pos is not None:
+            try:
+                index._coercers[pos](value)
+            except ValueError as exc:
+                raise IndexDefinitionError(
+                    f"where of {where}: {prop!r}={value!r} does not fit the index's "
+                    f"column {index.types[pos].name}: {exc}"
+                ) from None
+        out.append((prop, path, value))
+    return tuple(out)
+
+
 class Index:
     """An index definition (immutable).
 
@@ -146,14 +229,18 @@ class Index:
     FriendFeed form) and ``Index("by_user", {"user_id": "uuid", "published": "int"})``
     define the same kind of object; untyped properties are ``auto``.  ``unique=True``:
     at most one live entity produces a given tuple of values (``UniqueViolation``).
+    ``where={"kind": "post"}``: a partial index, rows only for the entities whose
+    properties (or paths) equal these values.
     """
 
     __slots__ = (
         "_coercers",
         "_key",
         "_pairs",
+        "_paths",
         "_pos",
         "columns",
+        "filter",
         "multi",
         "multi_pos",
         "name",
@@ -175,6 +262,7 @@ class Index:
     multi: str | None
     multi_pos: int | None
     unique: bool
+    filter: tuple[tuple[str, tuple[str, ...], Any], ...]
 
     def __init__(
         self,
@@ -185,21 +273,22 @@ class Index:
         table: str | None = None,
         multi: str | None = None,
         unique: bool = False,
+        where: Mapping[str, Any] | None = None,
     ) -> None:
         self.name = _resolve_name(name, table)
         self.table = "index_" + self.name
-        where = f"index {self.name!r}"
+        label = f"index {self.name!r}"
 
         specs = _property_specs(properties)
         if not 1 <= len(specs) <= MAX_PROPERTIES:
             raise IndexDefinitionError(
-                f"{where} needs 1 to {MAX_PROPERTIES} properties, got {len(specs)}"
+                f"{label} needs 1 to {MAX_PROPERTIES} properties, got {len(specs)}"
             )
-        props, types = _typed_properties(where, specs)
+        props, types = _typed_properties(label, specs)
 
         self.properties = tuple(props)
         self.types = tuple(types)
-        self.columns = tuple(_COLUMN_PREFIX + p for p in props)
+        self.columns = tuple(_column(p.split(".")) for p in props)
         self._pos = {p: i for i, p in enumerate(props)}
         listed = ", ".join(props)
 
@@ -207,25 +296,27 @@ class Index:
             shard_on = props[0]
         if not isinstance(shard_on, str) or shard_on not in self._pos:
             raise IndexDefinitionError(
-                f"shard_on {shard_on!r} of {where} must be one of its properties ({listed})"
+                f"shard_on {shard_on!r} of {label} must be one of its properties ({listed})"
             )
         self.shard_on = shard_on
         self.shard_pos = self._pos[shard_on]
 
         if multi is not None and (not isinstance(multi, str) or multi not in self._pos):
             raise IndexDefinitionError(
-                f"multi {multi!r} of {where} must be one of its properties ({listed})"
+                f"multi {multi!r} of {label} must be one of its properties ({listed})"
             )
         self.multi = multi
         self.multi_pos = None if multi is None else self._pos[multi]
         if not isinstance(unique, bool):
-            raise IndexDefinitionError(f"unique of {where} must be True or False, got {unique!r}")
+            raise IndexDefinitionError(f"unique of {label} must be True or False, got {unique!r}")
         self.unique = unique
 
-        _check_key_size(where, props, types)
+        _check_key_size(label, props, types)
 
         self._coercers = tuple(t._coerce for t in types)
         self._pairs = tuple(zip(self.properties, self._coercers, strict=True))
+        self._paths = tuple(tuple(p.split(".")) if "." in p else None for p in props)
+        self.filter = _filter(label, where, self)
         self._key = (
             self.name,
             self.properties,
@@ -233,6 +324,7 @@ class Index:
             shard_on,
             multi,
             unique,
+            tuple((p, v, type(v).__name__) for p, _, v in self.filter),
         )
 
     # -- rows --------------------------------------------------------------------------
@@ -241,13 +333,17 @@ class Index:
         """The index rows (coerced column values, in property order) ``entity`` produces.
 
         No rows when an indexed property is absent or None (or the multi list is
-        empty).  InvalidEntity when a value does not fit its column.
+        empty), or when the entity does not match a partial index's filter.
+        InvalidEntity when a value does not fit its column.
         """
+        if self.filter and not self.selects(entity):
+            return set()
         get = entity.get
+        paths = self._paths
         if self.multi_pos is None:
             row = []
-            for prop, coerce in self._pairs:
-                value = get(prop)
+            for pos, (prop, coerce) in enumerate(self._pairs):
+                value = get(prop) if paths[pos] is None else self.lookup(entity, pos)
                 if value is None:
                     return set()
                 try:
@@ -260,7 +356,7 @@ class Index:
         values: list[Any] = []
         elements: set[Any] = set()
         for i, (prop, coerce) in enumerate(self._pairs):
-            value = get(prop)
+            value = get(prop) if paths[i] is None else self.lookup(entity, i)
             if value is None:
                 return set()
             if i != multi_pos:
@@ -294,14 +390,76 @@ class Index:
         """For an index of one column, not multi-valued: the value of the one row that
         ``rows`` gives (None: no row), without building the row (the backfill's hot
         path).  InvalidEntity when it does not fit the column."""
+        if self.filter and not self.selects(entity):
+            return None
         prop = self.properties[0]
-        value = entity.get(prop)
+        value = entity.get(prop) if self._paths[0] is None else self.lookup(entity, 0)
         if value is None:
             return None
         try:
             return self._coercers[0](value)
         except ValueError as exc:
             raise self._bad_value(prop, value, exc) from None
+
+    def selects(self, entity: Mapping[str, Any]) -> bool:
+        """Whether ``entity`` matches the filter of a partial index (equal values of
+        equal types; a missing path, or one through a non-dict, does not match)."""
+        for prop, path, want in self.filter:
+            value = entity.get(prop) if len(path) == 1 else _follow(entity, path)
+            if type(value) is not type(want) or value != want:
+                return False
+        return True
+
+    def lookup(self, entity: Mapping[str, Any], pos: int) -> Any:
+        """The stored value of property ``pos``, followed down its path (None: missing);
+        for the multi property, a path that goes through lists gives the list of what
+        it reaches in each element.  InvalidEntity when the path crosses a value that
+        is not a dict (or a list, for a non-multi property): the put is refused."""
+        prop = self.properties[pos]
+        path = self._paths[pos]
+        if path is None:
+            return entity.get(prop)
+        if pos != self.multi_pos:  # the common case: no list to cross
+            value: Any = entity
+            for seg in path:
+                if type(value) is dict or isinstance(value, Mapping):
+                    value = value.get(seg)
+                elif value is None:
+                    return None
+                else:
+                    raise self._crossed(prop, seg, value)
+            return value
+        values: list[Any] = [entity]
+        crossed = False
+        for seg in path:
+            reached: list[Any] = []
+            for value in values:
+                items = value if isinstance(value, (list, tuple)) else (value,)
+                crossed = crossed or items is value
+                for item in items:
+                    if isinstance(item, Mapping):
+                        reached.append(item.get(seg))
+                    elif item is not None:
+                        raise self._crossed(prop, seg, item)
+            values = reached
+        if not crossed:
+            return values[0] if values else None
+        leaves: list[Any] = []
+        for value in values:
+            leaves.extend(value if isinstance(value, (list, tuple)) else (value,))
+        return leaves
+
+    def _crossed(self, prop: str, seg: str, value: object) -> InvalidEntity:
+        """The error of a path that meets ``value`` where it needs a dict."""
+        if isinstance(value, (list, tuple)):
+            return InvalidEntity(
+                f"property {prop!r} of index {self.name!r} goes through a list before "
+                f"{seg!r}, but the index is not multi-valued on it"
+            )
+        return InvalidEntity(
+            f"property {prop!r} of index {self.name!r}: the value before {seg!r} is not "
+            f"a dict (got {type_name(value)})"
+        )
 
     def _bad_value(self, prop: str, value: object, exc: ValueError) -> InvalidEntity:
         if isinstance(value, (list, tuple)):
@@ -386,8 +544,8 @@ class Index:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable definition (see :meth:`from_dict`); ``unique`` only when
-        set, so a catalog written before unique indexes reads the same."""
+        """A JSON-serialisable definition (see :meth:`from_dict`); ``unique`` and
+        ``where`` only when set, so a catalog written before them reads the same."""
         out: dict[str, Any] = {
             "name": self.name,
             "properties": [[p, t.name] for p, t in zip(self.properties, self.types, strict=True)],
@@ -396,6 +554,8 @@ class Index:
         }
         if self.unique:
             out["unique"] = True
+        if self.filter:
+            out["where"] = {prop: value for prop, _, value in self.filter}
         return out
 
     @classmethod
@@ -403,11 +563,11 @@ class Index:
         """Rebuild an index from :meth:`to_dict` output; IndexDefinitionError if malformed."""
         if not isinstance(d, Mapping):
             raise IndexDefinitionError(f"an index definition must be a dict, got {type_name(d)}")
-        unknown = set(d) - {"name", "properties", "shard_on", "multi", "unique"}
+        unknown = set(d) - {"name", "properties", "shard_on", "multi", "unique", "where"}
         if unknown or "name" not in d or "properties" not in d:
             raise IndexDefinitionError(
                 f"malformed index definition (keys {sorted(map(str, d))}): expected "
-                "name, properties, shard_on, multi, unique"
+                "name, properties, shard_on, multi, unique, where"
             )
         properties = d["properties"]
         if not isinstance(properties, (list, tuple)):
@@ -418,6 +578,7 @@ class Index:
             d.get("shard_on"),
             multi=d.get("multi"),
             unique=d.get("unique", False),
+            where=d.get("where"),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -432,6 +593,7 @@ class Index:
         props = [f"{p}:{t.name}" for p, t in zip(self.properties, self.types, strict=True)]
         extra = f", multi={self.multi!r}" if self.multi is not None else ""
         extra += ", unique=True" if self.unique else ""
+        extra += f", where={self.to_dict()['where']!r}" if self.filter else ""
         return f"Index({self.name!r}, {props!r}, shard_on={self.shard_on!r}{extra})"
 
     # -- FriendFeed-style query --------------------------------------------------------

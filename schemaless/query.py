@@ -600,9 +600,13 @@ def _definition(index: Index) -> str:
 
 def _produces(index: Index, entity: Entity, values: tuple[Any, ...]) -> bool:
     """Whether the entity produces this index row, without computing all its rows."""
-    get = entity.get
-    for pos, prop in enumerate(index.properties):
-        value, target = get(prop), values[pos]
+    if index.filter and not index.selects(entity):
+        return False
+    for pos in range(len(index.properties)):
+        try:
+            value, target = index.lookup(entity, pos), values[pos]
+        except InvalidEntity:
+            return False
         if (
             type(value) is not type(target) or value != target or not index.types[pos].plain
         ) and not _column_produces(index, pos, value, target):

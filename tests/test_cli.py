@@ -622,3 +622,59 @@ def test_the_password_is_never_printed(run: Cli, local_cluster: LocalCluster) ->
             assert result.exit_code == 1, result.output
             assert len(result.stderr.splitlines()) == 1
             assert "denied" in result.stderr.lower(), result.stderr
+
+
+def test_cli_indexes_and_queries_a_path(run: Cli) -> None:
+    run.ok(
+        "index", "create", "by_author_id",
+        "--property", "author.id:uuid", "--property", "published:int",
+    )  # fmt: skip
+    author = "0f" * 16
+    lines = [
+        json.dumps({"author": {"id": {"$uuid": author}}, "published": i, "title": f"p{i}"})
+        for i in range(3)
+    ]
+    run.ok("put", input="\n".join(lines) + "\n")
+    got = json_lines(
+        run.ok(
+            "query", "by_author_id", "--where", f"author.id={author}", "--where", "published>=1",
+            "--include-building", "--json",
+        ).stdout
+    )  # fmt: skip
+    assert [e["title"] for e in got] == ["p1", "p2"]
+    for bad in ("a..b:int", "a.:int", ".a:int"):
+        line = run.fails("index", "create", "bad", "--property", bad)
+        assert "'--property'" in line and "a nested path: NAME.NAME" in line
+    line = run.fails("query", "by_author_id", "--where", "author..id=1", "--include-building")
+    assert "'--where'" in line
+    assert "by_author_id" in run.ok("index", "list").output
+
+
+def test_cli_partial_index(run: Cli) -> None:
+    out = run.ok(
+        "index", "create", "posts_by_n", "--property", "n:int", "--where", "kind=post",
+        "--where", "meta.draft=bool:false",
+    ).output  # fmt: skip
+    assert "where kind='post' and meta.draft=False" in out
+    lines = [
+        json.dumps({"n": 4000 + i, "kind": kind, "meta": {"draft": False}})
+        for i, kind in enumerate(["post", "comment", "post"])
+    ]
+    run.ok("put", input="\n".join(lines) + "\n")
+    got = json_lines(
+        run.ok("query", "posts_by_n", "--where", "n>=4000", "--include-building", "--json").stdout
+    )
+    assert [e["n"] for e in got] == [4000, 4002]
+    listing = run.ok("index", "list").output
+    assert "n:int where kind='post' and meta.draft=False" in listing
+    status = run.ok("index", "status", "posts_by_n").output
+    assert "where       kind='post' and meta.draft=False" in status
+    listed = {r["name"]: r for r in json_lines(run.ok("index", "list", "--json").output)}
+    assert listed["posts_by_n"]["definition"]["where"] == {"kind": "post", "meta.draft": False}
+    line = run.fails("index", "create", "posts_by_n", "--property", "n:int", "--where", "kind=x")
+    assert "different definition" in line
+    line = run.fails("index", "create", "bad", "--property", "n:int", "--where", "n=many")
+    assert "'--where'" in line and "does not fit the index's column int" in line
+    line = run.fails("index", "create", "bad", "--property", "n:int", "--where", "kind")
+    assert "'--where'" in line and "expected NAME=VALUE" in line
+    assert "bad" not in run.ok("index", "list").output.split()

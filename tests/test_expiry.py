@@ -193,7 +193,15 @@ def _stored(store: DataStore, ids: list[bytes]) -> dict[bytes, bytes | None]:
     return {key: s.body for key, s in found.items()}
 
 
-@pytest.mark.parametrize("indexes", [(BY_KIND,), (BY_KIND, BY_EXP)], ids=["scan", "index"])
+# a partial index on the expiry property holds only some entities: the Cleaner scans
+PARTIAL_EXP = Index("by_exp", {"exp": "float"}, where={"kind": "other"})
+
+
+@pytest.mark.parametrize(
+    "indexes",
+    [(BY_KIND,), (BY_KIND, BY_EXP), (BY_KIND, PARTIAL_EXP)],
+    ids=["scan", "index", "partial"],
+)
 def test_cleaner_deletes_expired_entities(make_store: Any, indexes: tuple[Index, ...]) -> None:
     store = _store(make_store, indexes)
     now = time.time()

@@ -391,7 +391,7 @@ def test_bad_index_names(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "prop", ["a`b", "x; DROP TABLE y", "a--", "a b", "1a", "", "a\n", "é", "a.b", "a-b"]
+    "prop", ["a`b", "x; DROP TABLE y", "a--", "a b", "1a", "", "a\n", "é", "a-b"]
 )
 def test_bad_property_names(prop: str) -> None:
     with pytest.raises(IndexDefinitionError, match="property name"):

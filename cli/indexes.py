@@ -189,16 +189,8 @@ def create(
         state = ds.declare_index(definition, force=True)  # checked above
         refresh = ds.cluster.topology.refresh_interval
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "definition": definition.to_dict(),
-                    "existed": existed is not None,
-                    "state": state,
-                },
-                sort_keys=True,
-            )
-        )
+        shown = {"definition": definition.to_dict(), "existed": existed is not None}
+        click.echo(json.dumps({**shown, "state": state}, sort_keys=True))
         return
     _echo_created(definition, existed is not None, state, refresh)
 

@@ -317,15 +317,9 @@ class Index:
         self._pairs = tuple(zip(self.properties, self._coercers, strict=True))
         self._paths = tuple(tuple(p.split(".")) if "." in p else None for p in props)
         self.filter = _filter(label, where, self)
-        self._key = (
-            self.name,
-            self.properties,
-            tuple(t.name for t in types),
-            shard_on,
-            multi,
-            unique,
-            tuple((p, v, type(v).__name__) for p, _, v in self.filter),
-        )
+        kinds = tuple(t.name for t in types)
+        shown = tuple((p, v, type(v).__name__) for p, _, v in self.filter)
+        self._key = (self.name, self.properties, kinds, shard_on, multi, unique, shown)
 
     # -- rows --------------------------------------------------------------------------
 

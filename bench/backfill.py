@@ -30,7 +30,7 @@ With the dataset loaded, in the same run:
   against the insert floor's (less what the writer costs them: their CPU per second
   during the grace period, times the backfill's seconds), and the writer's p99 during
   the backfill against its p99 during that run's grace period (idle: the same writer,
-  the same indexes maintained, no backfill running; at least ``IDLE_S`` seconds).
+  the same indexes maintained, no backfill running; at least ``Config.idle_seconds``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ T = TypeVar("T")
 
 NEW_INDEX = Index("by_updated", {"updated": "int"}, shard_on="updated")
 #: The writer's idle window before each Cleaner run, at least (seconds): ~1,500 puts.
-IDLE_S = 10.0
 
 
 def _json_doc(entity: dict[str, Any]) -> str:
@@ -433,12 +432,12 @@ def _cleaner_run(
     info = store.cluster.refresh().indexes[run.index.name]
     # The Cleaner waits until every writer maintains the index: two catalog refresh
     # intervals after the declaration, plus one second.  Wait here (the writer's idle
-    # window), so the Cleaner's time is its scan; at least IDLE_S, so that the idle p99
+    # window), so the Cleaner's time is its scan; at least idle_seconds, so that the idle p99
     # is not the few slowest of a few hundred puts.
     grace_end = info.changed / 1e6 + 2 * store.cluster.topology.refresh_interval + 1.5
     idle_start = time.perf_counter()
     idle_cpu = _cpu_seconds(pids)
-    time.sleep(max(IDLE_S, grace_end - time.time()))
+    time.sleep(max(cfg.idle_seconds, grace_end - time.time()))
     idle_stop = time.perf_counter()
     # the servers' CPU per second for the writer alone, to take out of the backfill's
     writer_cpu = (_cpu_seconds(pids) - idle_cpu) / (idle_stop - idle_start)

@@ -94,6 +94,10 @@ class Config:
     #: a draw: the writer's idle p99 alone varied 4.6-14.5 ms between windows)
     throttle_pairs: int = 3
     cleaner_args: list[str] = field(default_factory=list)  # more options of the cleaner
+    #: the writer's idle window before each Cleaner run, at least (its idle p99)
+    idle_seconds: float = 10.0
+    #: the datastores' catalog refresh interval (a backfill's grace period is twice it)
+    refresh_interval: float = 5.0
     keep: bool = False
     round_trip_samples: int = 10
     rounds: int = 2  # each side runs 2 * rounds alternating slices (raw, sl, sl, raw, ...)
@@ -225,7 +229,7 @@ def run(cfg: Config, servers: Servers | None = None) -> dict[str, Any]:
         cfg.prefix,
         cfg.shards,
         ds,
-        refresh_interval=5.0,
+        refresh_interval=cfg.refresh_interval,
     )
     results: dict[str, Any] = {
         "meta": {

@@ -10,9 +10,8 @@ from typing import Any
 
 import click
 
-from schemaless import fit
 from schemaless.catalog import IndexInfo, IndexState
-from schemaless.errors import IndexDefinitionError
+from schemaless.errors import IndexDefinitionError, IndexDoesNotFit
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
@@ -182,28 +181,20 @@ def create(
         if dry_run:
             show_dry_run(ds, definition, as_json)
             return
-        topo = ds.cluster.refresh()
-        existed = topo.indexes.get(name)
-        if existed is None and not force and not topo.moves:  # a move: refused below
-            _check_fit(ds, definition)
-        state = ds.declare_index(definition, force=True)  # checked above
+        existed = ds.cluster.refresh().indexes.get(name)
+        try:
+            state = ds.declare_index(definition, force=force)
+        except IndexDoesNotFit as exc:  # the examples on stdout, the counts as the error
+            click.echo(f"index {definition.name}: nothing declared; e.g.")
+            for line in exc.examples:
+                click.echo(line)
+            raise CliError(exc.summary) from None
         refresh = ds.cluster.topology.refresh_interval
     if as_json:
         shown = {"definition": definition.to_dict(), "existed": existed is not None}
         click.echo(json.dumps({**shown, "state": state}, sort_keys=True))
         return
     _echo_created(definition, existed is not None, state, refresh)
-
-
-def _check_fit(ds: DataStore, definition: Index) -> None:
-    """Refuse an index that a sample of the stored entities does not fit: the examples
-    on stdout, the counts as the error."""
-    found = fit.sample(ds.cluster, ds.decode, definition)
-    if not found.fits:
-        click.echo(f"index {definition.name}: nothing declared; e.g.")
-        for line in found.examples():
-            click.echo(line)
-        raise CliError(found.summary())
 
 
 def _definition(

@@ -67,7 +67,13 @@ class IndexDefinitionError(SchemalessError, ValueError):
 
 class IndexDoesNotFit(IndexDefinitionError):
     """A new index that the stored entities do not fit: values that do not fit its
-    column types, or (unique) values that repeat; declare it with ``force`` anyway."""
+    column types, or (unique) values that repeat; declare it with ``force`` anyway.
+    ``summary``: the counts in one line; ``examples``: a line per example entity."""
+
+    def __init__(self, summary: str, examples: list[str]) -> None:
+        super().__init__("\n".join([summary, *examples]))
+        self.summary = summary
+        self.examples = examples
 
 
 class InvalidQuery(SchemalessError, ValueError):

@@ -94,10 +94,6 @@ class Fit:
             for key, shard, why in self.unfit_examples + self.repeat_examples
         ]
 
-    def refusal(self) -> str:
-        """The summary, then the examples."""
-        return "\n".join([self.summary(), *self.examples()])
-
 
 def sample(
     cluster: Cluster,

@@ -158,7 +158,7 @@ class DataStore:
             self._expire_on(check_property(expire_on))
         if changes:
             enable_changes(self.cluster)
-        known = self.cluster.refresh() if indexes else self.cluster.topology
+        known = self.cluster.topology  # just loaded; one declared since is found again
         for index in indexes:  # one the catalog has needs its server only
             if self._declared(index, known, finish=False) is None:
                 self.declare_index(index, force=force)
@@ -446,7 +446,7 @@ class DataStore:
         if not force and not topo.moves:  # during a move it is refused below
             found = fit.sample(self.cluster, self.reader.decode, index)
             if not found.fits:
-                raise IndexDoesNotFit(found.refusal())
+                raise IndexDoesNotFit(found.summary(), found.examples())
         busy = "another client is declaring an index of this datastore"
         with self.cluster.catalog.lock("declare", busy, wait=20):
             return self._declare(index)

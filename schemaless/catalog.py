@@ -29,6 +29,7 @@ from .heartbeats import ClientReport, Heartbeats
 from .index import Index
 from .indexstates import IndexStates
 from .names import quote
+from .owned import DATABASES, LAYOUTS, OWNED
 from .results import scalar
 from .schema import CATALOG_TABLES
 from .shardmap import ShardMap
@@ -75,13 +76,21 @@ class Catalog(ShardMap, IndexStates, Checkpoints, Heartbeats, Dictionaries):
         ]
         self.server.run(";\n".join(ddl))
 
-    def create(self, addresses: Sequence[Address], n_shards: int, refresh_interval: float) -> bool:
+    def create(
+        self,
+        addresses: Sequence[Address],
+        n_shards: int,
+        refresh_interval: float,
+        layout: str = OWNED,
+    ) -> bool:
         """Create the catalog and the shard map if absent; True if this call created it.
 
         Safe to run concurrently: the first writer of the map wins, the others find it.
         """
         if not 1 <= n_shards <= 65536:
             raise CatalogError(f"number of logical shards must be 1..65536, got {n_shards}")
+        if layout not in LAYOUTS:
+            raise CatalogError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if not addresses:
             raise CatalogError("a datastore needs at least one server")
         self.ensure_tables()
@@ -90,12 +99,12 @@ class Catalog(ShardMap, IndexStates, Checkpoints, Heartbeats, Dictionaries):
         stmts.append(
             f"INSERT IGNORE INTO {self._t('meta')} (name, value) VALUES"
             " ('format', %s), ('shards', %s), ('map_version', '1'), ('refresh_interval', %s),"
-            " ('index_epoch', '1')"
+            " ('index_epoch', '1'), ('layout', %s)"
         )
-        params += [FORMAT, str(n_shards), repr(float(refresh_interval))]
+        params += [FORMAT, str(n_shards), repr(float(refresh_interval)), layout]
         # Only the writer whose meta rows went in writes the map: a racing creator with
         # another shard count or server list must not add its rows to the winner's.
-        stmts.append("SET @created := ROW_COUNT() = 5")
+        stmts.append("SET @created := ROW_COUNT() = 6")
         stmts.append("SELECT @created")
         for table, cols, rows in (
             (
@@ -169,6 +178,7 @@ class Catalog(ShardMap, IndexStates, Checkpoints, Heartbeats, Dictionaries):
             index_epoch=int(meta.get("index_epoch", "0")),
             expire_on=meta.get(EXPIRE_ON) or None,
             changes=meta.get("changes") == "1",
+            layout=meta.get("layout", DATABASES),
         )
 
     # -- settings -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TypeVar
 
-from . import forking
+from . import forking, owned
 from .catalog import Catalog, Topology
 from .codec import Codec
 from .connection import ConnectOptions, Server, Tracer
@@ -31,7 +31,16 @@ from .hashing import shard_of
 from .index import Index
 from .latency import LatencyReporter
 from .names import quote
-from .scatter import Scattered, Statement, bare, by_server, rounds, scatter, unreachable_only
+from .owned import OWNED, admin
+from .scatter import (
+    Scattered,
+    Statement,
+    bare,
+    dbs_by_server,
+    rounds,
+    scatter,
+    unreachable_only,
+)
 from .schema import entities_table_sql, fence_epoch, fence_table, fence_table_sql
 
 __all__ = ["DEFAULT_SHARDS", "SAFE_PACKET", "Cluster", "unreachable_only"]
@@ -63,6 +72,7 @@ class Cluster:
         tracer: Tracer | None = None,
         codec: Codec | None = None,
         max_replica_lag: float = 5.0,
+        layout: str = OWNED,
     ) -> None:
         if not addresses:
             raise CatalogError("no servers given: pass mysql_shards=['host:port', ...]")
@@ -78,6 +88,7 @@ class Cluster:
         self._retry_at = 0.0  # after a failed reload: not before then
         forking.register(self)
         self._all_servers: tuple[Topology, Mapping[int, Server]] | None = None
+        self._guarded_db: str | None = None  # the owned layout's (see ``_guard``)
         self.catalog = Catalog(self.server(addresses[0]), prefix)
         self.latency = LatencyReporter(self.catalog)  # the Cleaner switches it off
         if not self._catalog_exists():
@@ -85,12 +96,13 @@ class Cluster:
                 raise CatalogError(
                     f"no datastore {prefix!r} on {addresses[0]}: run `schemaless init` first"
                 )
-            self._initialise(list(addresses), n_shards or DEFAULT_SHARDS, refresh_interval)
+            self._initialise(list(addresses), n_shards or DEFAULT_SHARDS, refresh_interval, layout)
         elif create:
             with contextlib.suppress(PermissionDenied):  # an application user without DDL
                 self.catalog.ensure_tables()
         self._loaded = time.monotonic()
         self.topology = self.catalog.load()
+        self._guard(self.topology)
         if create and not self.topology.index_epoch:  # a catalog from before fences
             with contextlib.suppress(PermissionDenied):
                 self.create_fences(self.topology, 1)
@@ -110,6 +122,15 @@ class Cluster:
                 f"(its servers: {', '.join(sorted(str(a) for a in known))})"
             )
         self._sync_codec(self.topology)
+
+    def _guard(self, topo: Topology) -> None:
+        """In the owned layout, every server refuses a batch that names the data
+        database without the ownership check (``Server.send``)."""
+        if topo.owned_db is not None:
+            with self._lock:
+                self._guarded_db = quote(topo.owned_db)
+                for server in self._servers.values():
+                    server.guarded_db = self._guarded_db
 
     def _catalog_exists(self) -> bool:
         """Whether the catalog is there; ``CatalogUnavailable`` if its server is not."""
@@ -131,6 +152,7 @@ class Cluster:
             if server is None:
                 server = Server(address, self.options, self.tracer, self._learnt_packet)
                 server.on_retry = self.on_retry
+                server.guarded_db = self._guarded_db
                 self._servers[address] = server
             return server
 
@@ -257,35 +279,48 @@ class Cluster:
     # -- schema --------------------------------------------------------------------------
 
     def create_shards(self, topo: Topology) -> None:
-        """Create the shard databases, their entities tables and fences."""
-        self._on_shards(
-            topo,
-            lambda db: [
-                f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
-                entities_table_sql(db),
-                fence_table_sql(db, topo.index_epoch),
-            ],
-        )
+        """Create the shard databases, their entities tables and fences (owned layout:
+        each server's data database, its ``owned`` rows and its fence)."""
+        db = topo.owned_db
+        if db is None:
+            self._on_dbs(
+                topo,
+                lambda db: [
+                    f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
+                    entities_table_sql(db),
+                    fence_table_sql(db, topo.index_epoch),
+                ],
+            )
+            return
+
+        def build(sid: int) -> Statement:
+            stmts = [*owned.entities_table_sql(db), fence_table_sql(db, topo.index_epoch)]
+            if topo.changes:
+                stmts += owned.changes_tables_sql(db)
+            stmts += owned.owned_rows_sql(db, topo.shards_of(sid), changes=topo.changes)
+            return admin(stmts), ()
+
+        self.scatter(topo, {sid: sid for sid in topo.servers}, build)
 
     def create_fences(self, topo: Topology, epoch: int) -> None:
         """Create the fence table of an index epoch on every logical shard."""
-        self._on_shards(topo, lambda db: [fence_table_sql(db, epoch)])
+        self._on_dbs(topo, lambda db: [fence_table_sql(db, epoch)])
 
     def fences(
         self, topo: Topology, servers: Container[int] | None = None
     ) -> dict[int, list[tuple[str, int]]]:
-        """The fence tables on each server's logical shards: ``(database, epoch)``
+        """The fence tables on each server's databases: ``(database, epoch)``
         (``servers``: only on those server ids)."""
 
-        def build(shards: list[int]) -> Statement:
-            marks = ", ".join(["%s"] * len(shards))
+        def build(dbs: list[str]) -> Statement:
+            marks = ", ".join(["%s"] * len(dbs))
             sql = (
                 "SELECT table_schema, table_name FROM information_schema.tables"
                 f" WHERE table_schema IN ({marks}) AND table_name LIKE 'fence\\_%%'"
             )
-            return sql, [topo.dbs[s] for s in shards]
+            return sql, dbs
 
-        groups = by_server(topo, range(topo.n_shards), int)
+        groups = dbs_by_server(topo)
         if servers is not None:
             groups = {sid: group for sid, group in groups.items() if sid in servers}
         out: dict[int, list[tuple[str, int]]] = {}
@@ -312,7 +347,9 @@ class Cluster:
 
         def build(old: list[tuple[str, int]]) -> Statement:
             tables = ", ".join(quote(db, fence_table(e)) for db, e in old)
-            return f"SET SESSION lock_wait_timeout = 60; DROP TABLE IF EXISTS {tables}", ()
+            return admin(
+                ["SET SESSION lock_wait_timeout = 60", f"DROP TABLE IF EXISTS {tables}"]
+            ), ()
 
         self.scatter(topo, self.old_fences(topo), build)
 
@@ -323,12 +360,14 @@ class Cluster:
         of that name first; ``entity_key`` False: without ``KEY by_entity``, which
         ``add_entity_keys`` builds when the backfill ends).  Never a shard's database or
         entities table: a shard fenced by a move has none, and must not get new ones."""
+        shard = topo.owned_db is not None
 
         def sql(db: str) -> list[str]:
             first = [f"DROP TABLE IF EXISTS {quote(db, index.table)}"] if fresh else []
-            return [*first, index.create_table_sql(db, entity_key=entity_key)]
+            made = index.create_table_sql(db, entity_key=entity_key, shard=shard)
+            return [*first, made, *(owned.guard_sql(db, index.table) if shard else [])]
 
-        self._on_shards(topo, sql)
+        self._on_dbs(topo, sql)
 
     def add_entity_keys(
         self, topo: Topology, index: Index, rest: Callable[[float], None] | None = None
@@ -343,8 +382,8 @@ class Cluster:
         head = "SET STATEMENT lock_wait_timeout = 5 FOR "  # not the pooled session's
         servers = self.all_servers(topo).__getitem__
         batches = {
-            sid: [bare(head + index.entity_key_sql(topo.dbs[s])) for s in shards]
-            for sid, shards in by_server(topo, range(topo.n_shards), int).items()
+            sid: [bare(admin([head + index.entity_key_sql(db)])) for db in dbs]
+            for sid, dbs in dbs_by_server(topo).items()
         }
         if rest is None:
             rounds(servers, batches)
@@ -355,19 +394,22 @@ class Cluster:
                 rounds(servers, {sid: [statement]})
                 rest(time.monotonic() - started)
 
-    def _on_shards(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
-        """Run the statements ``sql(db)`` of every logical shard, servers in parallel."""
+    def _on_dbs(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
+        """Run the statements ``sql(db)`` of every shard database (owned layout: of
+        every server's data database), servers in parallel."""
 
-        def build(shards: list[int]) -> Statement:
-            return ";\n".join(stmt for s in shards for stmt in sql(topo.dbs[s])), ()
+        def build(dbs: list[str]) -> Statement:
+            return admin([stmt for db in dbs for stmt in sql(db)]), ()
 
-        self.scatter(topo, by_server(topo, range(topo.n_shards), int), build)
+        self.scatter(topo, dbs_by_server(topo), build)
 
     def drop_tables(self, topo: Topology, index: Index) -> None:
         """Remove an index's table from every logical shard."""
-        self._on_shards(topo, lambda db: [f"DROP TABLE IF EXISTS {quote(db, index.table)}"])
+        self._on_dbs(topo, lambda db: [f"DROP TABLE IF EXISTS {quote(db, index.table)}"])
 
-    def _initialise(self, addresses: list[Address], n_shards: int, refresh: float) -> None:
+    def _initialise(
+        self, addresses: list[Address], n_shards: int, refresh: float, layout: str
+    ) -> None:
         """Create the shards first, then the catalog that makes them visible."""
         shard_servers = tuple(shard % len(addresses) for shard in range(n_shards))
         draft = Topology(
@@ -381,9 +423,10 @@ class Cluster:
             dictionary_ids=(),
             active_dictionary=None,
             index_epoch=1,
+            layout=layout,
         )
         self.create_shards(draft)
-        if self.catalog.create(addresses, n_shards, refresh):
+        if self.catalog.create(addresses, n_shards, refresh, layout):
             log.info(
                 "initialised datastore %r: %d logical shards on %d servers",
                 self.catalog.prefix,

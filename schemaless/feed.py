@@ -19,14 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from . import failpoints
+from . import failpoints, owned
 from .entity import Entity
 from .errors import CatalogError, InvalidQuery, SchemalessError
 from .names import quote
+from .owned import admin
 from .scatter import bare, joined
 from .schema import changes_tables_sql
 
 if TYPE_CHECKING:
+    from .catalog import Topology
     from .cluster import Cluster
     from .reader import Reader
 
@@ -169,15 +171,26 @@ def enable_changes(cluster: Cluster) -> None:
                 return
             if topo.moves:
                 raise CatalogError("cannot turn the change feed on while a shard move is recorded")
-            by_server: dict[int, list[str]] = {}
-            for shard, sid in enumerate(topo.shard_servers):
-                by_server.setdefault(sid, []).extend(changes_tables_sql(topo.dbs[shard]))
-            cluster.scatter(topo, by_server, lambda sql: bare(";\n".join(sql)))
+            cluster.scatter(topo, _changes_tables(topo), lambda sql: bare(admin(sql)))
             cluster.create_fences(topo, topo.index_epoch + 1)
             if cluster.catalog.enable_changes(topo.index_epoch):
                 cluster.retire_fences(cluster.refresh())
                 return
         raise CatalogError("the index epoch kept moving; try turning the change feed on again")
+
+
+def _changes_tables(topo: Topology) -> dict[int, list[str]]:
+    """Each server's DDL of the feed's tables (owned layout: and its shards' heads)."""
+    db = topo.owned_db
+    if db is not None:
+        return {
+            sid: [*owned.changes_tables_sql(db), *owned.owned_rows_sql(db, shards, changes=True)]
+            for sid, shards in ((sid, topo.shards_of(sid)) for sid in topo.servers)
+        }
+    by_server: dict[int, list[str]] = {}
+    for shard, sid in enumerate(topo.shard_servers):
+        by_server.setdefault(sid, []).extend(changes_tables_sql(topo.dbs[shard]))
+    return by_server
 
 
 class ChangeFeed:

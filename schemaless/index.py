@@ -507,11 +507,14 @@ class Index:
 
     # -- DDL, serialisation ------------------------------------------------------------
 
-    def create_table_sql(self, database: str, *, entity_key: bool = True) -> str:
+    def create_table_sql(
+        self, database: str, *, entity_key: bool = True, shard: bool = False
+    ) -> str:
         """``CREATE TABLE IF NOT EXISTS`` for this index in ``database`` (without
         ``KEY by_entity`` unless ``entity_key``: a new index gets it when its backfill
-        ends, ``entity_key_sql``)."""
-        cols = [
+        ends, ``entity_key_sql``; ``shard``: the owned layout's ``shard`` column, keyed)."""
+        cols = ["`shard` SMALLINT UNSIGNED NOT NULL"] if shard else []
+        cols += [
             f"{quote(c)} {t.sql} NOT NULL" for c, t in zip(self.columns, self.types, strict=True)
         ]
         cols.append("`entity_id` BINARY(16) NOT NULL")
@@ -520,6 +523,8 @@ class Index:
         key = [quote(c) for c in self.columns]
         pk = ", ".join(key if self.unique else [*key, "`entity_id`"])
         cols.append(f"PRIMARY KEY ({pk})")
+        if shard:
+            cols.append("KEY `by_shard` (`shard`)")
         if entity_key:
             cols.append("KEY `by_entity` (`entity_id`)")
         body = ",\n  ".join(cols)

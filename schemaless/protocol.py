@@ -447,12 +447,13 @@ class Writer:
         topo: Topology,
         rows: list[IndexRow],
         dbs: Sequence[str],
-        build: Callable[[Iterable[IndexRow], Sequence[str]], tuple[str, list[Any]]],
+        build: Callable[[Iterable[IndexRow], Sequence[str], str | None], tuple[str, list[Any]]],
     ) -> None:
         """Steps 1 and 3: one idempotent batch per server, servers in parallel."""
         if rows:
             groups = by_server(topo, rows, _row_shard)
-            self.cluster.scatter(topo, groups, lambda group: build(group, dbs))
+            owned = topo.owned_db
+            self.cluster.scatter(topo, groups, lambda group: build(group, dbs, owned))
 
     def _run_entities(
         self,
@@ -475,7 +476,7 @@ class Writer:
         def build(sid: int) -> Statement:
             rows = local.get(sid, []) if local else []
             sql, params, firsts[sid] = entity_batch_sql(
-                groups[sid], rows, topo.dbs, topo.fence, topo.changes
+                groups[sid], rows, topo.dbs, topo.fence, topo.changes, topo.owned_db
             )
             return sql, params
 
@@ -492,7 +493,7 @@ class Writer:
                 refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
         for sid, group in groups.items():
             sets, done, first = results[sid], counts[sid], firsts[sid]
-            ordered = sorted(group, key=lambda w: (w.db, w.entity_id))
+            ordered = sorted(group, key=lambda w: (w.shard, w.entity_id))
             pos = 0
             for n, w in enumerate(ordered):
                 body = None
@@ -519,7 +520,7 @@ class Writer:
         topo = self.cluster.current()
         columns = "`id`, `version`, `body` IS NULL"
         rows = self.cluster.scatter(
-            topo, keys, lambda by_shard: by_id_sql(topo.prefix, by_shard, columns)
+            topo, keys, lambda by_shard: by_id_sql(topo.prefix, by_shard, columns, topo.owned_db)
         ).results
         return {bytes(r[0]): (int(r[1]), not r[2]) for sets in rows.values() for r in sets[0]}
 

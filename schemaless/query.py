@@ -28,6 +28,7 @@ from .follow import Calls
 from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
+from .owned import guarded
 from .reader import Reader
 from .scatter import Statement, by_server, unreachable_only
 from .tables import union_all
@@ -314,7 +315,7 @@ class QueryEngine:
             only = q.shard(eq, topo.n_shards)
             parts += [(s, eq) for s in ([only] if only is not None else range(topo.n_shards))]
         groups = by_server(topo, parts, _first)
-        build = self._scan_sql(q, topo.dbs, after, n)
+        build = self._scan_sql(q, topo.dbs, after, n, topo.owned_db)
         results, errors, _ = self.cluster.scatter(
             topo, groups, build, consistency=q.consistency, partial=q.partial
         )
@@ -332,10 +333,17 @@ class QueryEngine:
         return rows, exhausted, gone
 
     def _scan_sql(
-        self, q: Query, dbs: Sequence[str], after: tuple[Any, ...] | None, n: int
+        self,
+        q: Query,
+        dbs: Sequence[str],
+        after: tuple[Any, ...] | None,
+        n: int,
+        owned: str | None = None,
     ) -> Callable[[list[tuple[int, tuple[Any, ...]]]], Statement]:
         """How to scan one server's ``(shard, prefix)`` parts: one statement whose
-        parts the server merges (n rows come back, not n each)."""
+        parts the server merges (n rows come back, not n each).  In the owned layout
+        (``owned``: the data database) one part per prefix reads all its shards of the
+        server in the index's order, and the batch ends with the ownership check."""
         columns = q.index.columns
         cols = ", ".join(quote(c) for c in columns)
         k = q.k
@@ -354,14 +362,21 @@ class QueryEngine:
         def build(group: list[tuple[int, tuple[Any, ...]]]) -> Statement:
             parts = []
             params: list[Any] = []
-            for shard, eq in group:
+            for shards, eq in _parts(group, owned is not None):
                 end = tails[after is not None and len(q.eqs) > 1 and q.follows(eq, after)]
-                parts.append(f"SELECT {cols}, `entity_id` FROM {quote(dbs[shard], table)}{end}")
+                if owned is None:
+                    parts.append(
+                        f"SELECT {cols}, `entity_id` FROM {quote(dbs[shards[0]], table)}{end}"
+                    )
+                else:  # the key's order, never the shard key's (a merge over shards)
+                    source = f"{quote(owned, table)} FORCE INDEX (PRIMARY)"
+                    where = f" WHERE `shard` IN ({', '.join(str(int(x)) for x in shards)}) AND"
+                    parts.append(f"SELECT {cols}, `entity_id` FROM {source}{where}{end[6:]}")
                 params += eq
                 params += rest
-            if len(parts) == 1:  # bare: in parentheses it costs the server about 7 µs more
-                return parts[0], params
-            return union_all([f"({part})" for part in parts], tail), params
+            # bare: in parentheses it costs the server about 7 µs more
+            sql = parts[0] if len(parts) == 1 else union_all([f"({p})" for p in parts], tail)
+            return guarded([sql], owned, (shard for shard, _ in group)), params
 
         return build
 
@@ -579,6 +594,19 @@ def prefix_end(prefix: str | bytes) -> str | bytes | None:
     if _SURROGATES[0] <= nxt <= _SURROGATES[1]:
         nxt = _SURROGATES[1] + 1
     return text[:-1] + chr(nxt)
+
+
+def _parts(
+    group: list[tuple[int, tuple[Any, ...]]], merge: bool
+) -> list[tuple[list[int], tuple[Any, ...]]]:
+    """A server's ``(shard, prefix)`` parts as ``(shards, prefix)``: one shard each,
+    or (``merge``: the owned layout) every shard of a prefix in one part."""
+    if not merge:
+        return [([shard], eq) for shard, eq in group]
+    merged: dict[tuple[Any, ...], list[int]] = {}
+    for shard, eq in group:
+        merged.setdefault(eq, []).append(shard)
+    return [(shards, eq) for eq, shards in merged.items()]
 
 
 def _first(part: tuple[int, tuple[Any, ...]]) -> int:

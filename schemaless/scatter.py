@@ -20,6 +20,7 @@ from .connection import Batch, Rows, Server, gather, gather_partial
 from .errors import SchemalessError, ShardUnavailable
 from .hashing import shard_of
 from .index import Index
+from .owned import guarded
 from .tables import union_all
 
 __all__ = [
@@ -30,11 +31,13 @@ __all__ = [
     "bare",
     "by_server",
     "chunks",
+    "dbs_by_server",
     "ids_by_server",
     "joined",
     "rounds",
     "row_bytes",
     "scatter",
+    "shard_is",
     "shard_unions",
     "sql_bytes",
     "unreachable_only",
@@ -66,6 +69,17 @@ def by_server(topo: Topology, items: Iterable[T], shard: Callable[[T], int]) -> 
     for item in items:
         out.setdefault(shard_servers[shard(item)], []).append(item)
     return out
+
+
+def dbs_by_server(topo: Topology) -> dict[int, list[str]]:
+    """The databases of each server's logical shards (owned layout: every server's
+    data database, shards or not: a move's target needs its tables first)."""
+    if topo.owned_db is not None:
+        return {sid: [topo.owned_db] for sid in topo.servers}
+    return {
+        sid: [topo.dbs[s] for s in shards]
+        for sid, shards in by_server(topo, range(topo.n_shards), int).items()
+    }
 
 
 def ids_by_server(topo: Topology, ids: Iterable[bytes]) -> dict[int, dict[int, list[bytes]]]:
@@ -155,13 +169,20 @@ def unreachable_only(errors: Mapping[Any, SchemalessError]) -> None:
 
 def shard_unions(topo: Topology, part: Callable[[int], str], tail: str = "") -> dict[int, str]:
     """Per server, one ``union_all`` of ``part(shard)`` over its logical shards (servers
-    without any are left out)."""
+    without any are left out); in the owned layout each part must filter its shard
+    (``shard_is``), and the batch ends with the ownership check."""
     out: dict[int, str] = {}
     for sid in topo.servers:
         shards = topo.shards_of(sid)
         if shards:
-            out[sid] = union_all([part(s) for s in shards], tail)
+            out[sid] = guarded([union_all([part(s) for s in shards], tail)], topo.owned_db, shards)
     return out
+
+
+def shard_is(topo: Topology, shard: int) -> str:
+    """The owned layout's condition that a statement reads one shard's rows, with
+    ``AND`` (nothing in the layout of a database per shard)."""
+    return f"`shard` = {int(shard)} AND " if topo.owned_db is not None else ""
 
 
 # -- the packet budget -------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .ids import id_hex, to_id
 from .index import Index
 from .locate import locate
 from .names import quote
+from .owned import OWNED
 from .protocol import Writer
 from .query import Page, QueryEngine
 from .reader import Reader
@@ -59,7 +60,9 @@ class DataStore:
     call returns or raises within this many seconds (default ``read_timeout``).
     ``force_indexes``: declare new ``indexes`` even when the stored entities do not fit
     them (``declare_index(force=True)``); without it such an index raises
-    ``IndexDoesNotFit``.
+    ``IndexDoesNotFit``.  ``layout``: how a new datastore stores its shards, ``"owned"``
+    (one table per server, the shard a column: the default) or ``"databases"`` (a
+    database per logical shard, the layout before 0.13); an existing one keeps its own.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class DataStore:
         expire_on: str | None = None,
         changes: bool = False,
         force_indexes: bool = False,
+        layout: str = OWNED,
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -112,6 +116,7 @@ class DataStore:
             tracer=tracer,
             codec=Codec(max_body_bytes=max_body_bytes),
             max_replica_lag=max_replica_lag,
+            layout=layout,
         )
         self.codec, self.clock = self.cluster.codec, VersionClock()
         #: The deadline of each call (by default read_timeout) and the map it follows.

@@ -9,17 +9,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .names import quote
+from .owned import guarded
 from .schema import shard_db
 
 __all__ = ["by_id_sql", "union_all"]
 
 
 def by_id_sql(
-    prefix: str, ids: Mapping[int, Sequence[bytes]], columns: str
+    prefix: str, ids: Mapping[int, Sequence[bytes]], columns: str, owned: str | None = None
 ) -> tuple[str, list[Any]]:
     """``SELECT <columns>`` of entities by id (``shard -> ids``), tombstones included,
     in one ``UNION ALL`` statement.  (Filtering tombstones, or naming each row's
-    shard, in the SQL costs the server more than doing it in the client.)"""
+    shard, in the SQL costs the server more than doing it in the client.)  ``owned``:
+    the owned layout's data database: one ``SELECT``, then the ownership check."""
+    if owned is not None:
+        every = [key for shard in sorted(ids) for key in ids[shard]]
+        head = f"SELECT {columns} FROM {quote(owned, 'entities')} WHERE `id` IN ("
+        return guarded([head + _marks(len(every))], owned, ids), every
     parts = []
     params: list[Any] = []
     for shard, keys in sorted(ids.items()):

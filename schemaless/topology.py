@@ -12,6 +12,7 @@ from functools import cached_property
 
 from .dsn import Address
 from .index import Index
+from .owned import DATABASES, OWNED, data_db
 from .schema import fence_table, shard_db
 
 __all__ = ["IndexInfo", "IndexState", "Topology"]
@@ -54,6 +55,14 @@ class Topology:
     index_epoch: int = 0  # bumped by every index declaration; 0: a catalog from before fences
     expire_on: str | None = None  # the property holding expiry times (schemaless.expiry)
     changes: bool = False  # the change feed is on (schemaless.feed)
+    layout: str = DATABASES  # OWNED: one database per server, the shard a column
+
+    @property
+    def owned_db(self) -> str | None:
+        """The data database of the owned layout (the same on every server); None in
+        the layout of a database per logical shard.  Batches that name it end with
+        ``owned.check_sql``."""
+        return data_db(self.prefix) if self.layout == OWNED else None
 
     @property
     def fence(self) -> str | None:
@@ -69,7 +78,10 @@ class Topology:
 
     @cached_property
     def dbs(self) -> tuple[str, ...]:
-        """The database name of every logical shard, by shard number."""
+        """The database of every logical shard, by shard number (in the owned layout,
+        the server's data database for each)."""
+        if self.layout == OWNED:
+            return (data_db(self.prefix),) * self.n_shards
         return tuple(shard_db(self.prefix, s) for s in range(self.n_shards))
 
     def shards_of(self, server_id: int) -> list[int]:

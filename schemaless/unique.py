@@ -12,6 +12,7 @@ fenced, then taken over.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from .entity import Entity
 from .errors import ConflictError, CorruptEntity, InvalidEntity
 from .expiry import expired
 from .ids import id_hex
+from .owned import guarded
 from .scatter import Statement, by_server, ids_by_server
 from .tables import by_id_sql
 from .writes import (
@@ -32,7 +34,7 @@ from .writes import (
     in_transaction,
     owners_sql,
     takeover_sql,
-    upsert_rows_sql,
+    upserts_sql,
 )
 
 __all__ = ["Claims", "Owner", "Violation"]
@@ -78,9 +80,13 @@ class Claims:
 
         def build(sid: int) -> Statement:
             group = groups[sid]
-            sql, params = upsert_rows_sql(group, topo.dbs)
+            stmts, params = upserts_sql(group, topo.dbs, topo.owned_db is not None)
             selects, more, reads[sid] = _owner_reads([r for r in group if r.index.unique], topo)
-            return ";\n".join([sql, *selects]), [*params, *more]
+            shards = [r.shard for r in group]
+            return guarded([in_transaction(stmts), *selects], topo.owned_db, shards), [
+                *params,
+                *more,
+            ]
 
         groups = by_server(topo, rows, _row_shard)
         results = self.cluster.scatter(topo, {sid: sid for sid in groups}, build).results
@@ -154,7 +160,7 @@ class Claims:
         found = self.cluster.scatter(
             topo,
             ids_by_server(topo, ids),
-            lambda shards: by_id_sql(topo.prefix, shards, columns),
+            lambda shards: by_id_sql(topo.prefix, shards, columns, topo.owned_db),
         ).results
         out: dict[bytes, tuple[int, bytes | None]] = {}
         for sets in found.values():
@@ -168,10 +174,13 @@ class Claims:
         stmts: list[tuple[int, bytes, str, list[Any]]] = []
         for owner, (seen, version) in sorted(fences.items()):
             shard = self.cluster.shard_of_id(owner)
-            sql, params = fence_owner_sql(topo.dbs[shard], owner, seen, version, now)
+            sql, params = fence_owner_sql(
+                topo.dbs[shard], owner, seen, version, now, shard if topo.owned_db else None
+            )
             stmts.append((shard, owner, sql, params))
         groups = by_server(topo, stmts, _first)
-        results = self.cluster.scatter(topo, groups, _joined, idempotent=False).results
+        joined = functools.partial(_joined, topo.owned_db)
+        results = self.cluster.scatter(topo, groups, joined, idempotent=False).results
         return {
             owner
             for sid, group in groups.items()
@@ -190,8 +199,8 @@ class Claims:
             params: list[Any] = []
             claims = [row for row, owner in group if owner is None]
             if claims:
-                sql, more = upsert_rows_sql(claims, topo.dbs)
-                stmts.append(sql)
+                more_stmts, more = upserts_sql(claims, topo.dbs, topo.owned_db is not None)
+                stmts += more_stmts
                 params += more
             for row, owner in group:
                 if owner is not None:
@@ -199,7 +208,9 @@ class Claims:
                     stmts.append(sql)
                     params += more
             selects, more, reads[sid] = _owner_reads([row for row, _ in group], topo)
-            return ";\n".join([in_transaction(stmts), *selects]), params + more
+            shards = [row.shard for row, _ in group]
+            sql = guarded([in_transaction(stmts), *selects], topo.owned_db, shards)
+            return sql, params + more
 
         groups = by_server(topo, act, _item_shard)
         results = self.cluster.scatter(
@@ -220,9 +231,10 @@ def _first(stmt: tuple[int, bytes, str, list[Any]]) -> int:
     return stmt[0]
 
 
-def _joined(group: list[tuple[int, bytes, str, list[Any]]]) -> Statement:
+def _joined(owned: str | None, group: list[tuple[int, bytes, str, list[Any]]]) -> Statement:
     """The fences of one server: one round trip, one result set each."""
-    return ";\n".join(s for _, _, s, _ in group), [p for _, _, _, params in group for p in params]
+    sql = guarded([s for _, _, s, _ in group], owned, (shard for shard, _, _, _ in group))
+    return sql, [p for _, _, _, params in group for p in params]
 
 
 def _owner_reads(

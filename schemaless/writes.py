@@ -19,6 +19,7 @@ from typing import Any
 
 from .index import Index
 from .names import quote
+from .owned import in_guarded_transaction
 
 __all__ = [
     "BLIND",
@@ -39,6 +40,7 @@ __all__ = [
     "upsert_rows_sql",
     "upsert_sql",
     "upsert_text_sql",
+    "upserts_sql",
 ]
 
 
@@ -99,39 +101,49 @@ class EntityWrite:
     want_body: bool  # return the old body (needed when indexes are maintained)
 
 
-def upsert_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
-    """Step 1: one multi-row upsert per (logical shard, index) table."""
-    stmts, params = _upserts(rows, dbs)
-    return in_transaction(stmts), params
+def upsert_rows_sql(
+    rows: Iterable[IndexRow], dbs: Sequence[str], owned: str | None = None
+) -> tuple[str, list[Any]]:
+    """Step 1: one multi-row upsert per (logical shard, index) table (``owned``: the
+    owned layout's data database; rows carry their shard and the batch the check)."""
+    rows = list(rows)
+    stmts, params = upserts_sql(rows, dbs, owned is not None)
+    return in_guarded_transaction(stmts, owned, (r.shard for r in rows)), params
 
 
-def _upserts(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[list[str], list[Any]]:
+def upserts_sql(
+    rows: Iterable[IndexRow], dbs: Sequence[str], shard: bool
+) -> tuple[list[str], list[Any]]:
+    """Step 1's statements, one multi-row upsert per (logical shard, index) table, for
+    a caller's own batch (``shard``: the owned layout's rows carry their shard)."""
     groups: dict[tuple[int, str], list[IndexRow]] = {}
     for row in rows:
         groups.setdefault((row.shard, row.index.name), []).append(row)
     stmts: list[str] = []
     params: list[Any] = []
-    for (shard, _), group in sorted(groups.items()):
+    for (n, _), group in sorted(groups.items()):
         index = group[0].index
         group.sort(key=lambda r: (r.values, r.entity_id))
-        stmts.append(upsert_sql(dbs[shard], index, len(group)))
+        stmts.append(upsert_sql(dbs[n], index, len(group), shard))
         for row in group:
+            if shard:
+                params.append(row.shard)
             params.extend(row.values)
             params.append(row.entity_id)
             params.append(row.version)
     return stmts, params
 
 
-def upsert_sql(db: str, index: Index, rows: int) -> str:
+def upsert_sql(db: str, index: Index, rows: int, shard: bool = False) -> str:
     """A multi-row upsert of ``rows`` rows into one index table; each row's parameters
-    are its values, ``entity_id`` and ``entity_version``."""
-    head, one, tail = _upsert_parts(db, index)
+    are its values, ``entity_id`` and ``entity_version`` (``shard``: its shard first)."""
+    head, one, tail = _upsert_parts(db, index, shard)
     return f"{head}{', '.join([one] * rows)}{tail}"
 
 
-def upsert_text_sql(db: str, index: Index, rows: str) -> str:
+def upsert_text_sql(db: str, index: Index, rows: str, shard: bool = False) -> str:
     """``upsert_sql`` with the rows given as SQL text: ``(...), (...)``."""
-    head, _, tail = _upsert_parts(db, index)
+    head, _, tail = _upsert_parts(db, index, shard)
     return f"{head}{rows}{tail}"
 
 
@@ -176,9 +188,12 @@ def takeover_sql(row: IndexRow, db: str, owner: bytes, seen: int) -> tuple[str, 
     )
 
 
-def release_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
+def release_sql(
+    rows: Iterable[IndexRow], dbs: Sequence[str], owned: str | None = None
+) -> tuple[str, list[Any]]:
     """Delete rows exactly as this write claimed them (entity and version): the
     unique rows of a new entity whose put was refused."""
+    rows = list(rows)
     stmts: list[str] = []
     params: list[Any] = []
     for row in rows:
@@ -188,19 +203,26 @@ def release_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list
             " AND `entity_id` = %s AND `entity_version` = %s"
         )
         params += [*row.values, row.entity_id, row.version]
-    return in_transaction(stmts), params
+    return in_guarded_transaction(stmts, owned, (r.shard for r in rows)), params
 
 
 def fence_owner_sql(
-    db: str, owner: bytes, seen: int | None, version: int, now: int
+    db: str, owner: bytes, seen: int | None, version: int, now: int, shard: int | None = None
 ) -> tuple[str, list[Any]]:
     """Raise an entity to ``version`` if it is still as read: at ``seen`` (body
     unchanged; a tombstone's ``updated`` refreshed, so it is not purged soon), or with
-    no row (``seen`` None: a tombstone is written).  One result set: the rows changed."""
+    no row (``seen`` None: a tombstone is written).  One result set: the rows changed.
+    ``shard``: the owned layout's shard of the entity (its row carries it)."""
     table = quote(db, "entities")
-    if seen is None:
+    if seen is None and shard is not None:
+        sql = (
+            f"INSERT IGNORE INTO {table} (`shard`, `id`, `version`, `updated`)"
+            " VALUES (%s, %s, %s, %s)"
+        )
+        params: list[Any] = [shard, owner, version, now]
+    elif seen is None:
         sql = f"INSERT IGNORE INTO {table} (`id`, `version`, `updated`) VALUES (%s, %s, %s)"
-        params: list[Any] = [owner, version, now]
+        params = [owner, version, now]
     else:
         sql = (
             f"UPDATE {table} SET `version` = %s,"
@@ -212,19 +234,22 @@ def fence_owner_sql(
 
 
 @functools.lru_cache(maxsize=4096)
-def _upsert_parts(db: str, index: Index) -> tuple[str, str, str]:
+def _upsert_parts(db: str, index: Index, shard: bool) -> tuple[str, str, str]:
     """An index table's upsert: its head, one row's placeholders, its guarded tail."""
-    cols = ", ".join(quote(c) for c in index.columns)
+    cols = ", ".join(quote(c) for c in (["shard"] if shard else []) + list(index.columns))
     head = f"INSERT INTO {quote(db, index.table)} ({cols}, `entity_id`, `entity_version`) VALUES "
-    one = "(" + ", ".join(["%s"] * (len(index.columns) + 2)) + ")"
+    one = "(" + ", ".join(["%s"] * (len(index.columns) + 2 + shard)) + ")"
     return head, one, _UNIQUE_TAIL if index.unique else _UPSERT_TAIL
 
 
-def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, list[Any]]:
+def delete_rows_sql(
+    rows: Iterable[IndexRow], dbs: Sequence[str], owned: str | None = None
+) -> tuple[str, list[Any]]:
     """Step 3: delete rows of an old body, guarded by ``entity_version < V``."""
+    rows = sorted(rows, key=lambda r: (r.shard, r.index.name, r.values, r.entity_id))
     stmts: list[str] = []
     params: list[Any] = []
-    for row in sorted(rows, key=lambda r: (r.shard, r.index.name, r.values, r.entity_id)):
+    for row in rows:
         where = " AND ".join(f"{quote(c)} = %s" for c in row.index.columns)
         stmts.append(
             f"DELETE FROM {quote(dbs[row.shard], row.index.table)} WHERE {where}"
@@ -233,7 +258,7 @@ def delete_rows_sql(rows: Iterable[IndexRow], dbs: Sequence[str]) -> tuple[str, 
         params.extend(row.values)
         params.append(row.entity_id)
         params.append(row.version)
-    return in_transaction(stmts), params
+    return in_guarded_transaction(stmts, owned, (r.shard for r in rows)), params
 
 
 def entity_batch_sql(
@@ -242,6 +267,7 @@ def entity_batch_sql(
     dbs: Sequence[str] = (),
     fence: str | None = None,
     changes: bool = False,
+    owned: str | None = None,
 ) -> tuple[str, list[Any], int]:
     """Step 2: write each entity with one atomic conditional statement, in one round
     trip; return the SQL, its parameters and the position of the first write among the
@@ -262,12 +288,16 @@ def entity_batch_sql(
 
     ``changes``: the change feed is on; the shards' head rows are locked first and a
     change row follows each write that applied (``schemaless.feed``, ``feed_sql``).
+
+    ``owned``: the owned layout's data database: rows carry their shard, and the
+    batch is one transaction with the ownership check before its commit.
     """
-    stmts, params = _upserts(rows, dbs)
-    ordered = sorted(writes, key=lambda w: (w.db, w.entity_id))
+    shard = owned is not None
+    stmts, params = upserts_sql(rows, dbs, shard)
+    ordered = sorted(writes, key=lambda w: (w.shard, w.entity_id))
     feed_tail: tuple[list[str], list[Any]] = ([], [])
     if changes:
-        heads, feed_tail = feed_sql(ordered)
+        heads, feed_tail = feed_sql(ordered, shard)
         stmts += heads
     upserts = len(stmts)
     fenced: set[str] = set()
@@ -277,10 +307,11 @@ def entity_batch_sql(
         if fence is not None and w.body is not None and w.db not in fenced:
             fenced.add(w.db)
             shard_fence = fence
-        stmts.append(_entity_sql(w.db, kind, w.want_body, shard_fence))
+        stmts.append(_entity_sql(w.db, kind, w.want_body, shard_fence, shard))
         if w.want_body:
             params.append(w.entity_id)
         if kind in ("blind", "create", "new"):
+            params += [w.shard] if shard else []
             params += [w.entity_id, w.version, w.updated, w.body]
         elif kind == "cas":
             params += [w.body, w.updated, w.version, w.entity_id, w.mode.expected]
@@ -290,40 +321,51 @@ def entity_batch_sql(
             params += [w.updated, w.version, w.entity_id, w.mode.expected]
     stmts += feed_tail[0]
     params += feed_tail[1]
+    if owned is not None:
+        shards = [w.shard for w in writes] + [r.shard for r in rows]
+        return in_guarded_transaction(stmts, owned, shards), params, 1 + upserts
     if len(stmts) > 1:
         return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1 + upserts
     return ";\n".join(stmts), params, 0
 
 
-def feed_sql(ordered: Sequence[EntityWrite]) -> tuple[list[str], tuple[list[str], list[Any]]]:
+def feed_sql(
+    ordered: Sequence[EntityWrite], shard: bool = False
+) -> tuple[list[str], tuple[list[str], list[Any]]]:
     """The change feed's statements of step 2 (docs/architecture.md, "The change feed"):
     the head row of each logical shard written, locked before any entity row (shard
     order); after the writes, one change row per write that applied (copied from the
     entity row on the server, numbered from the head), and the heads stored.  Returns
     the statements before the writes (no result set; counted into the offset of the
     first write), and those after every write with their parameters, so the writes'
-    affected-row counts stay consecutive."""
-    dbs = list(dict.fromkeys(w.db for w in ordered))
-    var = {db: f"@schemaless_feed{i}" for i, db in enumerate(dbs)}
+    affected-row counts stay consecutive.  ``shard``: the owned layout (a head row
+    per shard, change rows carry their shard)."""
+    db_of = {w.shard: w.db for w in ordered}
+    shards = sorted(db_of)
+    var = {s: f"@schemaless_feed{i}" for i, s in enumerate(shards)}
+    head = {s: f"`shard` = {int(s)}" if shard else "`one` = 1" for s in shards}
     # NULL first: a head row that is missing makes the change rows fail (NOT NULL), never
     # take a number left in the pooled session by an earlier batch
     heads = [f"SET {', '.join(f'{v} = NULL' for v in var.values())}"]
     heads += [
-        f"SELECT `seq` INTO {var[db]} FROM {quote(db, 'changes_head')} WHERE `one` = 1 FOR UPDATE"
-        for db in dbs
+        f"SELECT `seq` INTO {var[s]} FROM {quote(db_of[s], 'changes_head')}"
+        f" WHERE {head[s]} FOR UPDATE"
+        for s in shards
     ]
+    cols = "`shard`, " if shard else ""
     after: list[str] = []
     params: list[Any] = []
     for w in ordered:
-        v = var[w.db]
+        v = var[w.shard]
         after.append(
-            f"INSERT INTO {quote(w.db, 'changes')} (`seq`, `id`, `version`, `body`, `at`)"
-            f" SELECT {v} := {v} + 1, `id`, `version`, `body`, `updated`"
+            f"INSERT INTO {quote(w.db, 'changes')} ({cols}`seq`, `id`, `version`, `body`, `at`)"
+            f" SELECT {cols}{v} := {v} + 1, `id`, `version`, `body`, `updated`"
             f" FROM {quote(w.db, 'entities')} WHERE `id` = %s AND `version` = %s"
         )
         params += [w.entity_id, w.version]
     after += [
-        f"UPDATE {quote(db, 'changes_head')} SET `seq` = {var[db]} WHERE `one` = 1" for db in dbs
+        f"UPDATE {quote(db_of[s], 'changes_head')} SET `seq` = {var[s]} WHERE {head[s]}"
+        for s in shards
     ]
     return heads, (after, params)
 
@@ -335,7 +377,9 @@ def _kind(w: EntityWrite) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _entity_sql(db: str, kind: str, want_body: bool, fence: str | None = None) -> str:
+def _entity_sql(
+    db: str, kind: str, want_body: bool, fence: str | None = None, shard: bool = False
+) -> str:
     """The statements of one entity's step 2 (their parameters: see entity_batch_sql).
 
     Each write applies only if the stored version is below the new one (and, for
@@ -349,8 +393,10 @@ def _entity_sql(db: str, kind: str, want_body: bool, fence: str | None = None) -
     stmts = []
     if want_body:
         stmts.append(f"SELECT `body` FROM {table} WHERE `id` = %s")  # NULL: a tombstone
+    cols, marks = ("`shard`, ", "%s, ") if shard else ("", "")
     insert = (
-        f"INSERT INTO {table} (`id`, `version`, `updated`, `body`) VALUES (%s, {version}, %s, %s)"
+        f"INSERT INTO {table} ({cols}`id`, `version`, `updated`, `body`)"
+        f" VALUES ({marks}%s, {version}, %s, %s)"
     )
     if kind == "new":  # a duplicate id fails the statement (ConflictError), never overwrites
         stmts.append(insert)

@@ -16,6 +16,7 @@ from schemaless import DataStore, Index, failpoints
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
 from schemaless.names import quote
+from schemaless.owned import admin, data_db
 from schemaless.schema import canary_db, shard_db
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,10 +98,30 @@ def drop_datastore(store: DataStore) -> None:
     topo = store.cluster.refresh()
     for sid, server in store.cluster.all_servers(topo).items():
         dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)] + [canary_db(topo.prefix)]
+        dbs.append(data_db(topo.prefix))
         if sid == 0:
             dbs.append(f"{topo.prefix}_catalog")
-        server.run(";".join(f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs))
+        server.run(admin([f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs]))
     store.close()
+
+
+def shard_select(store: DataStore, shard: int, table: str, columns: str, where: str = "") -> str:
+    """A raw ``SELECT`` of one logical shard's rows of a table, in either layout (the
+    owned layout's data database holds every shard of the server: filtered here),
+    marked administrative so a test's own read is not refused for lacking the check."""
+    topo = store.cluster.topology
+    conds = [f"`shard` = {int(shard)}"] if topo.owned_db else []
+    conds += [where] if where else []
+    tail = f" WHERE {' AND '.join(conds)}" if conds else ""
+    return admin([f"SELECT {columns} FROM {quote(topo.dbs[shard], table)}{tail}"])
+
+
+def shard_rows(
+    store: DataStore, shard: int, table: str, columns: str, where: str = "", params: Any = ()
+) -> list[tuple[Any, ...]]:
+    """The rows ``shard_select`` reads, from the shard's server."""
+    server = store.cluster.server_of_shard(store.cluster.topology, shard)
+    return list(server.run(shard_select(store, shard, table, columns, where), params)[0])
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 20.0) -> Any:

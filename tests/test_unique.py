@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import assert_clean
+from conftest import assert_clean, shard_rows
 
 from schemaless import ConflictError, DataStore, Index, InvalidQuery, UniqueViolation, failpoints
 from schemaless.names import quote
@@ -23,11 +23,9 @@ def owners(store: DataStore, index: str = "by_name") -> dict[Any, bytes]:
     topo = store.cluster.refresh()
     info = topo.indexes[index].index
     out: dict[Any, bytes] = {}
+    cols = ", ".join(quote(c) for c in info.columns)
     for shard in range(topo.n_shards):
-        server = store.cluster.server_of_shard(topo, shard)
-        cols = ", ".join(quote(c) for c in info.columns)
-        sql = f"SELECT {cols}, `entity_id` FROM {quote(topo.dbs[shard], info.table)}"
-        for row in server.run(sql)[0]:
+        for row in shard_rows(store, shard, info.table, f"{cols}, `entity_id`"):
             assert row[:-1] not in out
             out[row[:-1]] = bytes(row[-1])
     return out
@@ -38,9 +36,7 @@ def live_by_value(store: DataStore, prop: str = "name") -> dict[Any, list[bytes]
     topo = store.cluster.refresh()
     out: dict[Any, list[bytes]] = {}
     for shard in range(topo.n_shards):
-        server = store.cluster.server_of_shard(topo, shard)
-        sql = f"SELECT `id`, `version`, `body` FROM {quote(topo.dbs[shard], 'entities')}"
-        for key, version, body in server.run(sql)[0]:
+        for key, version, body in shard_rows(store, shard, "entities", "`id`, `version`, `body`"):
             if body is not None:
                 entity = store.decode(bytes(key), shard, version, bytes(body))
                 if entity.get(prop) is not None:

@@ -1,0 +1,183 @@
+"""The owned layout: one database per server, the logical shard a column.
+
+Each server holds ``<prefix>_data`` with one ``entities`` table, one table per index,
+the change feed's tables, the index epoch's fence, and ``owned``: a row per logical
+shard the server holds (docs/architecture.md, "The owned layout").  Two things keep a
+client with a stale map from reading or writing a shard that moved away, as a missing
+table does in the layout of a database per shard, and both end in the same error (1146,
+``TableMissing``), so the client follows the map as it always has:
+
+* every table's ``BEFORE INSERT`` and ``BEFORE UPDATE`` triggers refuse a row of a
+  shard the server does not own, under a shared lock on its ``owned`` row, which a
+  move's fence (deleting that row) waits for;
+* every batch that names the data database ends with :func:`check_sql` (before its
+  ``COMMIT``), which fails the batch when a shard it names is not owned: a read or an
+  unapplied write is never taken from a shard the server gave away.
+
+``Server.send`` refuses a batch that names the data database without the check, so a
+statement cannot forget it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+from .names import quote
+
+__all__ = [
+    "ADMIN",
+    "CHECK",
+    "COPYING",
+    "DATABASES",
+    "LAYOUTS",
+    "OWNED",
+    "admin",
+    "changes_tables_sql",
+    "check_sql",
+    "data_db",
+    "entities_table_sql",
+    "guard_sql",
+    "guarded",
+    "in_guarded_transaction",
+    "owned_rows_sql",
+    "unguarded",
+]
+
+OWNED = "owned"
+DATABASES = "databases"
+LAYOUTS = (OWNED, DATABASES)
+
+#: The comment that marks the ownership check; ``Server.send`` looks for it.
+CHECK = "/*schemaless:owned*/"
+#: The comment that marks an administrative batch (DDL, a move's copy): no check.
+ADMIN = "/*schemaless:admin*/"
+#: The session variable a move's copy sets to the shard it copies into the target,
+#: whose ``owned`` row comes only when the copy is complete.
+COPYING = "@schemaless_copying"
+
+_REFUSED = "SQLSTATE '42S02' SET MYSQL_ERRNO = 1146, MESSAGE_TEXT ="
+
+
+def unguarded(sql: str) -> None:
+    """Refuse a batch on the data database that has neither the ownership check nor
+    the administrative mark: a bug in the library, never sent."""
+    if CHECK not in sql and not sql.startswith(ADMIN):
+        raise RuntimeError(f"schemaless bug: a batch without the ownership check: {sql[:300]}")
+
+
+def data_db(prefix: str) -> str:
+    """The database of the owned layout, the same name on every server."""
+    return f"{prefix}_data"
+
+
+def check_sql(db: str, shards: Iterable[int]) -> str:
+    """Fail the batch (error 1146) unless every shard named is owned here."""
+    names = sorted(set(shards))
+    return _check(db, ", ".join(str(int(s)) for s in names), len(names))
+
+
+@functools.lru_cache(maxsize=4096)
+def _check(db: str, shards: str, n: int) -> str:
+    return (
+        f"BEGIN NOT ATOMIC {CHECK} IF (SELECT COUNT(*) FROM {quote(db, 'owned')}"
+        f" WHERE `shard` IN ({shards})) < {n} THEN SIGNAL {_REFUSED}"
+        " 'a logical shard named is not on this server (moved): refresh the map'; END IF; END"
+    )
+
+
+def admin(stmts: list[str]) -> str:
+    """An administrative batch (DDL, a move's copy and fence): no ownership check."""
+    return ADMIN + " " + ";\n".join(stmts)
+
+
+def guarded(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
+    """A read batch: its statements, then (owned layout: ``db`` given) the check."""
+    if db is not None:
+        stmts = [*stmts, check_sql(db, shards)]
+    return ";\n".join(stmts)
+
+
+def in_guarded_transaction(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
+    """A write batch: one transaction, the check (owned layout) before its commit."""
+    if db is not None:
+        stmts = [*stmts, check_sql(db, shards)]
+    if len(stmts) > 1:
+        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
+    return ";\n".join(stmts)
+
+
+def guard_sql(db: str, table: str) -> list[str]:
+    """The triggers that refuse a row of a shard not owned here (a move's copy into
+    the target is let through by ``COPYING``).  Deletes are not guarded: every delete
+    of the protocol removes what may go (a stale one leaves the moved copy a superset,
+    which the Cleaner clears), and a move deletes its old rows after the fence."""
+    return [
+        f"CREATE TRIGGER IF NOT EXISTS {quote(db, f'{table}_g{when[0].lower()}')}"
+        f" BEFORE {when} ON {quote(db, table)} FOR EACH ROW"
+        f" IF NOT ({COPYING} <=> NEW.`shard`) AND NOT EXISTS (SELECT 1 FROM"
+        f" {quote(db, 'owned')} WHERE `shard` = NEW.`shard` LOCK IN SHARE MODE)"
+        f" THEN SIGNAL {_REFUSED} 'this logical shard is not on this server (moved)'; END IF"
+        for when in ("INSERT", "UPDATE")
+    ]
+
+
+def entities_table_sql(db: str) -> list[str]:
+    """The server's database, ``owned`` and ``entities`` (clustered by shard, so a
+    shard's rows stay together for a move or a dump), with its guard."""
+    return [
+        f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'owned')} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL PRIMARY KEY) ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'entities')} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL,"
+        " `added_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,"
+        " `id` BINARY(16) NOT NULL,"
+        " `version` BIGINT UNSIGNED NOT NULL,"
+        " `updated` BIGINT UNSIGNED NOT NULL,"
+        " `body` MEDIUMBLOB NULL,"
+        " PRIMARY KEY (`shard`, `added_id`),"
+        " KEY `by_added` (`added_id`),"
+        " UNIQUE KEY `by_id` (`id`),"
+        " KEY `by_updated` (`shard`, `updated`)"
+        ") ENGINE=InnoDB",
+        *guard_sql(db, "entities"),
+    ]
+
+
+def changes_tables_sql(db: str) -> list[str]:
+    """The change feed's tables, a head row per shard (``owned_rows_sql`` adds them)."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'changes')} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL,"
+        " `seq` BIGINT UNSIGNED NOT NULL,"
+        " `id` BINARY(16) NOT NULL,"
+        " `version` BIGINT UNSIGNED NOT NULL,"
+        " `body` MEDIUMBLOB NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL,"
+        " PRIMARY KEY (`shard`, `seq`)"
+        ") ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'changes_head')} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL PRIMARY KEY,"
+        " `seq` BIGINT UNSIGNED NOT NULL"
+        ") ENGINE=InnoDB",
+        *guard_sql(db, "changes"),
+        *guard_sql(db, "changes_head"),
+    ]
+
+
+def owned_rows_sql(db: str, shards: Iterable[int], *, changes: bool) -> list[str]:
+    """The ``owned`` rows of shards (and their change feed head rows)."""
+    names = sorted(set(shards))
+    if not names:
+        return []
+    out = [
+        f"INSERT IGNORE INTO {quote(db, 'owned')} (`shard`) VALUES "
+        + ", ".join(f"({int(s)})" for s in names)
+    ]
+    if changes:
+        out.append(
+            f"INSERT IGNORE INTO {quote(db, 'changes_head')} (`shard`, `seq`) VALUES "
+            + ", ".join(f"({int(s)}, 0)" for s in names)
+        )
+    return out

@@ -79,6 +79,35 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
         lambda k: [],
     ),
     "select 1 (a round trip)": ("SELECT 1", lambda k: []),
+    # step 3's check (schemaless.owned.check_sql) after a read, and its alternatives
+    "get, today": (f"SELECT `v` FROM {T} WHERE `id` = %s", lambda k: [k]),
+    "get, one table": (f"SELECT `v` FROM {ONE} WHERE `id` = %s", lambda k: [k]),
+    "get + check (compound, step 3)": (
+        f"SELECT `v` FROM {ONE} WHERE `id` = %s; BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM"
+        f" {OWNED} WHERE `shard` IN (3)) < 1 THEN SIGNAL SQLSTATE '45000'; END IF; END",
+        lambda k: [k],
+    ),
+    "get + count (client checks)": (
+        f"SELECT `v` FROM {ONE} WHERE `id` = %s; SELECT COUNT(*) FROM {OWNED}"
+        " WHERE `shard` IN (3)",
+        lambda k: [k],
+    ),
+    "get, left join from owned": (
+        f"SELECT o.`shard`, e.`v` FROM {OWNED} o LEFT JOIN {ONE} e ON e.`id` = %s"
+        " WHERE o.`shard` = 3",
+        lambda k: [k],
+    ),
+    "get union all count": (
+        f"SELECT `v` FROM {ONE} WHERE `id` = %s UNION ALL SELECT COUNT(*) FROM {OWNED}"
+        " WHERE `shard` IN (3)",
+        lambda k: [k],
+    ),
+    "update, trigger, txn + check (step 3)": (
+        f"START TRANSACTION; UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s;"
+        f" BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3)) < 1 THEN"
+        " SIGNAL SQLSTATE '45000'; END IF; END; COMMIT",
+        lambda k: [k],
+    ),
 }
 
 DDL = [

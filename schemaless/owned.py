@@ -10,12 +10,15 @@ table does in the layout of a database per shard, and both end in the same error
 * every table's ``BEFORE INSERT`` and ``BEFORE UPDATE`` triggers refuse a row of a
   shard the server does not own, under a shared lock on its ``owned`` row, which a
   move's fence (deleting that row) waits for;
-* every batch that names the data database ends with :func:`check_sql` (before its
-  ``COMMIT``), which fails the batch when a shard it names is not owned: a read or an
-  unapplied write is never taken from a shard the server gave away.
+* every batch that names the data database and rests on what it reads or on a write
+  that may match no row ends with :func:`check_sql` (before its ``COMMIT``), which
+  fails the batch when a shard it names is not owned: a read or an unapplied write is
+  never taken from a shard the server gave away.  A write batch whose every write fires
+  the triggers needs no check (``triggered``); a point read checks in its own
+  statement (``schemaless.reader``).
 
-``Server.send`` refuses a batch that names the data database without the check, so a
-statement cannot forget it.
+``Server.send`` refuses a batch that names the data database without the check or one
+of the marks (``ADMIN``, ``TRIGGERED``), so a statement cannot forget it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "DATABASES",
     "LAYOUTS",
     "OWNED",
+    "TRIGGERED",
     "admin",
     "changes_tables_sql",
     "check_sql",
@@ -41,6 +45,7 @@ __all__ = [
     "guarded",
     "in_guarded_transaction",
     "owned_rows_sql",
+    "triggered",
     "unguarded",
 ]
 
@@ -52,6 +57,9 @@ LAYOUTS = (OWNED, DATABASES)
 CHECK = "/*schemaless:owned*/"
 #: The comment that marks an administrative batch (DDL, a move's copy): no check.
 ADMIN = "/*schemaless:admin*/"
+#: The comment that marks a batch that needs no check (``triggered``): every write in
+#: it fires the triggers, its deletes remove only what may go, it interprets no read.
+TRIGGERED = "/*schemaless:triggered*/"
 #: The session variable a move's copy sets to the shard it copies into the target,
 #: whose ``owned`` row comes only when the copy is complete.
 COPYING = "@schemaless_copying"
@@ -62,7 +70,7 @@ _REFUSED = "SQLSTATE '42S02' SET MYSQL_ERRNO = 1146, MESSAGE_TEXT ="
 def unguarded(sql: str) -> None:
     """Refuse a batch on the data database that has neither the ownership check nor
     the administrative mark: a bug in the library, never sent."""
-    if CHECK not in sql and not sql.startswith(ADMIN):
+    if CHECK not in sql and not sql.startswith((ADMIN, TRIGGERED)):
         raise RuntimeError(f"schemaless bug: a batch without the ownership check: {sql[:300]}")
 
 
@@ -95,6 +103,17 @@ def guarded(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     """A read batch: its statements, then (owned layout: ``db`` given) the check."""
     if db is not None:
         stmts = [*stmts, check_sql(db, shards)]
+    return ";\n".join(stmts)
+
+
+def triggered(stmts: list[str], db: str | None) -> str:
+    """A write batch that needs no check (owned layout: ``db`` given): one transaction
+    whose every insert or update fires the triggers (a shard not owned fails the whole
+    batch, nothing committed) and whose deletes remove only what may go."""
+    if len(stmts) > 1:
+        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
+    if db is not None and stmts:
+        stmts = [f"{TRIGGERED} {stmts[0]}", *stmts[1:]]
     return ";\n".join(stmts)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from .index import Index
 from .names import quote
-from .owned import in_guarded_transaction
+from .owned import in_guarded_transaction, triggered
 
 __all__ = [
     "BLIND",
@@ -105,10 +105,10 @@ def upsert_rows_sql(
     rows: Iterable[IndexRow], dbs: Sequence[str], owned: str | None = None
 ) -> tuple[str, list[Any]]:
     """Step 1: one multi-row upsert per (logical shard, index) table (``owned``: the
-    owned layout's data database; rows carry their shard and the batch the check)."""
-    rows = list(rows)
+    owned layout's data database: rows carry their shard; every upsert fires the
+    guard's triggers, so the batch needs no check)."""
     stmts, params = upserts_sql(rows, dbs, owned is not None)
-    return in_guarded_transaction(stmts, owned, (r.shard for r in rows)), params
+    return triggered(stmts, owned), params
 
 
 def upserts_sql(
@@ -193,7 +193,6 @@ def release_sql(
 ) -> tuple[str, list[Any]]:
     """Delete rows exactly as this write claimed them (entity and version): the
     unique rows of a new entity whose put was refused."""
-    rows = list(rows)
     stmts: list[str] = []
     params: list[Any] = []
     for row in rows:
@@ -203,7 +202,7 @@ def release_sql(
             " AND `entity_id` = %s AND `entity_version` = %s"
         )
         params += [*row.values, row.entity_id, row.version]
-    return in_guarded_transaction(stmts, owned, (r.shard for r in rows)), params
+    return triggered(stmts, owned), params
 
 
 def fence_owner_sql(
@@ -258,7 +257,7 @@ def delete_rows_sql(
         params.extend(row.values)
         params.append(row.entity_id)
         params.append(row.version)
-    return in_guarded_transaction(stmts, owned, (r.shard for r in rows)), params
+    return triggered(stmts, owned), params
 
 
 def entity_batch_sql(
@@ -321,12 +320,16 @@ def entity_batch_sql(
             params += [w.updated, w.version, w.entity_id, w.mode.expected]
     stmts += feed_tail[0]
     params += feed_tail[1]
-    if owned is not None:
+    if owned is not None and any(_kind(w) not in _FIRES for w in writes):
         shards = [w.shard for w in writes] + [r.shard for r in rows]
         return in_guarded_transaction(stmts, owned, shards), params, 1 + upserts
-    if len(stmts) > 1:
-        return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), params, 1 + upserts
-    return ";\n".join(stmts), params, 0
+    return triggered(stmts, owned), params, 1 + upserts if len(stmts) > 1 else 0
+
+
+#: The kinds of write whose statement always fires the guard's insert trigger (an
+#: upsert or an insert); the others are updates that may match no row, so their batch
+#: ends with the ownership check (docs/architecture.md, "Step 3").
+_FIRES = frozenset({"blind", "create", "new"})
 
 
 def feed_sql(

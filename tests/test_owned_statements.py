@@ -1,0 +1,223 @@
+"""The owned layout's guarantee lives in its statements (docs/architecture.md, "Step 3"):
+every statement builder of the write and read paths, in both layouts, and what each
+carries; ``Server.send`` refusing a batch without the check; and, on real servers, the
+triggers and the check refusing a shard that is not owned, with nothing committed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from schemaless import DataStore, Index, TableMissing
+from schemaless.batch import Batch
+from schemaless.connection import ConnectOptions, Server
+from schemaless.dsn import Address
+from schemaless.names import quote
+from schemaless.owned import ADMIN, CHECK, TRIGGERED, admin, check_sql, data_db
+from schemaless.scatter import shard_unions
+from schemaless.tables import by_id_sql
+from schemaless.writes import (
+    BLIND,
+    CREATE,
+    NEW,
+    EntityWrite,
+    IndexRow,
+    WriteMode,
+    delete_rows_sql,
+    entity_batch_sql,
+    release_sql,
+    upsert_rows_sql,
+)
+
+DB = data_db("p")
+DBS = (DB,) * 16
+OLD = tuple(f"p_{s:04d}" for s in range(16))
+BY_USER = Index("by_user", {"user_id": "int"})
+ID = bytes(range(16))
+
+
+def _write(
+    shard: int, mode: WriteMode, body: bytes | None = b"x", want: bool = True
+) -> EntityWrite:
+    return EntityWrite(DB, shard, bytes([shard]) * 16, 7, 1, body, mode, want)
+
+
+def _row(shard: int) -> IndexRow:
+    return IndexRow(BY_USER, shard, (shard,), ID, 7)
+
+
+KINDS = {
+    "blind": (BLIND, b"x"),
+    "create": (CREATE, b"x"),
+    "new": (NEW, b"x"),
+    "cas": (WriteMode.expect(3), b"x"),
+    "delete": (BLIND, None),
+    "delete_cas": (WriteMode.expect(3), None),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("changes", [False, True])
+def test_every_entity_write_is_triggered_or_checked(kind: str, changes: bool) -> None:
+    mode, body = KINDS[kind]
+    writes = [_write(3, mode, body), _write(9, mode, body)]
+    sql, params, first = entity_batch_sql(writes, [_row(3)], DBS, "fence_1", changes, DB)
+    assert sql.count("%s") == len(params)
+    statements = sql.split(";\n")
+    if kind in ("blind", "create", "new"):  # each fires the insert trigger
+        assert sql.startswith(f"{TRIGGERED} START TRANSACTION") and CHECK not in sql
+    else:  # an update that may match no row: the check, inside the transaction
+        assert statements[-2] == check_sql(DB, [3, 9]) and statements[-1] == "COMMIT"
+    assert all("INSERT INTO" not in s or "(`shard`, " in s for s in statements)
+    assert statements[first].split()[0] in ("SELECT", "INSERT", "UPDATE")
+
+
+def test_the_layout_of_databases_gets_the_statements_it_always_had() -> None:
+    writes = [
+        EntityWrite(OLD[3], 3, ID, 7, 1, b"x", BLIND, True),
+        EntityWrite(OLD[5], 5, bytes(16), 7, 1, None, BLIND, True),
+    ]
+    built = [
+        entity_batch_sql(writes, [_row(3)], OLD, "fence_1", True)[0],
+        upsert_rows_sql([_row(3)], OLD)[0],
+        delete_rows_sql([_row(3)], OLD)[0],
+        release_sql([_row(3)], OLD)[0],
+        by_id_sql("p", {3: [ID], 5: [ID]}, "`id`")[0],
+    ]
+    for sql in built:
+        assert "`shard`" not in sql and DB not in sql
+        assert CHECK not in sql and TRIGGERED not in sql and ADMIN not in sql
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: upsert_rows_sql([_row(3), _row(12)], DBS, DB),
+        lambda: delete_rows_sql([_row(3), _row(12)], DBS, DB),
+        lambda: release_sql([_row(3)], DBS, DB),
+    ],
+    ids=["step 1", "step 3", "release"],
+)
+def test_index_row_writes_are_triggered(build: Callable[[], tuple[str, list[Any]]]) -> None:
+    sql, params = build()
+    assert sql.startswith(TRIGGERED) and CHECK not in sql
+    assert sql.count("%s") == len(params)
+    if "INSERT" in sql:  # each row names its shard first
+        assert "(`shard`, `p_user_id`, `entity_id`, `entity_version`)" in sql
+        assert params[:2] == [3, 3] and params[4] == 12
+
+
+def test_reads_end_with_the_check_of_exactly_their_shards() -> None:
+    sql, params = by_id_sql("p", {3: [ID], 12: [ID, bytes(16)]}, "`id`, `body`", DB)
+    assert sql.count("%s") == len(params) == 3 and "UNION" not in sql
+    assert sql.endswith(check_sql(DB, [3, 12]))
+
+
+def test_unchecked_batches_are_refused_before_they_are_sent() -> None:
+    server = Server(Address("127.0.0.1", 9), ConnectOptions())  # nothing listens there
+    server.guarded_db = quote(DB)
+    plain = f"SELECT `id` FROM {quote(DB, 'entities')} WHERE `id` = %s"
+    with pytest.raises(RuntimeError, match="without the ownership check"):
+        Batch(server, plain, [ID]).send()
+    for marked in (admin([plain]), f"{TRIGGERED} {plain}", f"{plain}; {check_sql(DB, [1])}"):
+        reply = Batch(server, marked, [ID]).send()  # refused only by the closed port
+        with pytest.raises(Exception, match=r"(?i)connect|unavailable"):
+            reply.result()
+
+
+def test_shard_unions_filter_and_check_each_server() -> None:
+    from schemaless.topology import Topology
+
+    topo = Topology(
+        "p",
+        4,
+        1,
+        5.0,
+        {0: Address("a", 1), 1: Address("b", 1)},
+        (0, 1, 0, 1),
+        {},
+        (),
+        None,
+        layout="owned",
+    )
+    out = shard_unions(topo, lambda s: f"SELECT {s} FROM {quote(topo.dbs[s], 'entities')}")
+    assert out[0].endswith(check_sql(DB, [0, 2])) and out[1].endswith(check_sql(DB, [1, 3]))
+
+
+# -- on real servers --------------------------------------------------------------------
+
+
+def _server_of(store: DataStore, shard: int) -> Server:
+    return store.cluster.server_of_shard(store.cluster.topology, shard)
+
+
+def _fence(store: DataStore, shard: int) -> None:
+    """A move's fence, by hand: the shard's ``owned`` row deleted on its server."""
+    owned = quote(store.cluster.topology.owned_db or "", "owned")
+    _server_of(store, shard).run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+
+
+def _two_on_one(make_store: Callable[..., DataStore]) -> tuple[DataStore, int]:
+    """A datastore whose server 0 holds logical shards 0 and ``n`` (one more shard than
+    servers), and ``n``."""
+    n = len(make_store().cluster.topology.servers)
+    store = make_store(shards=n + 1)
+    assert store.cluster.topology.shard_servers[0] == store.cluster.topology.shard_servers[n]
+    return store, n
+
+
+def _id_on(store: DataStore, shard: int) -> bytes:
+    return next(
+        key
+        for k in range(10_000)
+        if store.cluster.shard_of_id(key := k.to_bytes(16, "big")) == shard
+    )
+
+
+def test_the_triggers_refuse_a_shard_not_owned_unless_a_move_copies_it(
+    make_store: Callable[..., DataStore],
+) -> None:
+    store, _ = _two_on_one(make_store)
+    db = store.cluster.topology.owned_db
+    assert db is not None
+    server = _server_of(store, 0)  # shard 1 is on another server
+    table = quote(db, "entities")
+    insert = f"INSERT INTO {table} (`shard`, `id`, `version`, `updated`) VALUES (1, %s, 1, 1)"
+    with pytest.raises(TableMissing, match="not on this server"):
+        server.run(admin([insert]), [ID])
+    server.run(
+        admin(["SET @schemaless_copying = 1", insert, "SET @schemaless_copying = NULL"]), [ID]
+    )
+    count = f"SELECT COUNT(*) FROM {table} WHERE `id` = %s"
+    assert server.run(admin([count]), [ID])[0][0][0] == 1  # the copy went in
+    with pytest.raises(TableMissing):  # but the copy is not the server's to update
+        server.run(admin([f"UPDATE {table} SET `version` = 2 WHERE `id` = %s"]), [ID])
+
+
+def test_a_checked_batch_of_a_fenced_shard_commits_nothing(
+    make_store: Callable[..., DataStore],
+) -> None:
+    store, n = _two_on_one(make_store)
+    a, b = _id_on(store, 0), _id_on(store, n)
+    store.put({"id": a, "v": 1})
+    store.put({"id": b, "v": 1})
+    before = store.get(a)
+    assert before is not None
+    _fence(store, n)
+    topo = store.cluster.topology
+    body = store.codec.encode({"id": a, "v": 2})
+    writes = [
+        EntityWrite(topo.dbs[0], 0, a, before.version + 1, 1, body, BLIND, False),
+        EntityWrite(topo.dbs[n], n, b, 99, 1, None, WriteMode.expect(1), False),
+    ]
+    sql, params, _ = entity_batch_sql(writes, (), topo.dbs, topo.fence, False, topo.owned_db)
+    with pytest.raises(TableMissing, match="not on this server"):
+        _server_of(store, 0).run(sql, params, commits=True)
+    after = store.get(a)  # shard 0's write, applied, was rolled back
+    assert after is not None and after.version == before.version
+    for read in (lambda: store.get(b), lambda: store.get_many([a, b])):
+        with pytest.raises(TableMissing):  # never a silent "absent"
+            read()
+    assert store.get(a) == {"id": a, "v": 1}  # the shard still owned reads as before

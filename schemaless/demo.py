@@ -19,7 +19,7 @@ from .ids import id_hex, new_id
 from .index import Index
 from .local import LocalCluster
 from .names import quote
-from .scatter import bare, shard_unions
+from .scatter import bare, shard_is, shard_unions
 from .store import DataStore
 
 __all__ = ["main"]
@@ -58,7 +58,12 @@ def _where_the_data_went(store: DataStore) -> None:
     """How many entities each server and logical shard holds."""
     print("where the data went")
     topo = store.cluster.current()
-    unions = shard_unions(topo, lambda s: f"SELECT COUNT(*) FROM {quote(topo.dbs[s], 'entities')}")
+    unions = shard_unions(
+        topo,
+        lambda s: (
+            f"SELECT COUNT(*) FROM {quote(topo.dbs[s], 'entities')} WHERE {shard_is(topo, s)}TRUE"
+        ),
+    )
     found = store.cluster.scatter(topo, unions, bare).results
     for sid, server in store.cluster.all_servers(topo).items():
         counts = [int(r[0]) for r in found.get(sid, [[]])[0]]

@@ -19,7 +19,7 @@ from .expiry import expired
 from .ids import id_hex
 from .index import Index
 from .names import quote
-from .scatter import bare, shard_unions
+from .scatter import bare, server_reads, shards_in
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -101,20 +101,27 @@ def sample(
     index: Index,
     rows: int = SAMPLE,
 ) -> Fit:
-    """Check the newest live entities of every logical shard (``rows`` in all, at
-    least one per shard) against ``index``; bodies that cannot be decoded, and expired
-    entities (which hold no value: docs/architecture.md, "Expiry"), are skipped."""
+    """Check the newest live entities against ``index`` (``rows`` in all: of every
+    logical shard, at least one each; in the owned layout, of every server, its share);
+    bodies that cannot be decoded, and expired entities (which hold no value:
+    docs/architecture.md, "Expiry"), are skipped."""
     topo = cluster.current()
     per = max(1, -(-rows // topo.n_shards))
 
-    def part(shard: int) -> str:
-        table = quote(topo.dbs[shard], "entities")
+    def newest(table: str, shard: str, where: str, n: int) -> str:
         return (
-            f"(SELECT {int(shard)}, `id`, `version`, `body` FROM {table}"
-            f" WHERE `body` IS NOT NULL ORDER BY `added_id` DESC LIMIT {per})"
+            f"SELECT {shard}, `id`, `version`, `body` FROM {table} WHERE {where}"
+            f"`body` IS NOT NULL ORDER BY `added_id` DESC LIMIT {n}"
         )
 
-    found = cluster.scatter(topo, shard_unions(topo, part), bare).results
+    reads = server_reads(
+        topo,
+        lambda db, s: newest(
+            quote(db, "entities"), "`shard`", f"{shards_in(s)} AND ", per * len(s)
+        ),
+        lambda s: f"({newest(quote(topo.dbs[s], 'entities'), str(int(s)), '', per)})",
+    )
+    found = cluster.scatter(topo, reads, bare).results
     fit, now = Fit(index), time.time()
     for sets in found.values():
         for shard, key, version, body in sets[0]:

@@ -37,8 +37,10 @@ __all__ = [
     "rounds",
     "row_bytes",
     "scatter",
+    "server_reads",
     "shard_is",
     "shard_unions",
+    "shards_in",
     "sql_bytes",
     "unreachable_only",
 ]
@@ -177,6 +179,32 @@ def shard_unions(topo: Topology, part: Callable[[int], str], tail: str = "") -> 
         if shards:
             out[sid] = guarded([union_all([part(s) for s in shards], tail)], topo.owned_db, shards)
     return out
+
+
+def server_reads(
+    topo: Topology,
+    whole: Callable[[str, list[int]], str],
+    part: Callable[[int], str],
+    tail: str = "",
+) -> dict[int, str]:
+    """Per server, one read of its logical shards: in the owned layout one statement,
+    ``whole(data database, the server's shards of the map)`` (which filters them with
+    ``shards_in``: never a shard being copied in, nor one left behind), then the
+    ownership check; otherwise ``shard_unions(topo, part, tail)``."""
+    db = topo.owned_db
+    if db is None:
+        return shard_unions(topo, part, tail)
+    out: dict[int, str] = {}
+    for sid in topo.servers:
+        shards = topo.shards_of(sid)
+        if shards:
+            out[sid] = guarded([whole(db, shards)], db, shards)
+    return out
+
+
+def shards_in(shards: Iterable[int]) -> str:
+    """The owned layout's condition that a statement reads these shards' rows."""
+    return f"`shard` IN ({', '.join(str(int(s)) for s in shards)})"
 
 
 def shard_is(topo: Topology, shard: int) -> str:

@@ -38,7 +38,7 @@ from .owned import OWNED
 from .protocol import Writer
 from .query import Page, QueryEngine
 from .reader import Reader
-from .scatter import bare, shard_unions
+from .scatter import bare, server_reads, shards_in
 from .subscriptions import Subscription
 from .writes import BLIND, CREATE, WriteMode
 
@@ -544,10 +544,13 @@ class DataStore:
 
     def _empty(self, topo: Topology) -> bool:
         """Whether no logical shard holds any entity row (tombstones included)."""
-        unions = shard_unions(
-            topo, lambda s: f"(SELECT 1 FROM {quote(topo.dbs[s], 'entities')} LIMIT 1)", " LIMIT 1"
+        reads = server_reads(
+            topo,
+            lambda db, s: f"SELECT 1 FROM {quote(db, 'entities')} WHERE {shards_in(s)} LIMIT 1",
+            lambda s: f"(SELECT 1 FROM {quote(topo.dbs[s], 'entities')} LIMIT 1)",
+            " LIMIT 1",
         )
-        found = self.cluster.scatter(topo, unions, bare).results
+        found = self.cluster.scatter(topo, reads, bare).results
         return all(not rows[0] for rows in found.values())
 
     def query(

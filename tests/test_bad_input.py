@@ -38,7 +38,7 @@ from schemaless import (
 from schemaless.ids import to_id
 from schemaless.local import LocalCluster
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.owned import admin
 
 INDEXES = [
     Index("by_i", {"i": "int"}),
@@ -431,9 +431,9 @@ def _plant(store: DataStore, key: bytes, body: bytes) -> int:
     """Overwrite the stored body of entity ``key`` with raw SQL; its logical shard."""
     topo = store.cluster.refresh()
     shard = store.cluster.shard_of_id(key)
-    table = quote(shard_db(topo.prefix, shard), "entities")
+    table = quote(topo.dbs[shard], "entities")
     server = store.cluster.server_of_shard(topo, shard)
-    server.run(f"UPDATE {table} SET `body` = %s WHERE `id` = %s", (body, key))
+    server.run(admin([f"UPDATE {table} SET `body` = %s WHERE `id` = %s"]), (body, key))
     return shard
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from conftest import assert_clean, same_store
+from test_query import shard_insert
 
 from schemaless import Index, failpoints
 from schemaless.cleaner import Cleaner
@@ -17,8 +18,6 @@ from schemaless.errors import IndexDefinitionError, UniqueViolation
 from schemaless.failpoints import FailpointError
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
-from schemaless.names import quote
-from schemaless.schema import shard_db
 
 POSTS = Index("posts", {"user": "int", "n": "int"}, where={"kind": "post"})
 STEPS = ["put.before_index_rows", "put.after_index_rows", "put.after_entity"]
@@ -99,11 +98,9 @@ def test_the_refilter_applies_the_filter(make_store: Any) -> None:
     store.put(like)
     topo = store.cluster.refresh()
     shard = shard_of(POSTS.shard_key((1, 1)), topo.n_shards)
-    store.cluster.server_of_shard(topo, shard).run(
-        f"INSERT INTO {quote(shard_db(topo.prefix, shard), POSTS.table)}"
-        " (`p_user`, `p_n`, `entity_id`, `entity_version`) VALUES (1, 1, %s, %s)",
-        [like["id"], store.get(like["id"]).version],
-    )  # the row the entity would produce without the filter
+    columns = ["p_user", "p_n", "entity_id", "entity_version"]
+    version = store.get(like["id"]).version  # the row it would produce without the filter
+    shard_insert(store, shard, POSTS.table, columns, [1, 1, like["id"], version])
     assert _ids(store, 1) == []
 
 

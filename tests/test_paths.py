@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 from conftest import assert_clean
+from test_query import shard_insert
 
 from schemaless import Index
 from schemaless.cleaner import Cleaner
 from schemaless.errors import IndexDefinitionError, InvalidEntity, InvalidQuery
 from schemaless.hashing import shard_of
-from schemaless.names import quote
-from schemaless.schema import shard_db
 
 BY_AUTHOR = Index("by_author", {"author.id": "int", "published": "int"})
 BY_TAG_NAME = Index("by_tag_name", {"tags.name": "str(16)"}, multi="tags.name")
@@ -127,11 +126,8 @@ def test_the_refilter_checks_the_stored_entity_by_the_path(make_store: Any) -> N
     topo = store.cluster.refresh()
     values = (2, 1)  # a row the stored body does not produce (a stale one)
     shard = shard_of(BY_AUTHOR.shard_key(values), topo.n_shards)
-    store.cluster.server_of_shard(topo, shard).run(
-        f"INSERT INTO {quote(shard_db(topo.prefix, shard), BY_AUTHOR.table)}"
-        " (`p_author__id`, `p_published`, `entity_id`, `entity_version`) VALUES (%s, %s, %s, %s)",
-        [*values, entity["id"], 1],
-    )
+    columns = ["p_author__id", "p_published", "entity_id", "entity_version"]
+    shard_insert(store, shard, BY_AUTHOR.table, columns, [*values, entity["id"], 1])
     assert list(store.iter(BY_AUTHOR, where={"author.id": 2})) == []
     assert [e["id"] for e in store.iter(BY_AUTHOR, where={"author.id": 1})] == [entity["id"]]
 

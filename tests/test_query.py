@@ -7,6 +7,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -28,7 +29,7 @@ from schemaless.hashing import shard_of
 from schemaless.index import key_encode
 from schemaless.local import LocalCluster
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.owned import admin
 
 BY_USER = Index("by_user", {"user": "int", "published": "int"}, shard_on="user")
 BY_TIME = Index("by_time", {"published": "int"})
@@ -134,18 +135,10 @@ def test_orphans_never_appear_and_pages_stay_full(make_store: Any) -> None:
     store = make_store(indexes=[BY_USER])
     live = [entity(3, p) for p in range(20)]
     store.put_many(live)
-    topo = store.cluster.current()
-    shard = shard_of(BY_USER.shard_key((3, 0)), topo.n_shards)
-    table = quote(shard_db(topo.prefix, shard), BY_USER.table)
-    server = store.cluster.server_of_shard(topo, shard)
     # Orphans: rows for absent entities, and rows with values the entity no longer has.
     ghosts = [(3, p, new_id(), 1) for p in range(0, 40, 2)]
     stale = [(3, e["published"] + 1000, e["id"], 1) for e in live]
-    server.run(
-        f"INSERT INTO {table} (p_user, p_published, entity_id, entity_version) VALUES "
-        + ", ".join(["(%s, %s, %s, %s)"] * (len(ghosts) + len(stale))),
-        [v for row in ghosts + stale for v in row],
-    )
+    _insert_rows(store, BY_USER, ghosts + stale)
     page = store.query(BY_USER, user=3, limit=15)
     assert [e["published"] for e in page] == list(range(15))  # full despite 8 ghosts among them
     rest = store.query(BY_USER, user=3, limit=15, cursor=page.cursor)
@@ -167,17 +160,32 @@ def test_multi_valued_index_means_contains_and_returns_each_entity_once(make_sto
     assert sorted(e["published"] for e in everything) == [10, 20]
 
 
+def shard_insert(
+    store: DataStore, shard: int, table: str, columns: Sequence[str], row: Sequence[Any]
+) -> None:
+    """One row written raw into a logical shard's table on its server (the owned
+    layout's ``shard`` column added), as no writer would: an orphan, an unchecked body."""
+    topo = store.cluster.current()
+    if topo.owned_db is not None:
+        columns, row = ["shard", *columns], [shard, *row]
+    store.cluster.server_of_shard(topo, shard).run(
+        admin(
+            [
+                f"INSERT INTO {quote(topo.dbs[shard], table)}"
+                f" ({', '.join(quote(c) for c in columns)}) VALUES ({', '.join(['%s'] * len(row))})"
+            ]
+        ),
+        list(row),
+    )
+
+
 def _insert_rows(store: DataStore, index: Index, rows: list[tuple[Any, ...]]) -> None:
     """Index rows written straight to their shards, as a crash before step 3 leaves them."""
     topo = store.cluster.current()
-    cols = ", ".join(quote(c) for c in (*index.columns, "entity_id", "entity_version"))
+    cols = [*index.columns, "entity_id", "entity_version"]
     for row in rows:
         shard = shard_of(index.shard_key(row[:-2]), topo.n_shards)
-        store.cluster.server_of_shard(topo, shard).run(
-            f"INSERT INTO {quote(shard_db(topo.prefix, shard), index.table)} ({cols})"
-            f" VALUES ({', '.join(['%s'] * len(row))})",
-            list(row),
-        )
+        shard_insert(store, shard, index.table, cols, row)
 
 
 def test_in_on_the_multi_valued_property_returns_each_entity_once(make_store: Any) -> None:
@@ -222,11 +230,8 @@ def test_a_stored_value_matches_only_through_its_column(make_store: Any) -> None
     store.put(entity(1, 2, title="abc", flag=True))
     topo = store.cluster.current()
     shard = shard_of(e["id"], topo.n_shards)
-    store.cluster.server_of_shard(topo, shard).run(  # an entity no writer checked
-        f"INSERT INTO {quote(shard_db(topo.prefix, shard), 'entities')}"
-        " (`id`, `version`, `updated`, `body`) VALUES (%s, 1, 0, %s)",
-        [e["id"], store.codec.encode(e)],
-    )
+    columns = ["id", "version", "updated", "body"]  # an entity no writer checked
+    shard_insert(store, shard, "entities", columns, [e["id"], 1, 0, store.codec.encode(e)])
     _insert_rows(store, BY_TITLE, [(key_encode("abc"), e["id"], 1)])
     _insert_rows(store, by_flag, [(1, e["id"], 1)])
     assert [x["published"] for x in store.query(BY_TITLE, title="abc")] == [2]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import shard_rows
 
 from schemaless import DataStore, Index, new_id
 from schemaless.local import LocalCluster
@@ -109,8 +110,7 @@ def _index_rows(store: DataStore) -> list[tuple[int, bytes]]:
     topo = store.cluster.refresh()
     out = []
     for shard in range(topo.n_shards):
-        server = store.cluster.server_of_shard(topo, shard)
-        rows = server.run(f"SELECT p_n, entity_id FROM `{topo.dbs[shard]}`.`index_by_n`")[0]
+        rows = shard_rows(store, shard, "index_by_n", "p_n, entity_id")
         out += [(int(n), bytes(key)) for n, key in rows]
     return sorted(out)
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from conftest import same_store
+from conftest import drop_datastore, same_store
 from faults.helpers import count_rows
 
 from schemaless import (
@@ -27,7 +27,8 @@ from schemaless.cluster import SAFE_PACKET
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.owned import admin
+from schemaless.scatter import dbs_by_server
 
 
 def test_friendfeed_post_example(make_store: Any) -> None:
@@ -72,7 +73,7 @@ def test_mysql_shards_constructor_initialises_a_new_datastore(local_cluster: Any
         assert again.cluster.topology.shard_servers == topo.shard_servers  # init idempotent
         again.close()
     finally:
-        _drop(store)
+        drop_datastore(store)
 
 
 def test_clients_that_create_one_datastore_at_once_agree_on_its_map(local_cluster: Any) -> None:
@@ -122,20 +123,8 @@ def test_clients_that_create_one_datastore_at_once_agree_on_its_map(local_cluste
                     "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
                     (prefix + "\\_%",),
                 )[0]:
-                    server.run(f"DROP DATABASE {quote(str(db))}")
+                    server.run(admin([f"DROP DATABASE {quote(str(db))}"]))
             opened[0].close()
-
-
-def _drop(store: DataStore) -> None:
-    topo = store.cluster.refresh()
-    for sid, server in store.cluster.all_servers(topo).items():
-        stmts = [
-            f"DROP DATABASE IF EXISTS `{shard_db(topo.prefix, s)}`" for s in topo.shards_of(sid)
-        ]
-        if sid == 0:
-            stmts.append(f"DROP DATABASE IF EXISTS `{topo.prefix}_catalog`")
-        server.run(";".join(stmts))
-    store.close()
 
 
 SAMPLES: list[Any] = [
@@ -264,9 +253,9 @@ def test_blind_put_after_delete_gets_a_higher_version(make_store: Any) -> None:
     store.delete(key)
     future = store.clock.next() + 10**9  # another client's clock far ahead
     store.clock._last = 0  # this client's clock far behind
-    store.cluster.server_of_shard(store.cluster.topology, store.cluster.shard_of_id(key)).run(
-        f"UPDATE `{shard_db(store.cluster.topology.prefix, store.cluster.shard_of_id(key))}`"
-        ".`entities` SET version = %s WHERE id = %s",
+    topo, shard = store.cluster.topology, store.cluster.shard_of_id(key)
+    store.cluster.server_of_shard(topo, shard).run(
+        admin([f"UPDATE {quote(topo.dbs[shard], 'entities')} SET version = %s WHERE id = %s"]),
         (future, key),
     )
     version = store.put({"id": key, "n": 2})
@@ -437,8 +426,8 @@ def test_a_catalog_from_before_fences_is_upgraded_by_an_open_with_ddl(
     catalog = store.cluster.catalog
     catalog.server.run(f"DELETE FROM {quote(catalog.db, 'meta')} WHERE name = 'index_epoch'")
     for sid, server in store.cluster.all_servers(topo).items():
-        drops = [quote(topo.dbs[s], "fence_1") for s in topo.shards_of(sid)]
-        server.run(f"DROP TABLE {', '.join(drops)}")
+        drops = [quote(db, "fence_1") for db in dbs_by_server(topo)[sid]]
+        server.run(admin([f"DROP TABLE {', '.join(drops)}"]))
 
     with same_store(local_cluster, store) as old:
         assert old.cluster.topology.index_epoch == 0 and old.cluster.topology.fence is None
@@ -451,7 +440,8 @@ def test_a_catalog_from_before_fences_is_upgraded_by_an_open_with_ddl(
         now = upgraded.cluster.topology
         assert now.index_epoch == 1
         fences = upgraded.cluster.fences(now)
-        assert sorted(db for dbs in fences.values() for db, e in dbs if e == 1) == list(now.dbs)
+        every = sorted(db for dbs in dbs_by_server(now).values() for db in dbs)
+        assert sorted(db for dbs in fences.values() for db, e in dbs if e == 1) == every
         assert upgraded.declare_index(Index("by_n", {"n": "int"})) == "building"
         upgraded.put({"n": 2})
     assert store.cluster.refresh().index_epoch == 2

@@ -1,0 +1,132 @@
+"""Reads in the owned layout take only the logical shards of the map: rows a move
+copied into a server before its flip are never returned, rows it left behind after
+its fence fail the read (TableMissing), never silently; and the layout of a database
+per logical shard still answers the same reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from schemaless import DataStore, Index, IndexDoesNotFit, TableMissing, new_id
+from schemaless.hashing import shard_of
+from schemaless.names import quote
+from schemaless.owned import COPYING, admin
+
+BY_N = Index("by_n", {"n": "int"})  # placed by n: a range over n scatters
+
+
+def _value_on(store: DataStore, shard: int) -> int:
+    """A value of ``n`` whose index rows live on ``shard``."""
+    n_shards = store.cluster.topology.n_shards
+    return next(v for v in range(1000) if shard_of(BY_N.shard_key((v,)), n_shards) == shard)
+
+
+def _id_on(store: DataStore, shard: int) -> bytes:
+    """A new entity id of ``shard``."""
+    while store.cluster.shard_of_id(key := new_id()) != shard:
+        pass
+    return key
+
+
+def _copy_in(store: DataStore, sid: int, shard: int, stmts: list[str], params: list[Any]) -> None:
+    """Rows of ``shard`` written into server ``sid``, which does not hold it, as a
+    move's copy writes them before its flip."""
+    server = store.cluster.all_servers(store.cluster.topology)[sid]
+    copying = [f"SET {COPYING} = {int(shard)}", *stmts, f"SET {COPYING} = NULL"]
+    server.run(admin(copying), params)
+
+
+@contextmanager
+def _fenced(store: DataStore, shard: int) -> Iterator[None]:
+    """Inside: ``shard``'s ``owned`` row deleted from its server, as by a move's fence
+    (its rows are still there, left behind); put back after."""
+    topo = store.cluster.topology
+    owned, server = quote(topo.owned_db or "", "owned"), store.cluster.server_of_shard(topo, shard)
+    server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {int(shard)}"]))
+    try:
+        yield
+    finally:
+        server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({int(shard)})"]))
+
+
+def test_rows_copied_in_before_a_flip_are_never_read(make_store: Any) -> None:
+    store = make_store([BY_N])
+    topo = store.cluster.topology
+    shard = 3
+    other = next(sid for sid in topo.servers if sid != topo.shard_servers[shard])
+    v = _value_on(store, shard)
+    entity = {"id": _id_on(store, shard), "n": v}
+    rest = [{"n": n} for n in range(1000, 1020)]  # none is v
+    store.put_many([entity, *rest])
+    version = store.get(entity["id"]).version
+    ghost = {"id": _id_on(store, shard), "n": v}  # on the other server only
+    db = topo.owned_db
+    assert db is not None
+    entities, index = quote(db, "entities"), quote(db, BY_N.table)
+    _copy_in(
+        store,
+        other,
+        shard,
+        [
+            f"INSERT INTO {entities} (`shard`, `id`, `version`, `updated`, `body`)"
+            " VALUES (%s, %s, %s, 0, %s), (%s, %s, 1, 0, %s)",
+            f"INSERT INTO {index} (`shard`, `p_n`, `entity_id`, `entity_version`)"
+            " VALUES (%s, %s, %s, %s), (%s, %s, %s, 1)",
+        ],
+        [
+            *(shard, entity["id"], version, store.codec.encode({**entity, "copy": True})),
+            *(shard, ghost["id"], store.codec.encode(ghost)),
+            *(shard, v, entity["id"], version, shard, v, ghost["id"]),
+        ],
+    )
+    assert store.get_many([entity["id"], ghost["id"]]) == [entity, None]
+    assert store.get(ghost["id"]) is None
+    assert [e["id"] for e in store.query(BY_N, n=v)] == [entity["id"]]
+    for order in ("asc", "desc"):  # a scatter: every shard of both servers
+        everything = list(store.iter(BY_N, n__gte=0, order=order, page_size=3))
+        assert sorted(e["id"] for e in everything) == sorted(e["id"] for e in [entity, *rest])
+
+
+def test_rows_left_behind_after_a_fence_fail_the_read(make_store: Any) -> None:
+    store = make_store([BY_N])
+    shard = 5
+    v = _value_on(store, shard)
+    entity = {"id": _id_on(store, shard), "n": v}
+    elsewhere = {"id": _id_on(store, 2), "n": _value_on(store, 2)}
+    store.put_many([entity, elsewhere])
+    with _fenced(store, shard):
+        with pytest.raises(TableMissing):
+            store.get_many([entity["id"], elsewhere["id"]])
+        with pytest.raises(TableMissing):
+            store.get(entity["id"])
+        with pytest.raises(TableMissing):
+            store.query(BY_N, n=v)
+        with pytest.raises(TableMissing):
+            store.query(BY_N, n__gte=0)
+        assert store.get(elsewhere["id"]) == elsewhere  # other shards answer
+        assert store.query(BY_N, n=elsewhere["n"]) == [elsewhere]
+    assert store.get_many([entity["id"]]) == [entity]
+
+
+def test_reads_in_the_layout_of_a_database_per_shard(make_store: Any) -> None:
+    """The same reads, and the declaration's checks (emptiness, the fit sample), on a
+    datastore in the layout before the owned one."""
+    store = make_store([BY_N], layout="databases")
+    assert store.cluster.topology.owned_db is None
+    assert store.declare_index(Index("by_m", {"m": "int"})) == "ready"  # empty
+    entities = [{"n": n % 7, "m": n, "title": "x" * (n % 3)} for n in range(30)]
+    store.put_many(entities)
+    ids = [e["id"] for e in entities]
+    assert store.get_many([*ids, new_id()]) == [*entities, None]
+    assert {e["id"] for e in store.query(BY_N, n=3)} == {e["id"] for e in entities if e["n"] == 3}
+    paged = list(store.iter(BY_N, n__gte=2, order="desc", page_size=4))
+    assert [e["n"] for e in paged] == sorted(
+        (e["n"] for e in entities if e["n"] >= 2), reverse=True
+    )
+    with pytest.raises(IndexDoesNotFit, match="of 30 sampled, 10 have a value"):
+        store.declare_index(Index("by_title", {"title": "str(1)"}))
+    assert store.declare_index(Index("by_title", {"title": "str(2)"})) == "building"

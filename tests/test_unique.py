@@ -84,6 +84,38 @@ def test_a_value_freed_by_a_delete_or_a_rename_is_claimable_at_once(
     assert_clean(store)
 
 
+@pytest.mark.parametrize("layout", ["owned", "databases"])
+def test_claims_takeovers_fences_and_releases_in_either_layout(
+    make_store: Callable[..., DataStore], layout: str
+) -> None:
+    """Without the Cleaner: a violation, an orphan taken over, an owner in flight
+    fenced (a tombstone written on its shard) and a refused new entity's claims
+    released, in the owned layout and in the layout of a database per shard."""
+    store = make_store([BY_NAME], layout=layout, claim_wait=0.05)
+    assert (store.cluster.topology.owned_db is None) == (layout == "databases")
+    ada = {"name": "ada"}
+    store.put(ada)
+    with pytest.raises(UniqueViolation):
+        store.put({"name": "ada"})
+    store.put({"id": ada["id"], "name": "ada2"})  # leaves "ada" an orphan
+    bob = {"name": "ada"}
+    store.put(bob)  # takes it over
+    dead = {"name": "x"}
+    failpoints.set("put.after_index_rows", "raise")
+    with pytest.raises(failpoints.FailpointError):
+        store.put(dead)  # a claim ahead of its entity
+    failpoints.clear()
+    carl = {"name": "x"}
+    store.put(carl)  # waits, fences the dead claimer, takes the row over
+    shard = store.cluster.shard_of_id(dead["id"])
+    fenced = shard_rows(store, shard, "entities", "`body`", "`id` = %s", (dead["id"],))
+    assert fenced == [(None,)]  # a tombstone, on the dead claimer's shard
+    with pytest.raises(UniqueViolation):
+        store.put_many([{"name": "y"}, {"name": "x"}])
+    assert owners(store) == {("ada",): bob["id"], ("ada2",): ada["id"], ("x",): carl["id"]}
+    assert store.get_by("by_name", name="x")["id"] == carl["id"]
+
+
 def test_put_many_with_two_entities_claiming_one_value_writes_nothing(
     make_store: Callable[..., DataStore],
 ) -> None:

@@ -181,13 +181,16 @@ def enable_changes(cluster: Cluster) -> None:
 
 
 def _changes_tables(topo: Topology) -> dict[int, list[str]]:
-    """Each server's DDL of the feed's tables (owned layout: and its shards' heads)."""
+    """Each server's DDL of the feed's tables (owned layout: on every server, with a
+    head row for each logical shard it holds: its ``owned`` rows, never the map's, so a
+    shard whose move fenced it meanwhile is not made owned again)."""
     db = topo.owned_db
     if db is not None:
-        return {
-            sid: [*owned.changes_tables_sql(db), *owned.owned_rows_sql(db, shards, changes=True)]
-            for sid, shards in ((sid, topo.shards_of(sid)) for sid in topo.servers)
-        }
+        heads = (
+            f"INSERT IGNORE INTO {quote(db, 'changes_head')} (`shard`, `seq`)"
+            f" SELECT `shard`, 0 FROM {quote(db, 'owned')}"
+        )
+        return {sid: [*owned.changes_tables_sql(db), heads] for sid in topo.servers}
     by_server: dict[int, list[str]] = {}
     for shard, sid in enumerate(topo.shard_servers):
         by_server.setdefault(sid, []).extend(changes_tables_sql(topo.dbs[shard]))

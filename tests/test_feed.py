@@ -501,6 +501,40 @@ def test_turning_the_feed_on_fences_writers_with_an_old_map(
         ds.close()
 
 
+def test_turning_the_feed_on_never_makes_a_fenced_shard_owned_again(
+    make_store: Make, local_cluster: Any
+) -> None:
+    """The owned layout: turning the feed on gives a head row to each shard a server
+    holds (its ``owned`` rows), not to the map's: a shard whose ``owned`` row a move's
+    fence deleted stays given away (no row of it, no head), the others get heads."""
+    store = make_store(shards=4)
+    topo = store.cluster.refresh()
+    db = str(topo.owned_db)
+    server = store.cluster.server_of_shard(topo, 1)
+    server.run(admin([f"DELETE FROM {quote(db, 'owned')} WHERE `shard` = 1"]))
+    try:
+        DataStore(
+            local_cluster.addresses,
+            option_file=str(local_cluster.option_file),
+            prefix=topo.prefix,
+            create=False,
+            changes=True,
+        ).close()
+        owned, heads = server.run(
+            admin(
+                [
+                    f"SELECT `shard` FROM {quote(db, 'owned')} ORDER BY `shard`",
+                    f"SELECT `shard`, `seq` FROM {quote(db, 'changes_head')} ORDER BY `shard`",
+                ]
+            )
+        )
+    finally:
+        server.run(admin([f"INSERT IGNORE INTO {quote(db, 'owned')} (`shard`) VALUES (1)"]))
+    held = [s for s in topo.shards_of(topo.shard_servers[1]) if s != 1]
+    assert [int(s) for (s,) in owned] == held
+    assert [(int(s), int(q)) for s, q in heads] == [(s, 0) for s in held]
+
+
 def test_the_cleaner_trims_by_age_without_subscriptions(make_store: Make) -> None:
     from schemaless.cleaner.daemon import Cleaner
 

@@ -23,8 +23,8 @@ from . import failpoints, owned
 from .entity import Entity
 from .errors import CatalogError, InvalidQuery, SchemalessError
 from .names import quote
-from .owned import admin
-from .scatter import bare, joined
+from .owned import admin, guarded
+from .scatter import Statement, bare, joined, shard_is
 from .schema import changes_tables_sql
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ __all__ = [
     "decode_cursor",
     "enable_changes",
     "encode_cursor",
+    "head_is",
     "open_feed",
     "part_shards",
 ]
@@ -180,17 +181,26 @@ def enable_changes(cluster: Cluster) -> None:
 
 
 def _changes_tables(topo: Topology) -> dict[int, list[str]]:
-    """Each server's DDL of the feed's tables (owned layout: and its shards' heads)."""
+    """Each server's DDL of the feed's tables (owned layout: on every server, with a
+    head row for each logical shard it holds: its ``owned`` rows, never the map's, so a
+    shard whose move fenced it meanwhile is not made owned again)."""
     db = topo.owned_db
     if db is not None:
-        return {
-            sid: [*owned.changes_tables_sql(db), *owned.owned_rows_sql(db, shards, changes=True)]
-            for sid, shards in ((sid, topo.shards_of(sid)) for sid in topo.servers)
-        }
+        heads = (
+            f"INSERT IGNORE INTO {quote(db, 'changes_head')} (`shard`, `seq`)"
+            f" SELECT `shard`, 0 FROM {quote(db, 'owned')}"
+        )
+        return {sid: [*owned.changes_tables_sql(db), heads] for sid in topo.servers}
     by_server: dict[int, list[str]] = {}
     for shard, sid in enumerate(topo.shard_servers):
         by_server.setdefault(sid, []).extend(changes_tables_sql(topo.dbs[shard]))
     return by_server
+
+
+def head_is(topo: Topology, shard: int) -> str:
+    """The condition naming a logical shard's ``changes_head`` row (the owned layout
+    has a row per shard in one table, the other layout one row per shard's database)."""
+    return f"`shard` = {int(shard)}" if topo.owned_db is not None else "`one` = 1"
 
 
 class ChangeFeed:
@@ -249,11 +259,14 @@ class ChangeFeed:
             pos = self.positions[shard]
             if isinstance(pos, tuple) and shard != scanning:
                 continue  # snapshots run one logical shard at a time
-            sql, params = self._sql(topo.dbs[shard], pos)
+            sql, params = self._sql(topo, shard, pos)
             plan.setdefault(topo.shard_servers[shard], []).append((shard, sql, params))
-        replies = self.cluster.scatter(
-            topo, plan, lambda parts: joined([(sql, params) for _, sql, params in parts])
-        ).results
+
+        def batch(parts: list[tuple[int, str, list[Any]]]) -> Statement:
+            sql, params = joined([(sql, params) for _, sql, params in parts])
+            return guarded([sql], topo.owned_db, (shard for shard, _, _ in parts)), params
+
+        replies = self.cluster.scatter(topo, plan, batch).results
         base = dict(self.positions)
         events: list[ChangeEvent] = []
         more = scanning is not None
@@ -270,21 +283,24 @@ class ChangeFeed:
                     base = {**base, shard: self.positions[shard]}
         return events, more
 
-    def _sql(self, db: str, pos: Position) -> tuple[str, list[Any]]:
-        changes, head, entities = (quote(db, t) for t in ("changes", "changes_head", "entities"))
+    def _sql(self, topo: Topology, shard: int, pos: Position) -> tuple[str, list[Any]]:
+        """One logical shard's reads: its head and the changes after ``pos``; or a
+        snapshot's head; or a snapshot's page and the ids changed since its head."""
+        db, at = topo.dbs[shard], shard_is(topo, shard)
+        changes, entities = quote(db, "changes"), quote(db, "entities")
+        head = f"SELECT `seq` FROM {quote(db, 'changes_head')} WHERE {head_is(topo, shard)}"
         if isinstance(pos, int):
             return (
-                f"SELECT `seq` FROM {head} WHERE `one` = 1;"
-                f" SELECT `seq`, `id`, `version`, `body`, `at` FROM {changes}"
-                f" WHERE `seq` > %s ORDER BY `seq` LIMIT {int(self.batch)}",
+                f"{head}; SELECT `seq`, `id`, `version`, `body`, `at` FROM {changes}"
+                f" WHERE {at}`seq` > %s ORDER BY `seq` LIMIT {int(self.batch)}",
                 [pos],
             )
         if pos[0] is None:  # a snapshot begins: the head first
-            return f"SELECT `seq` FROM {head} WHERE `one` = 1", []
+            return head, []
         return (
             f"SELECT `added_id`, `id`, `version`, `body`, `updated` FROM {entities}"
-            f" WHERE `added_id` > %s ORDER BY `added_id` LIMIT {int(self.batch)};"
-            f" SELECT `seq`, `id` FROM {changes} WHERE `seq` > %s ORDER BY `seq`",
+            f" WHERE {at}`added_id` > %s ORDER BY `added_id` LIMIT {int(self.batch)};"
+            f" SELECT `seq`, `id` FROM {changes} WHERE {at}`seq` > %s ORDER BY `seq`",
             [pos[1], max(pos[0], self._changed_upto)],
         )
 

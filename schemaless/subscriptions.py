@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from .catalog import now_us
 from .errors import InvalidQuery
-from .feed import ChangeEvent, ChangeFeed, Position, decode_cursor, part_shards
+from .feed import ChangeEvent, ChangeFeed, Position, decode_cursor, head_is, part_shards
 from .names import quote
-from .scatter import Statement, joined
+from .owned import guarded
+from .scatter import Statement, joined, shard_is
 
 if TYPE_CHECKING:
+    from .catalog import Topology
     from .cluster import Cluster
     from .reader import Reader
 
@@ -117,6 +119,17 @@ class Subscription:
         )
 
 
+def _lag_sql(topo: Topology, shard: int, position: int) -> Statement:
+    """A logical shard's head, and the time of its first change after ``position``."""
+    db = topo.dbs[shard]
+    return (
+        f"SELECT (SELECT `seq` FROM {quote(db, 'changes_head')} WHERE {head_is(topo, shard)}),"
+        f" (SELECT `at` FROM {quote(db, 'changes')} WHERE {shard_is(topo, shard)}`seq` > %s"
+        " ORDER BY `seq` LIMIT 1)",
+        [position],
+    )
+
+
 def unsubscribe(cluster: Cluster, name: str) -> int:
     """Forget a subscription (the feed is no longer kept for it); how many positions."""
     out = cluster.catalog.server.run(
@@ -154,23 +167,10 @@ def feed_status(cluster: Cluster) -> list[dict[str, Any]]:
         if int(shard) < topo.n_shards:
             sid = topo.shard_servers[int(shard)]
             plan.setdefault(sid, []).append((str(name), int(shard), int(position)))
-    sql = (
-        "SELECT (SELECT `seq` FROM {h} WHERE `one` = 1),"
-        " (SELECT `at` FROM {c} WHERE `seq` > %s ORDER BY `seq` LIMIT 1)"
-    )
 
     def heads(parts: list[tuple[str, int, int]]) -> Statement:
-        return joined(
-            [
-                (
-                    sql.format(
-                        h=quote(topo.dbs[s], "changes_head"), c=quote(topo.dbs[s], "changes")
-                    ),
-                    [p],
-                )
-                for _, s, p in parts
-            ]
-        )
+        sql, params = joined([_lag_sql(topo, s, p) for _, s, p in parts])
+        return guarded([sql], topo.owned_db, (s for _, s, _ in parts)), params
 
     replies = cluster.scatter(topo, plan, heads).results
     now = now_us()

@@ -11,7 +11,7 @@ from typing import Any
 
 import MySQLdb
 import pytest
-from conftest import same_store
+from conftest import same_store, shard_rows
 
 from schemaless import (
     CatalogError,
@@ -19,12 +19,15 @@ from schemaless import (
     DataStore,
     Index,
     InvalidQuery,
+    TableMissing,
     failpoints,
     new_id,
 )
 from schemaless.feed import ChangeEvent, ChangeFeed, FeedExpired, decode_cursor, encode_cursor
 from schemaless.move import ShardMover
 from schemaless.names import quote
+from schemaless.owned import admin
+from schemaless.subscriptions import feed_status
 from schemaless.writes import BLIND, EntityWrite, entity_batch_sql
 
 Make = Callable[..., DataStore]
@@ -84,6 +87,93 @@ def test_events_in_order_with_deletes_and_cursors(make_store: Make) -> None:
     assert again.id == ids[0] and again.entity == {"id": ids[0], "n": -1}
 
 
+def test_change_rows_and_heads_carry_their_shard(make_store: Make) -> None:
+    """The owned layout: each server's one ``changes`` table holds the rows of its
+    logical shards, each naming its shard, numbered 1, 2, ... per shard; a head row
+    per shard the server holds, at that shard's last number; events name the shard."""
+    store = make_store(changes=True, shards=4)
+    ids = [new_id() for _ in range(24)]
+    store.put_many({"id": key} for key in ids)
+    store.delete(ids[0])
+    topo = store.cluster.refresh()
+    db = topo.owned_db
+    assert db is not None
+    seen = 0
+    for sid, server in store.cluster.all_servers(topo).items():
+        changes, heads = server.run(
+            admin(
+                [
+                    f"SELECT `shard`, `seq`, `id` FROM {quote(db, 'changes')}",
+                    f"SELECT `shard`, `seq` FROM {quote(db, 'changes_head')} ORDER BY `shard`",
+                ]
+            )
+        )
+        assert [int(s) for s, _ in heads] == topo.shards_of(sid)
+        for shard, head in heads:
+            numbers = sorted(int(q) for s, q, _ in changes if s == shard)
+            assert numbers == list(range(1, int(head) + 1))
+        assert all(store.cluster.shard_of_id(bytes(key)) == s for s, _, key in changes)
+        seen += len(changes)
+    assert seen == 25
+    events = list(store.changes())
+    assert all(store.cluster.shard_of_id(e.id) == e.shard for e in events)
+    assert len(events) == 25
+
+
+def test_a_feed_read_of_a_shard_not_owned_fails(make_store: Make) -> None:
+    """A server that no longer holds a logical shard (its ``owned`` row deleted, as a
+    move's fence does) fails every feed read of that shard with ``TableMissing``:
+    never an empty page taken for "caught up"."""
+    store = make_store(changes=True, shards=4)
+    key = new_id()
+    store.put({"id": key})
+    shard = store.cluster.shard_of_id(key)
+    sub = store.subscribe("watcher")
+    cursor = list(store.changes())[-1].cursor
+    topo = store.cluster.refresh()
+    server = store.cluster.server_of_shard(topo, shard)
+    owned = quote(str(topo.owned_db), "owned")
+    server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+    try:
+        for read in (
+            lambda: list(store.changes()),
+            lambda: list(store.changes(cursor)),  # caught up there: nothing to read
+            lambda: list(store.changes(snapshot=True)),
+            lambda: list(sub.changes()),
+            lambda: feed_status(store.cluster),
+        ):
+            with pytest.raises(TableMissing):
+                read()
+    finally:
+        server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({shard})"]))
+    assert [e.id for e in store.changes()] == [key]
+
+
+def test_the_feed_in_the_layout_of_a_database_per_shard(make_store: Make) -> None:
+    """A datastore of the old layout keeps its feed: a head row per shard's database,
+    events, cursors, snapshots and subscriptions."""
+    store = make_store(changes=True, shards=4, layout="databases")
+    topo = store.cluster.refresh()
+    assert topo.owned_db is None
+    ids = [new_id() for _ in range(12)]
+    for i, key in enumerate(ids):
+        store.put({"id": key, "n": i})
+    store.update(ids[1], lambda e: {**e, "n": 100})
+    store.delete(ids[0])
+    events = list(store.changes())
+    assert len(events) == 14
+    state = replay(events)
+    assert live(state) == {k: v for k, v in truth(store, ids).items() if v is not None}
+    heads = [shard_rows(store, s, "changes_head", "`one`, `seq`") for s in range(4)]
+    assert [h[0][1] for h in heads] == [sum(e.shard == s for e in events) for s in range(4)]
+    snapshot = list(store.changes(snapshot=True))
+    assert {e.id for e in snapshot if e.seq is None} == set(ids[1:])
+    assert list(store.changes(events[-1].cursor)) == []
+    sub = store.subscribe("old")
+    sub.ack(list(sub.changes())[-1])
+    assert [s["behind"] for s in feed_status(store.cluster)] == [0]
+
+
 def test_feed_off_writes_nothing_extra(make_store: Make, local_cluster: Any) -> None:
     sent: list[str] = []
     store = make_store([Index(table="index_n", properties=["n"], shard_on="n")])
@@ -135,7 +225,7 @@ def test_a_held_step_2_holds_its_shard_back(make_store: Make, local_cluster: Any
         BLIND,
         False,
     )
-    sql, params, _ = entity_batch_sql([write], (), topo.dbs, topo.fence, True)
+    sql, params, _ = entity_batch_sql([write], (), topo.dbs, topo.fence, True, topo.owned_db)
     assert sql.endswith("COMMIT") and "changes" in sql
     address = topo.servers[topo.shard_servers[shard]]
     conn = MySQLdb.connect(
@@ -341,14 +431,7 @@ def test_subscriptions_resume_and_the_cleaner_trims(make_store: Make, local_clus
 
 def count_changes(store: DataStore) -> int:
     topo = store.cluster.refresh()
-    return sum(
-        int(
-            store.cluster.server_of_shard(topo, s).run(
-                f"SELECT COUNT(*) FROM {quote(topo.dbs[s], 'changes')}"
-            )[0][0][0]
-        )
-        for s in range(topo.n_shards)
-    )
+    return sum(int(shard_rows(store, s, "changes", "COUNT(*)")[0][0]) for s in range(topo.n_shards))
 
 
 def test_a_version_guarded_delete_is_a_delete_and_a_lost_one_emits_nothing(
@@ -418,6 +501,40 @@ def test_turning_the_feed_on_fences_writers_with_an_old_map(
         ds.close()
 
 
+def test_turning_the_feed_on_never_makes_a_fenced_shard_owned_again(
+    make_store: Make, local_cluster: Any
+) -> None:
+    """The owned layout: turning the feed on gives a head row to each shard a server
+    holds (its ``owned`` rows), not to the map's: a shard whose ``owned`` row a move's
+    fence deleted stays given away (no row of it, no head), the others get heads."""
+    store = make_store(shards=4)
+    topo = store.cluster.refresh()
+    db = str(topo.owned_db)
+    server = store.cluster.server_of_shard(topo, 1)
+    server.run(admin([f"DELETE FROM {quote(db, 'owned')} WHERE `shard` = 1"]))
+    try:
+        DataStore(
+            local_cluster.addresses,
+            option_file=str(local_cluster.option_file),
+            prefix=topo.prefix,
+            create=False,
+            changes=True,
+        ).close()
+        owned, heads = server.run(
+            admin(
+                [
+                    f"SELECT `shard` FROM {quote(db, 'owned')} ORDER BY `shard`",
+                    f"SELECT `shard`, `seq` FROM {quote(db, 'changes_head')} ORDER BY `shard`",
+                ]
+            )
+        )
+    finally:
+        server.run(admin([f"INSERT IGNORE INTO {quote(db, 'owned')} (`shard`) VALUES (1)"]))
+    held = [s for s in topo.shards_of(topo.shard_servers[1]) if s != 1]
+    assert [int(s) for (s,) in owned] == held
+    assert [(int(s), int(q)) for s, q in heads] == [(s, 0) for s in held]
+
+
 def test_the_cleaner_trims_by_age_without_subscriptions(make_store: Make) -> None:
     from schemaless.cleaner.daemon import Cleaner
 
@@ -460,6 +577,35 @@ def test_step_2_sql_with_the_feed() -> None:
     assert params[: len(plain_params)] == plain_params
     ordered = sorted(writes, key=lambda w: (w.db, w.entity_id))
     assert params[len(plain_params) :] == [x for w in ordered for x in (w.entity_id, w.version)]
+
+
+def test_step_2_sql_with_the_feed_in_the_owned_layout() -> None:
+    """The owned layout: one head row per shard in the data database's
+    ``changes_head``, locked in shard order before any entity row; change rows carry
+    their shard (copied from the entity row); the check before the commit."""
+    dbs = ("p_data", "p_data")
+    writes = [
+        EntityWrite(dbs[1], 1, b"\x02" * 16, 7, 1, b"b", BLIND, False),
+        EntityWrite(dbs[0], 0, b"\x01" * 16, 7, 1, None, BLIND, False),
+    ]
+    sql, _, first = entity_batch_sql(writes, (), dbs, None, True, "p_data")
+    stmts = sql.split(";\n")
+    assert stmts[2] == (
+        "SELECT `seq` INTO @schemaless_feed0 FROM `p_data`.`changes_head`"
+        " WHERE `shard` = 0 FOR UPDATE"
+    )
+    assert stmts[3].endswith("WHERE `shard` = 1 FOR UPDATE") and first == 4
+    inserts = stmts[first + 2 : first + 4]
+    assert all(
+        s.startswith("INSERT INTO `p_data`.`changes` (`shard`, `seq`,")
+        and " SELECT `shard`, @schemaless_feed" in s
+        for s in inserts
+    )
+    assert stmts[first + 4] == (
+        "UPDATE `p_data`.`changes_head` SET `seq` = @schemaless_feed0 WHERE `shard` = 0"
+    )
+    assert "/*schemaless:owned*/" in stmts[-2] and "IN (0, 1)) < 2" in stmts[-2]
+    assert stmts[-1] == "COMMIT"
 
 
 def test_subscription_positions_round_trip() -> None:

@@ -12,8 +12,21 @@ from typing import Any
 import pytest
 from conftest import assert_clean, shard_rows
 
-from schemaless import ConflictError, DataStore, Index, InvalidQuery, UniqueViolation, failpoints
+from schemaless import (
+    ConflictError,
+    DataStore,
+    Index,
+    InvalidQuery,
+    TableMissing,
+    UniqueViolation,
+    failpoints,
+    new_id,
+)
+from schemaless.catalog import now_us
+from schemaless.hashing import shard_of
 from schemaless.names import quote
+from schemaless.owned import admin
+from schemaless.writes import fence_owner_sql
 
 BY_NAME = Index("by_name", {"name": "str(64)"}, unique=True)
 
@@ -82,6 +95,73 @@ def test_a_value_freed_by_a_delete_or_a_rename_is_claimable_at_once(
     assert store.get(ada["id"])["name"] == "carl"
     store.flush()
     assert_clean(store)
+
+
+@pytest.mark.parametrize("layout", ["owned", "databases"])
+def test_claims_takeovers_fences_and_releases_in_either_layout(
+    make_store: Callable[..., DataStore], layout: str
+) -> None:
+    """Without the Cleaner: a violation, an orphan taken over, an owner in flight
+    fenced (a tombstone written on its shard) and a refused new entity's claims
+    released, in the owned layout and in the layout of a database per shard."""
+    store = make_store([BY_NAME], layout=layout, claim_wait=0.05)
+    assert (store.cluster.topology.owned_db is None) == (layout == "databases")
+    ada = {"name": "ada"}
+    store.put(ada)
+    with pytest.raises(UniqueViolation):
+        store.put({"name": "ada"})
+    store.put({"id": ada["id"], "name": "ada2"})  # leaves "ada" an orphan
+    bob = {"name": "ada"}
+    store.put(bob)  # takes it over
+    dead = {"name": "x"}
+    failpoints.set("put.after_index_rows", "raise")
+    with pytest.raises(failpoints.FailpointError):
+        store.put(dead)  # a claim ahead of its entity
+    failpoints.clear()
+    carl = {"name": "x"}
+    store.put(carl)  # waits, fences the dead claimer, takes the row over
+    shard = store.cluster.shard_of_id(dead["id"])
+    fenced = shard_rows(store, shard, "entities", "`body`", "`id` = %s", (dead["id"],))
+    assert fenced == [(None,)]  # a tombstone, on the dead claimer's shard
+    with pytest.raises(UniqueViolation):
+        store.put_many([{"name": "y"}, {"name": "x"}])
+    assert owners(store) == {("ada",): bob["id"], ("ada2",): ada["id"], ("x",): carl["id"]}
+    assert store.get_by("by_name", name="x")["id"] == carl["id"]
+
+
+def place(name: str, n_shards: int) -> int:
+    """The logical shard of ``BY_NAME``'s row of a name."""
+    return shard_of(BY_NAME.shard_key((name,)), n_shards)
+
+
+def test_a_claim_or_a_fence_on_a_shard_not_owned_writes_nothing(
+    make_store: Callable[..., DataStore],
+) -> None:
+    """The owned layout: a server that gave a value's logical shard away refuses the
+    claim (its upsert's insert trigger, even for a row it would leave as it is) and an
+    owner's fence there (the tombstone's ``INSERT IGNORE``: IGNORE does not silence
+    the trigger): ``TableMissing``, nothing written."""
+    store = make_store([BY_NAME], shards=4)
+    store.put({"name": "ada"})
+    topo = store.cluster.refresh()
+    db = str(topo.owned_db)
+    shard = place("ada", topo.n_shards)
+    server = store.cluster.server_of_shard(topo, shard)
+    owner = next(k for k in iter(new_id, None) if store.cluster.shard_of_id(k) == shard)
+    fresh = next(n for n in map(str, range(1000)) if place(n, topo.n_shards) == shard)
+    before = shard_rows(store, shard, BY_NAME.table, "`entity_id`, `entity_version`")
+    server.run(admin([f"DELETE FROM {quote(db, 'owned')} WHERE `shard` = {shard}"]))
+    try:
+        for name in (fresh, "ada"):  # a new claim, and one meeting a row it leaves as is
+            with pytest.raises(TableMissing):
+                store.put({"name": name})
+        sql, params = fence_owner_sql(db, owner, None, 5, now_us(), shard)
+        with pytest.raises(TableMissing):
+            server.run(admin([sql]), params)
+    finally:
+        server.run(admin([f"INSERT INTO {quote(db, 'owned')} (`shard`) VALUES ({shard})"]))
+    assert shard_rows(store, shard, BY_NAME.table, "`entity_id`, `entity_version`") == before
+    assert shard_rows(store, shard, "entities", "`id`", "`id` = %s", (owner,)) == []
 
 
 def test_put_many_with_two_entities_claiming_one_value_writes_nothing(

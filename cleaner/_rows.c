@@ -16,8 +16,9 @@
  * recovers exactly as before).  So the two paths agree by construction on what this
  * accepts, and tests/test_cleaner_rows.py checks it against the Python path.
  *
- * int_text(rows) renders a group of those rows as the upsert's VALUES text, as
- * cleaner/sql.py's rows_text does for them in Python.
+ * int_text(rows, shard) renders a group of those rows as the upsert's VALUES text, each
+ * row led by ``shard`` unless it is None (the owned layout's rows carry their logical
+ * shard), as cleaner/sql.py's rows_text does for them in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -466,8 +467,9 @@ static char *decimal(char *w, unsigned long long u, int negative) {
     return w;
 }
 
-/* One row (value, id, version) as text, or NULL with an error set. */
-static char *row_text(char *w, PyObject *row) {
+/* One row (value, id, version) as text, after ``lead`` (the shard and a comma, or
+ * nothing), or NULL with an error set. */
+static char *row_text(char *w, PyObject *row, const char *lead, size_t lead_len) {
     static const char hex[] = "0123456789abcdef";
     /* exact types only: no __index__ (Python code) can run and change the rows
      * between the two passes of int_text */
@@ -486,6 +488,8 @@ static char *row_text(char *w, PyObject *row) {
     const uint8_t *k = (const uint8_t *)PyBytes_AS_STRING(key);
     Py_ssize_t n = PyBytes_GET_SIZE(key);
     *w++ = '(';
+    memcpy(w, lead, lead_len);
+    w += lead_len;
     w = decimal(w, value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value,
                 value < 0);
     memcpy(w, ",X'", 3);
@@ -501,17 +505,32 @@ static char *row_text(char *w, PyObject *row) {
     return w + 2;
 }
 
-static PyObject *int_text(PyObject *self, PyObject *rows) {
+static PyObject *int_text(PyObject *self, PyObject *args) {
     (void)self;
+    PyObject *rows, *shard = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O:int_text", &rows, &shard)) return NULL;
     if (!PyList_Check(rows)) {
         PyErr_SetString(PyExc_TypeError, "rows must be a list");
         return NULL;
+    }
+    char lead[24];
+    size_t lead_len = 0;
+    if (shard != Py_None) {
+        /* an exact int in SMALLINT UNSIGNED's range, the column that holds it */
+        long s = PyLong_CheckExact(shard) ? PyLong_AsLong(shard) : -1;
+        if (s == -1 && PyErr_Occurred()) return NULL;
+        if (s < 0 || s > 65535) {
+            PyErr_SetString(PyExc_ValueError, "shard must be None or an int in 0..65535");
+            return NULL;
+        }
+        lead_len = (size_t)(decimal(lead, (unsigned long long)s, 0) - lead);
+        lead[lead_len++] = ',';
     }
     Py_ssize_t n = PyList_GET_SIZE(rows);
     size_t cap = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
-        cap += 48; /* parentheses, commas, quotes, two 20-digit numbers and a sign */
+        cap += 48 + lead_len; /* parentheses, commas, quotes, two 20-digit numbers, a sign */
         if (PyTuple_CheckExact(row) && PyTuple_GET_SIZE(row) == 3 &&
             PyBytes_CheckExact(PyTuple_GET_ITEM(row, 1)))
             cap += 2 * (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 1));
@@ -519,7 +538,8 @@ static PyObject *int_text(PyObject *self, PyObject *rows) {
     char *buf = PyMem_Malloc(cap);
     if (buf == NULL) return PyErr_NoMemory();
     char *w = buf;
-    for (Py_ssize_t i = 0; i < n && w != NULL; i++) w = row_text(w, PyList_GET_ITEM(rows, i));
+    for (Py_ssize_t i = 0; i < n && w != NULL; i++)
+        w = row_text(w, PyList_GET_ITEM(rows, i), lead, lead_len);
     PyObject *out = w == NULL ? NULL : PyUnicode_DecodeASCII(buf, n ? w - buf - 1 : 0, NULL);
     PyMem_Free(buf);
     return out;
@@ -528,8 +548,9 @@ static PyObject *int_text(PyObject *self, PyObject *rows) {
 static PyMethodDef methods[] = {
     {"int_rows", int_rows, METH_VARARGS,
      "int_rows(rows, name, n_shards, payload, groups) -> positions left to Python"},
-    {"int_text", int_text, METH_O,
-     "int_text(rows) -> the SQL text of (int, bytes, int) rows: (1,X'0a',7),(2,X'0b',7)"},
+    {"int_text", int_text, METH_VARARGS,
+     "int_text(rows, shard=None) -> the SQL text of (int, bytes, int) rows:"
+     " (1,X'0a',7),(2,X'0b',7), or led by the shard: (3,1,X'0a',7),(3,2,X'0b',7)"},
     {"place_int", place_int, METH_VARARGS, "place_int(value, n_shards) -> logical shard"},
     {"digest64", digest64, METH_VARARGS,
      "digest64(data) -> BLAKE2b-64 of data, its bytes read big-endian"},

@@ -18,7 +18,6 @@ from schemaless.connection import Rows
 from schemaless.hashing import shard_of
 from schemaless.index import Index
 from schemaless.scatter import Statement, by_server, chunks, ids_by_server, rounds, row_bytes
-from schemaless.schema import shard_db
 from schemaless.store import DataStore
 from schemaless.unique import Owner
 from schemaless.writes import IndexRow, upsert_rows_sql
@@ -115,7 +114,10 @@ def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dic
         for shard, keys in shards.items()
         for key in keys
     }
-    batches = {sid: [entities_by_id_sql(topo.prefix, shards)] for sid, shards in by_server.items()}
+    batches = {
+        sid: [entities_by_id_sql(topo.prefix, topo.owned_db, shards)]
+        for sid, shards in by_server.items()
+    }
     out: dict[bytes, Stored] = {}
     for results in _rounds(store, topo, batches).values():
         for key, version, body in results[0][0]:
@@ -143,9 +145,10 @@ def read_rows(
         shards = topo.shards_of(sid)
         if not shards or sid in skip:
             continue
-        step = max(1, _ID_TERMS // len(shards))
+        # the layout of a database per shard repeats the ids in every shard's part
+        step = max(1, _ID_TERMS // (1 if topo.owned_db is not None else len(shards)))
         batches[sid] = [
-            rows_by_entity_sql(topo.prefix, shards, indexes, keys[i : i + step])
+            rows_by_entity_sql(topo.dbs, topo.owned_db, shards, indexes, keys[i : i + step])
             for i in range(0, len(keys), step)
         ]
     out: list[Found] = []
@@ -168,7 +171,7 @@ def read_own(
     for shard, rows in sorted(groups.items()):
         for lo in range(0, len(rows), _KEY_TERMS):
             batches.setdefault(topo.shard_servers[shard], []).append(
-                rows_by_key_sql(topo.prefix, index, shard, rows[lo : lo + _KEY_TERMS])
+                rows_by_key_sql(topo.dbs, topo.owned_db, index, shard, rows[lo : lo + _KEY_TERMS])
             )
     n = len(index.columns)
     return [
@@ -183,9 +186,10 @@ def upsert_rows(store: DataStore, topo: Topology, rows: Sequence[IndexRow]) -> N
     """Upsert rows with ``GREATEST(entity_version, version)``, multi-row per table."""
     if not rows:
         return
-    dbs = [shard_db(topo.prefix, s) for s in range(topo.n_shards)]
     batches = {
-        sid: [upsert_rows_sql(chunk, dbs) for chunk in _chunks(group, _row_index)]
+        sid: [
+            upsert_rows_sql(chunk, topo.dbs, topo.owned_db) for chunk in _chunks(group, _row_index)
+        ]
         for sid, group in by_server(topo, rows, _row_shard).items()
     }
     _rounds(store, topo, batches)
@@ -222,7 +226,7 @@ def upsert_grouped(
     for sid in by_server:
         by_server[sid] = [chunk for chunk in by_server[sid] if chunk]
     batches = {
-        sid: [index_upserts_sql(topo.dbs, index, chunk) for chunk in chunks]
+        sid: [index_upserts_sql(topo.dbs, topo.owned_db, index, chunk) for chunk in chunks]
         for sid, chunks in by_server.items()
     }
     results = _rounds(
@@ -257,7 +261,7 @@ def versions_proof(
 ) -> tuple[int, int]:
     """``(rows, sum of versions)`` of a shard's entity rows in these ``added_id`` runs."""
     server = store.cluster.server_of_shard(topo, shard)
-    count, total = server.run(*versions_proof_sql(topo.prefix, shard, runs))[0][0]
+    count, total = server.run(*versions_proof_sql(topo.dbs, topo.owned_db, shard, runs))[0][0]
     return int(count), int(total)
 
 
@@ -270,7 +274,10 @@ def delete_rows(store: DataStore, topo: Topology, rows: Sequence[Guarded]) -> in
     if not rows:
         return 0
     batches = {
-        sid: [delete_guarded_sql(topo.prefix, chunk) for chunk in _chunks(group, _guarded_index)]
+        sid: [
+            delete_guarded_sql(topo.dbs, topo.owned_db, chunk)
+            for chunk in _chunks(group, _guarded_index)
+        ]
         for sid, group in by_server(topo, rows, _guarded_shard).items()
     }
     done = 0
@@ -301,7 +308,9 @@ def fence(
     now = now_us()
     items = [(store.cluster.shard_of_id(key), key, version) for key, version in fences.items()]
     groups = by_server(topo, items, _first)
-    batches = {sid: [fence_sql(topo.prefix, group, now)] for sid, group in groups.items()}
+    batches = {
+        sid: [fence_sql(topo.dbs, topo.owned_db, group, now)] for sid, group in groups.items()
+    }
     results = _rounds(store, topo, batches)
     out: dict[bytes, tuple[int, bool]] = {}
     for sid, group in groups.items():
@@ -317,5 +326,7 @@ def _first(item: tuple[int, bytes, int]) -> int:
 def bump(store: DataStore, topo: Topology, entity: Stored, version: int) -> bool:
     """Raise a live entity's version (body unchanged) if it is still as read."""
     server = store.cluster.server_of_shard(topo, entity.shard)
-    sql, params = bump_sql(topo.prefix, entity.shard, entity.id, entity.version, version)
+    sql, params = bump_sql(
+        topo.dbs, topo.owned_db, entity.shard, entity.id, entity.version, version
+    )
     return bool(server.run(sql, params)[0][0][0])

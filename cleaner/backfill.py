@@ -657,7 +657,7 @@ class Backfill:
                 return True
             self.rt.figures.add(rechecked=1)
         server = store.cluster.server_of_shard(topo, shard)
-        sql, params = entity_versions_sql(topo.prefix, shard, after, rows[-1][0])
+        sql, params = entity_versions_sql(topo.dbs, topo.owned_db, shard, after, rows[-1][0])
         current = {bytes(k): int(v) for k, v in server.run(sql, params)[0]}
         changed = {key for _, key, version, _ in rows if current.get(key) != version}
         if changed:

@@ -121,10 +121,17 @@ def max_added_ids(
     one statement per server; ``partial``: without the shards of unavailable servers."""
     groups = by_server(topo, range(topo.n_shards) if shards is None else shards, int)
     found = store.cluster.scatter(
-        topo, groups, lambda group: (max_added_sql(topo.prefix, group), ()), partial=partial
+        topo,
+        groups,
+        lambda group: (max_added_sql(topo.dbs, topo.owned_db, group), ()),
+        partial=partial,
     )
     unreachable_only(found.errors)
-    return {int(s): int(top) for rows in found.results.values() for s, top in rows[0]}
+    tops = {int(s): int(top) for rows in found.results.values() for s, top in rows[0]}
+    # the owned layout reads no row for an empty shard
+    return {
+        s: tops.get(s, 0) for sid, group in groups.items() if sid in found.results for s in group
+    }
 
 
 def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:

@@ -21,7 +21,7 @@ from schemaless.errors import ConflictError, CorruptEntity, PermissionDenied
 from schemaless.expiry import expired
 from schemaless.index import Index
 from schemaless.names import quote
-from schemaless.scatter import shard_unions, unreachable_only
+from schemaless.scatter import shard_is, shard_unions, unreachable_only
 
 from .access import read_entities
 from .runtime import Runtime, ShardPending, log
@@ -205,7 +205,10 @@ def _count(rt: Runtime, index: Index, now: float) -> int:
     col = quote(index.columns[0])
     unions = shard_unions(
         topo,
-        lambda s: f"(SELECT COUNT(*) FROM {quote(topo.dbs[s], index.table)} WHERE {col} <= %s)",
+        lambda s: (
+            f"(SELECT COUNT(*) FROM {quote(topo.dbs[s], index.table)}"
+            f" WHERE {shard_is(topo, s)}{col} <= %s)"
+        ),
     )
     # one parameter per part (names are validated identifiers: no "%s" in them)
     found = cluster.scatter(topo, unions, lambda sql: (sql, [now] * sql.count("%s")), partial=True)

@@ -14,6 +14,8 @@ from typing import Any
 from schemaless.catalog import Topology
 from schemaless.errors import PermissionDenied
 from schemaless.names import quote
+from schemaless.owned import in_guarded_transaction
+from schemaless.scatter import shard_is
 from schemaless.subscriptions import acknowledged
 
 from .purge import delete_in_batches
@@ -31,21 +33,8 @@ def trim_feed(rt: Runtime, topo: Topology, before_us: int) -> int:
     for shard in range(topo.n_shards):
         if rt.unavailable(shard):
             continue
-        changes = quote(topo.dbs[shard], "changes")
-        head = quote(topo.dbs[shard], "changes_head")
         floor = acked.get(shard) if acked is not None else None
-        # the last row older than the retention: the rows before the first newer one
-        bound_sql = (
-            f"COALESCE((SELECT `seq` - 1 FROM {changes} WHERE `at` >= %s ORDER BY `seq`"
-            f" LIMIT 1), (SELECT `seq` FROM {head} WHERE `one` = 1))"
-        )
-        if floor is not None:
-            bound_sql = f"GREATEST(%s, {bound_sql})"
-        sql = (
-            f"SET @bound := {bound_sql};"
-            f" DELETE FROM {changes} WHERE `seq` <= @bound ORDER BY `seq` LIMIT {int(rt.batch)};"
-            " SELECT ROW_COUNT()"
-        )
+        sql = _trim_sql(topo, shard, floor is not None, rt.batch)
         params: list[Any] = [before_us] if floor is None else [floor, before_us]
         try:
             total += delete_in_batches(rt, shard, "trimming the feed", sql, params, "feed_trimmed")
@@ -55,3 +44,27 @@ def trim_feed(rt: Runtime, topo: Topology, before_us: int) -> int:
             log.warning("change feed not trimmed: the cleaner user may not delete (%s)", exc)
             break
     return total
+
+
+def _trim_sql(topo: Topology, shard: int, floor: bool, batch: int) -> str:
+    """Delete up to ``batch`` of a shard's change rows up to the bound (the last row
+    older than the retention, its parameter; with ``floor``, at least the smallest
+    acknowledged position, the first parameter), one transaction; one result set:
+    the rows deleted."""
+    changes = quote(topo.dbs[shard], "changes")
+    head = quote(topo.dbs[shard], "changes_head")
+    on = shard_is(topo, shard)
+    one = f"`shard` = {int(shard)}" if topo.owned_db is not None else "`one` = 1"
+    # the last row older than the retention: the rows before the first newer one
+    bound = (
+        f"COALESCE((SELECT `seq` - 1 FROM {changes} WHERE {on}`at` >= %s ORDER BY `seq`"
+        f" LIMIT 1), (SELECT `seq` FROM {head} WHERE {one}))"
+    )
+    if floor:
+        bound = f"GREATEST(%s, {bound})"
+    stmts = [
+        f"SET @bound := {bound}",
+        f"DELETE FROM {changes} WHERE {on}`seq` <= @bound ORDER BY `seq` LIMIT {int(batch)}",
+        "SELECT ROW_COUNT()",
+    ]
+    return in_guarded_transaction(stmts, topo.owned_db, [shard])

@@ -32,7 +32,7 @@ def purge_tombstones(rt: Runtime, topo: Topology, before_us: int) -> int:
     for shard in range(topo.n_shards):
         if rt.unavailable(shard):
             continue
-        sql, params = purge_sql(topo.prefix, shard, before_us, rt.batch)
+        sql, params = purge_sql(topo.dbs, topo.owned_db, shard, before_us, rt.batch)
         try:
             total += delete_in_batches(rt, shard, "purging tombstones", sql, params, "purged")
         except ShardPending:

@@ -56,7 +56,7 @@ class RecentPass:
         found = cluster.scatter(
             topo,
             {sid: mine for sid, mine in groups.items() if mine},
-            lambda mine: backlog_sql(topo.prefix, mine),
+            lambda mine: backlog_sql(topo.dbs, topo.owned_db, mine),
             partial=True,
         )
         unreachable_only(found.errors)
@@ -119,7 +119,7 @@ class RecentPass:
         rt = self.rt
         topo = rt.store.cluster.current()  # a shard may have moved since the pass began
         server = rt.store.cluster.server_of_shard(topo, shard)
-        sql, params = recent_batch_sql(topo.prefix, shard, after[0], after[1], rt.batch)
+        sql, params = recent_batch_sql(topo.dbs, topo.owned_db, shard, after[0], after[1], rt.batch)
         rows = server.run(sql, params)[0]
         if not rows:
             return None, 0, True

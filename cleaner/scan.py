@@ -1,4 +1,8 @@
-"""Reading whole logical shards in ``added_id`` order, and index tables by key."""
+"""Reading whole logical shards in ``added_id`` order, and index tables by key (the
+owned layout's tables hold every shard of their server: read ``WHERE shard = s``,
+through the entities' primary key ``(shard, added_id)`` and the index tables' ``KEY
+by_shard``, whose entries are ``(shard, primary key)``; each batch ends with the
+ownership check)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from typing import Any, cast
 from schemaless.catalog import Topology
 from schemaless.index import Index
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.owned import guarded
+from schemaless.scatter import shard_is
 from schemaless.store import DataStore
 
 __all__ = ["EntityRow", "entity_batches", "index_batch", "index_rows"]
@@ -22,13 +27,16 @@ def entity_batches(
 ) -> Iterator[list[EntityRow]]:
     """Every entity row of a shard with ``added_id > after``, in batches."""
     server = store.cluster.server_of_shard(topo, shard)
-    table = quote(shard_db(topo.prefix, shard), "entities")
+    sql = guarded(
+        [
+            f"SELECT `added_id`, `id`, `version`, `body` FROM {quote(topo.dbs[shard], 'entities')}"
+            f" WHERE {shard_is(topo, shard)}`added_id` > %s ORDER BY `added_id` LIMIT %s"
+        ],
+        topo.owned_db,
+        [shard],
+    )
     while True:
-        rows = server.run(
-            f"SELECT `added_id`, `id`, `version`, `body` FROM {table}"
-            " WHERE `added_id` > %s ORDER BY `added_id` LIMIT %s",
-            (after, batch),
-        )[0]
+        rows = server.run(sql, (after, batch))[0]
         if not rows:
             return
         # the driver already returns int, bytes and None: no copy of each row (a
@@ -67,7 +75,9 @@ def index_batch(
     (``(values..., entity_id)``; None: from the start), in key order; with ``upto``,
     only rows whose first value is at most ``upto``."""
     server = store.cluster.server_of_shard(topo, shard)
-    table = quote(shard_db(topo.prefix, shard), index.table)
+    table = quote(topo.dbs[shard], index.table)
+    if topo.owned_db is not None:
+        table += " FORCE INDEX (`by_shard`)"
     cols = [quote(c) for c in (*index.columns, "entity_id")]
     keys = ", ".join(cols)
     params: list[Any] = []
@@ -82,9 +92,12 @@ def index_batch(
     if upto is not None:
         where = f"({where}) AND {cols[0]} <= %s"
         params.append(upto)
-    rows = server.run(
-        f"SELECT {keys}, `entity_version` FROM {table} WHERE {where}"
-        f" ORDER BY {keys} LIMIT {int(batch)}",
-        params,
-    )[0]
+    # the primary key's order: a unique index's values alone (they are unique), so
+    # the owned layout's ``by_shard`` (shard, primary key) reads it without a sort
+    order = ", ".join(cols[:-1]) if index.unique else keys
+    select = (
+        f"SELECT {keys}, `entity_version` FROM {table} WHERE {shard_is(topo, shard)}({where})"
+        f" ORDER BY {order} LIMIT {int(batch)}"
+    )
+    rows = server.run(guarded([select], topo.owned_db, [shard]), params)[0]
     return [(tuple(row[:-2]), bytes(row[-2]), int(row[-1])) for row in rows]

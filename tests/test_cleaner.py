@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from conftest import assert_clean, same_store
+from conftest import assert_clean, same_store, shard_rows
 
 from schemaless import DataStore, Index, failpoints
 from schemaless.catalog import Topology
@@ -32,7 +32,8 @@ from schemaless.hashing import shard_of
 from schemaless.ids import new_id
 from schemaless.local import LocalCluster
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.owned import admin
+from schemaless.scatter import shard_is
 
 BY_LINK = Index("by_link", {"link": "str(100)"})
 BY_TAG = Index("by_tag", {"tags": "str(20)", "n": "int"}, multi="tags")
@@ -74,12 +75,17 @@ def plant(store: DataStore, index: Index, values: tuple[Any, ...], key: bytes, v
     """Insert an index row with raw SQL on the shard it belongs to; the shard."""
     topo = store.cluster.refresh()
     shard = shard_of(index.shard_key(values), topo.n_shards)
-    cols = ", ".join(quote(c) for c in index.columns)
-    marks = ", ".join(["%s"] * (len(values) + 2))
+    lead = [shard] if topo.owned_db else []  # the owned layout's rows carry their shard
+    cols = ", ".join(quote(c) for c in (*(["shard"] if lead else []), *index.columns))
+    marks = ", ".join(["%s"] * (len(lead) + len(values) + 2))
     store.cluster.server_of_shard(topo, shard).run(
-        f"INSERT INTO {quote(shard_db(topo.prefix, shard), index.table)}"
-        f" ({cols}, `entity_id`, `entity_version`) VALUES ({marks})",
-        [*values, key, version],
+        admin(
+            [
+                f"INSERT INTO {quote(topo.dbs[shard], index.table)}"
+                f" ({cols}, `entity_id`, `entity_version`) VALUES ({marks})"
+            ]
+        ),
+        [*lead, *values, key, version],
     )
     return shard
 
@@ -175,12 +181,12 @@ def test_the_entity_key_is_built_when_the_backfill_ends(make_store: Any) -> None
     failpoints.clear()
     ((state, keys),) = seen
     assert state == "building" and all(keys.values())
-    # a crash while the keys were being built: some shards have it, some not
+    # a crash while the keys were being built: some tables have it, some not (shard
+    # 0's: in the owned layout, the table of every shard of its server)
     topo = store.cluster.refresh()
-    for shard in range(0, topo.n_shards, 2):
-        store.cluster.server_of_shard(topo, shard).run(
-            f"DROP INDEX `by_entity` ON {quote(topo.dbs[shard], BY_LINK.table)}"
-        )
+    store.cluster.server_of_shard(topo, 0).run(
+        admin([f"DROP INDEX `by_entity` ON {quote(topo.dbs[0], BY_LINK.table)}"])
+    )
     assert not all(entity_keys(store, BY_LINK).values())
     assert Cleaner(store, batch=100).backfill("by_link") == "ready"
     assert all(entity_keys(store, BY_LINK).values())
@@ -330,7 +336,7 @@ def test_backfill_sets_aside_unindexable_and_corrupt(make_store: Any) -> None:
     victim = ids[0]
     shard = shard_of(victim, topo.n_shards)
     store.cluster.server_of_shard(topo, shard).run(
-        f"UPDATE {quote(shard_db(topo.prefix, shard), 'entities')} SET body = %s WHERE id = %s",
+        admin([f"UPDATE {quote(topo.dbs[shard], 'entities')} SET body = %s WHERE id = %s"]),
         [b"\x09garbage", victim],
     )
     store.declare_index(BY_LINK, force=True)
@@ -393,7 +399,12 @@ def test_backfill_proof_over_added_id_gaps(make_store: Any) -> None:
     topo = store.cluster.refresh()
     for shard in range(topo.n_shards):
         store.cluster.server_of_shard(topo, shard).run(
-            f"DELETE FROM {quote(shard_db(topo.prefix, shard), 'entities')} WHERE added_id % 3 = 0"
+            admin(
+                [
+                    f"DELETE FROM {quote(topo.dbs[shard], 'entities')}"
+                    f" WHERE {shard_is(topo, shard)}added_id % 3 = 0"
+                ]
+            )
         )
     store.declare_index(BY_LINK)
     cleaner = Cleaner(store, batch=40)
@@ -406,10 +417,9 @@ def test_backfill_proof_over_added_id_gaps(make_store: Any) -> None:
     # change below comes after the read of at least the batch that hit the failpoint
     firsts = [
         bytes(
-            store.cluster.server_of_shard(topo, shard).run(
-                f"SELECT id FROM {quote(shard_db(topo.prefix, shard), 'entities')}"
-                " WHERE body IS NOT NULL ORDER BY added_id LIMIT 1"
-            )[0][0][0]
+            shard_rows(
+                store, shard, "entities", "id", "body IS NOT NULL ORDER BY added_id LIMIT 1"
+            )[0][0]
         )
         for shard in range(topo.n_shards)
     ]
@@ -746,7 +756,7 @@ def test_a_missing_table_without_a_move_stops_the_job(make_store: Any) -> None:
     rt = Cleaner(store, backoff_cap=0.05).rt
 
     def missing() -> Any:
-        return server.run(f"SELECT 1 FROM {quote(topo.dbs[0], 'no_such_table')}")
+        return server.run(admin([f"SELECT 1 FROM {quote(topo.dbs[0], 'no_such_table')}"]))
 
     with pytest.raises(TableMissing):
         rt.retry("reading a table that is not there", missing)
@@ -859,7 +869,7 @@ def _where(index: Index) -> str:
 
 def _table(topo: Topology, index: Index, values: tuple[Any, ...]) -> tuple[int, str]:
     shard = shard_of(index.shard_key(values), topo.n_shards)
-    return shard, quote(shard_db(topo.prefix, shard), index.table)
+    return shard, quote(topo.dbs[shard], index.table)
 
 
 def _delete_row(
@@ -867,7 +877,7 @@ def _delete_row(
 ) -> None:
     shard, table = _table(topo, index, values)
     store.cluster.server_of_shard(topo, shard).run(
-        f"DELETE FROM {table} WHERE {_where(index)}", [*values, key]
+        admin([f"DELETE FROM {table} WHERE {_where(index)}"]), [*values, key]
     )
 
 
@@ -881,5 +891,6 @@ def _set_version(
 ) -> None:
     shard, table = _table(topo, index, values)
     store.cluster.server_of_shard(topo, shard).run(
-        f"UPDATE {table} SET entity_version = %s WHERE {_where(index)}", [version, *values, key]
+        admin([f"UPDATE {table} SET entity_version = %s WHERE {_where(index)}"]),
+        [version, *values, key],
     )

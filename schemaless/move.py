@@ -250,6 +250,7 @@ class ShardMover:
             copied, deleted = sync.sync_all(src, dst, tables)
             report.rows_copied += copied
             report.rows_deleted += deleted
+            failpoints.hit("move.before_verify")
             try:
                 report.verified = sync.verify(src, dst, tables)
                 return

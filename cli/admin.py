@@ -158,7 +158,7 @@ def _echo_shards(
             rows.append(
                 [
                     str(s),
-                    shard_db(topo.prefix, s),
+                    topo.dbs[s],
                     f.address,
                     _n(f.live, s),
                     "-" if estimate else _n(f.tombstones, s),

@@ -14,7 +14,7 @@ from typing import Any
 
 from schemaless.catalog import Topology, backfill_job, now_us
 from schemaless.names import quote
-from schemaless.scatter import Statement, bare, by_server, shard_unions
+from schemaless.scatter import Statement, bare, by_server, shard_is, shard_unions
 from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
@@ -33,8 +33,10 @@ __all__ = [
 def _per_server(
     ds: DataStore, topo: Topology, part: Callable[[int, str], str]
 ) -> dict[int, list[tuple[Any, ...]] | None]:
-    """Run one ``UNION ALL`` of ``part(shard, db)`` per server; None where it failed."""
-    unions = shard_unions(topo, lambda s: part(s, shard_db(topo.prefix, s)))
+    """Run one ``UNION ALL`` of ``part(shard, db)`` per server; None where it failed.
+    Each part reads ``WHERE {shard_is(topo, s)}...`` (the owned layout's tables hold
+    every shard of their server)."""
+    unions = shard_unions(topo, lambda s: part(s, topo.dbs[s]))
     results = ds.cluster.scatter(topo, unions, bare, partial=True).results
     return {sid: _rows(sid, unions, results) for sid in topo.servers}
 
@@ -54,7 +56,10 @@ def max_added_ids(ds: DataStore, topo: Topology) -> dict[int, int | None]:
     per_server = _per_server(
         ds,
         topo,
-        lambda s, db: f"SELECT {int(s)}, COALESCE(MAX(`added_id`), 0) FROM {quote(db, 'entities')}",
+        lambda s, db: (
+            f"SELECT {int(s)}, COALESCE(MAX(`added_id`), 0) FROM {quote(db, 'entities')}"
+            f" WHERE {shard_is(topo, s)}TRUE"
+        ),
     )
     for rows in per_server.values():
         for shard, top in rows or ():
@@ -247,7 +252,7 @@ class ServerFigures:
 def server_figures(ds: DataStore, *, estimate: bool = False) -> list[ServerFigures]:
     """Counts (exact, or InnoDB's estimate) and sizes for every server."""
     topo = ds.cluster.current()
-    if estimate:
+    if estimate and topo.owned_db is None:  # the owned layout's tables hold many shards
         counts = _estimated_counts(ds, topo)
     else:
         counts = _per_server(
@@ -255,7 +260,7 @@ def server_figures(ds: DataStore, *, estimate: bool = False) -> list[ServerFigur
             topo,
             lambda s, db: (
                 f"SELECT {int(s)}, COUNT(`body`), COUNT(*) - COUNT(`body`)"
-                f" FROM {quote(db, 'entities')}"
+                f" FROM {quote(db, 'entities')} WHERE {shard_is(topo, s)}TRUE"
             ),
         )
     sizes = _sizes(ds, topo)
@@ -282,12 +287,26 @@ def server_figures(ds: DataStore, *, estimate: bool = False) -> list[ServerFigur
             for schema, size in size_rows:
                 if schema in dbs:
                     by_shard[dbs[schema]] = int(size or 0)
+                elif schema == topo.owned_db:
+                    by_shard = _shares(int(size or 0), shards, live, tomb)
                 elif sid == catalog_sid:
                     catalog_size = int(size or 0)
         out.append(
             ServerFigures(sid, str(address), shards, live, tomb, by_shard, catalog_size, estimate)
         )
     return out
+
+
+def _shares(
+    size: int, shards: list[int], live: dict[int, int] | None, tomb: dict[int, int] | None
+) -> dict[int, int]:
+    """The owned layout: a server's data database split over its shards by their
+    entity rows (evenly if they are unknown or none)."""
+    rows = {s: (live or {}).get(s, 0) + (tomb or {}).get(s, 0) for s in shards}
+    total = sum(rows.values())
+    if not total:
+        return {s: size // max(1, len(shards)) for s in shards}
+    return {s: size * n // total for s, n in rows.items()}
 
 
 def _estimated_counts(ds: DataStore, topo: Topology) -> dict[int, list[tuple[Any, ...]] | None]:
@@ -316,6 +335,7 @@ def _sizes(ds: DataStore, topo: Topology) -> dict[int, list[tuple[Any, ...]] | N
 
     def build(sid: int) -> Statement:
         dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
+        dbs += [topo.owned_db] if topo.owned_db is not None else []
         dbs.append(ds.cluster.catalog.db)
         marks = ", ".join(["%s"] * len(dbs))
         return (

@@ -91,7 +91,8 @@ def move(conn: Connection, shard: int, target: str, dry_run: bool, chunk: int) -
 
     Copies the shard, fences the old copy for a short cut-over (writers wait and
     retry), verifies row counts and checksums, and flips the map.  The old copy is
-    kept until `schemaless shards drop-old`.  Safe to run again if interrupted.
+    kept until `schemaless shards drop-old`.  Safe to run again if interrupted, or
+    to roll back (`schemaless shards rollback`).
 
     \b
     Example:
@@ -148,16 +149,35 @@ def rollback(conn: Connection, shard: int) -> None:
 
 
 @shards.command("drop-old")
+@click.option(
+    "--chunk",
+    type=click.IntRange(1, 100000),
+    default=2000,
+    show_default=True,
+    help="Rows per delete (owned layout).",
+)
+@click.option(
+    "--pause",
+    type=click.FloatRange(0, 60),
+    default=0.05,
+    show_default=True,
+    help="Seconds between two deletes (owned layout).",
+)
 @pass_connection
-def drop_old(conn: Connection) -> None:
-    """Drop the old copies that finished moves left behind.
+def drop_old(conn: Connection, chunk: int, pause: float) -> None:
+    """Delete the old copies that finished moves left behind.
+
+    In the owned layout: each server's rows of the logical shards it does not hold
+    (no move in progress), in chunks with a pause between them; otherwise the side
+    databases of the moves.
 
     \b
     Example:
         schemaless shards drop-old
+        schemaless shards drop-old --chunk 500 --pause 0.2
     """
     with conn.store() as ds:
-        dropped = ShardMover(ds).drop_old_copies()
+        dropped = ShardMover(ds, chunk=chunk, pause=pause).drop_old_copies()
     click.echo("\n".join(f"dropped {d}" for d in dropped) or "no old copies")
 
 
@@ -203,6 +223,7 @@ def add_server(conn: Connection, address: Address) -> None:
     """
     with conn.store() as ds:
         ds.cluster.server(address).run("SELECT 1")  # reachable with our credentials
+        ShardMover(ds).prepare_server(address)  # owned layout: its tables, before it is named
         sid = ds.cluster.catalog.add_server(address)
     click.echo(f"server {sid} = {address}: added; next: schemaless shards rebalance")
 

@@ -1,21 +1,29 @@
 """Moving a logical shard to another server while the datastore runs.
 
 1. **Copy** every table of the shard to the target, then copy again what changed
-   (a row-level diff: rows missing, different or extra on the target), online.
-2. **Fence**: one atomic ``RENAME TABLE`` moves the shard's tables on the source into a
-   side database.  It waits for transactions in flight; afterwards any client, even one
-   with an old map, gets "table doesn't exist", refreshes its map and retries
-   (``DataStore`` waits while the catalog lists a move): writers pause, they do not fail.
-3. **Final sync** from the now quiescent side copy, then **verify** row counts and
-   ``CHECKSUM TABLE`` on both sides.
-4. **Flip** the map in the catalog (its version bumped).  The side copy stays on the
-   source until ``drop_old_copies``.
+   (a row-level diff, ``schemaless.movesync``: rows missing, different or extra on the
+   target), online.
+2. **Fence**.  Owned layout: delete the source's ``owned`` row of the shard, which waits
+   for the shard's writers (their guard triggers hold it under a shared lock);
+   afterwards the source refuses the shard's writes and fails its reads.  A database
+   per shard: one atomic ``RENAME TABLE`` moves the shard's tables on the source into a
+   side database.  Either way a client, even one with an old map, gets "table doesn't
+   exist", refreshes its map and retries (``DataStore`` waits while the catalog lists a
+   move): writers pause, they do not fail.
+3. **Final sync** from the now quiescent source, then **verify** row counts and digests
+   on both sides.
+4. **Flip** the map in the catalog (its version bumped), the target's ``owned`` row
+   inserted first (owned layout).  The old copy stays on the source until
+   ``drop_old_copies``: the owned layout's rows of a shard on a server that does not
+   hold it, deleted in throttled chunks; otherwise the side database.
 
 Tombstones travel with the rows, so deletes made during the move do not come back.  A
-move interrupted at any point can be run again: the copy converges, and a fenced side
-copy is found from the move record, which names it before the rename, and finished (or
-``rollback`` renames it back).  A copy without its ``entities`` table is never read
-from, so a side copy that has gone fails the move instead of flipping the map.
+move interrupted at any point can be run again or rolled back from its record: the copy
+converges; the owned layout's fence is idempotent, and a rollback puts the source's
+``owned`` row back and deletes the target's copied rows; a fenced side copy is found
+from the move record, which names it before the rename, and finished (or renamed
+back).  A copy without its ``entities`` table is never read from, so a side copy that
+has gone fails the move instead of flipping the map.
 """
 
 from __future__ import annotations
@@ -26,17 +34,17 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
-from . import failpoints
+from . import failpoints, owned
 from .catalog import Topology
 from .connection import Server
+from .dsn import Address
 from .errors import CatalogError, SchemalessError
-from .index import Index
+from .movesync import Side, Syncer, Table, shard_tables, table_names
 from .names import check_identifier, escape_wildcards, quote
+from .owned import admin
 from .results import scalar
-from .scatter import chunks, sql_bytes
-from .schema import changes_tables_sql, entities_table_sql, fence_table_sql
+from .schema import changes_tables_sql, entities_table_sql, fence_epoch, fence_table_sql
 from .store import DataStore
 
 __all__ = ["MoveReport", "ShardMover", "rebalance_plan"]
@@ -46,50 +54,6 @@ log = logging.getLogger(__name__)
 #: At most this long, with the shard fenced, for the target's replicas to apply the
 #: final sync (small: the rows that changed since the copy rounds).
 _FENCED_REPLICA_WAIT = 5.0
-
-
-@dataclass(frozen=True)
-class _Table:
-    """How to compare and copy one table of a shard."""
-
-    name: str
-    key: tuple[str, ...]  # primary key columns
-    columns: tuple[str, ...]  # every column, in order
-    light: tuple[str, ...]  # SQL expressions compared row by row (a digest of big columns)
-
-    @property
-    def heavy(self) -> bool:
-        """Compared by digest: differing rows are fetched in full before copying."""
-        return self.light != tuple(quote(c) for c in self.columns)
-
-
-_ENTITIES = _Table(
-    "entities",
-    ("added_id",),
-    ("added_id", "id", "version", "updated", "body"),
-    ("`added_id`", "`id`", "`version`", "`updated`", "`body` IS NULL", "CRC32(`body`)"),
-)
-
-
-# The change feed's tables travel with their shard, numbers and all (nothing is emitted
-# for the copy: it never writes through step 2).
-_CHANGES = _Table(
-    "changes",
-    ("seq",),
-    ("seq", "id", "version", "body", "at"),
-    ("`seq`", "`id`", "`version`", "`at`", "`body` IS NULL", "CRC32(`body`)"),
-)
-_CHANGES_HEAD = _Table("changes_head", ("one",), ("one", "seq"), ("`one`", "`seq`"))
-
-
-def _fence_table(name: str) -> _Table:
-    return _Table(name, ("unused",), ("unused",), ("`unused`",))  # always empty
-
-
-def _index_table(index: Index) -> _Table:
-    cols = (*index.columns, "entity_id", "entity_version")
-    key = index.columns if index.unique else (*index.columns, "entity_id")  # its primary key
-    return _Table(index.table, key, cols, tuple(quote(c) for c in cols))
 
 
 @dataclass
@@ -116,11 +80,13 @@ class ShardMover:
         chunk: int = 2000,
         progress: Progress | None = None,
         replica_wait: float = 60.0,
+        pause: float = 0.05,
     ):
         self.store = store
         self.cluster = store.cluster
         self.chunk = chunk
         self.replica_wait = replica_wait  # for the target's replicas to apply the copy
+        self.pause = pause  # between two deletes of an old copy's rows (owned layout)
         self.progress = progress or (lambda message: None)
 
     # -- planning ------------------------------------------------------------------------
@@ -136,11 +102,11 @@ class ShardMover:
             + ", ".join(f"{sid} ({a})" for sid, a in sorted(topo.servers.items()))
         )
 
-    def _tables(self, topo: Topology) -> list[_Table]:
-        indexes = [info.index for info in topo.indexes.values()]
-        fence = [_fence_table(topo.fence)] if topo.fence else []
-        feed = [_CHANGES, _CHANGES_HEAD] if topo.changes else []
-        return [_ENTITIES, *(_index_table(i) for i in indexes), *feed, *fence]
+    def _syncer(self) -> Syncer:
+        return Syncer(self.chunk, self.cluster.max_batch_bytes)
+
+    def _pair(self, topo: Topology, source: int, dest: int) -> tuple[Server, Server]:
+        return self.cluster.server(topo.servers[source]), self.cluster.server(topo.servers[dest])
 
     # -- the move ------------------------------------------------------------------------
 
@@ -175,44 +141,126 @@ class ShardMover:
             raise CatalogError(
                 f"shard {shard} is being moved to server {record[1]}: finish or roll back first"
             )
-        src = self.cluster.server(topo.servers[source])
-        dst = self.cluster.server(topo.servers[dest])
-        db = topo.dbs[shard]
-        tables = self._tables(topo)
-        side = _side(record[2]) if record else ""
-        paused = time.monotonic()
-        if not side or "entities" not in self._table_names(src, side):  # not fenced yet
-            self.cluster.catalog.record_move(shard, source, dest, "copying")
-            self._create(dst, db, topo)
-            for round_ in (1, 2):
-                copied, deleted = self._sync_all(src, db, dst, db, tables)
-                report.rows_copied += copied
-                report.rows_deleted += deleted
-                self.progress(f"shard {shard}: copy round {round_}: {copied} rows copied")
-            self._wait_replicas(topo, dest, self.replica_wait)
-            side = side or self._side_name(src, db)
-            paused = time.monotonic()
-            self._fence(shard, (source, dest), src, db, side, tables)
-        try:
-            copied, deleted = self._sync_all(src, side, dst, db, tables)
-            report.rows_copied += copied
-            report.rows_deleted += deleted
-            report.verified = self._verify(src, side, dst, db, tables)
-            self._wait_replicas(topo, dest, min(self.replica_wait, _FENCED_REPLICA_WAIT))
-            self.cluster.catalog.finish_move(shard, dest, topo.indexes, topo.index_epoch)
-        except BaseException:
-            self._rollback(shard)
-            raise
+        if topo.owned_db is None:
+            kept = self._move_databases(topo, shard, (source, dest), report)
+        else:
+            kept = self._move_owned(topo, shard, (source, dest), report)
         self.cluster.refresh()
-        report.pause_seconds = time.monotonic() - paused
         self.progress(
             f"shard {shard}: moved to {report.target}; writes paused "
-            f"{report.pause_seconds * 1000:.0f} ms; old copy kept as {side}"
+            f"{report.pause_seconds * 1000:.0f} ms; {kept}"
         )
         return report
 
+    def _move_databases(
+        self, topo: Topology, shard: int, servers: tuple[int, int], report: MoveReport
+    ) -> str:
+        """A database per logical shard: fenced by renaming its tables away."""
+        record = topo.moves.get(shard)
+        src, dst = self._pair(topo, *servers)
+        db = topo.dbs[shard]
+        tables = shard_tables(topo)
+        side = _side(record[2]) if record else ""
+        paused = time.monotonic()
+        if not side or "entities" not in table_names(src, side):  # not fenced yet
+            self.cluster.catalog.record_move(shard, *servers, "copying")
+            self._create(dst, db, topo)
+            self._copy_rounds(shard, Side(src, db), Side(dst, db), tables, report)
+            self._wait_replicas(topo, servers[1], self.replica_wait)
+            side = side or self._side_name(src, db)
+            paused = time.monotonic()
+            self._fence(shard, servers, src, db, side, tables)
+        self._flip(topo, shard, servers, Side(src, side), Side(dst, db), report)
+        report.pause_seconds = time.monotonic() - paused
+        return f"old copy kept as {side}"
+
+    def _move_owned(
+        self, topo: Topology, shard: int, servers: tuple[int, int], report: MoveReport
+    ) -> str:
+        """The owned layout: fenced by deleting the source's ``owned`` row (the copy
+        rounds are skipped when a resumed move finds it gone already)."""
+        catalog = self.cluster.catalog
+        src, dst = self._pair(topo, *servers)
+        db = str(topo.owned_db)
+        here, there = Side(src, db, shard), Side(dst, db, shard)
+        self._prepare(dst, topo)
+        if self._owns(src, db, shard):
+            catalog.record_move(shard, *servers, "copying")
+            self._copy_rounds(shard, here, there, shard_tables(topo), report)
+            failpoints.hit("move.after_copy")
+            self._wait_replicas(topo, servers[1], self.replica_wait)
+        paused = time.monotonic()
+        catalog.record_move(shard, *servers, "fencing")
+        src.run(
+            admin(
+                [
+                    "SET STATEMENT innodb_lock_wait_timeout = 10 FOR DELETE FROM"
+                    f" {quote(db, 'owned')} WHERE `shard` = {int(shard)}"
+                ]
+            )
+        )  # waits for the shard's writers; a lock wait timeout is retried
+        failpoints.hit("move.after_fence")
+        catalog.record_move(shard, *servers, "fenced")
+        self._flip(topo, shard, servers, here, there, report)
+        report.pause_seconds = time.monotonic() - paused
+        return "old rows kept until drop-old"
+
+    def _flip(
+        self,
+        topo: Topology,
+        shard: int,
+        servers: tuple[int, int],
+        src: Side,
+        dst: Side,
+        report: MoveReport,
+    ) -> None:
+        """Final sync and verify from the fenced source, the target's ``owned`` row
+        (owned layout: before its replicas are waited for, which must have it too),
+        then the map flips; anything failing rolls the move back."""
+        try:
+            self._final_sync(src, dst, shard_tables(topo), report)
+            if topo.owned_db is not None:
+                dst.server.run(admin(owned.owned_rows_sql(dst.db, [shard], changes=False)))
+                failpoints.hit("move.after_owned")
+            self._wait_replicas(topo, servers[1], min(self.replica_wait, _FENCED_REPLICA_WAIT))
+            self.cluster.catalog.finish_move(shard, servers[1], topo.indexes, topo.index_epoch)
+        except BaseException:
+            self._rollback(shard)
+            raise
+
+    def _copy_rounds(
+        self, shard: int, src: Side, dst: Side, tables: Sequence[Table], report: MoveReport
+    ) -> None:
+        """The online copy, twice: the second round copies what changed during the first."""
+        sync = self._syncer()
+        for round_ in (1, 2):
+            copied, deleted = sync.sync_all(src, dst, tables)
+            report.rows_copied += copied
+            report.rows_deleted += deleted
+            self.progress(f"shard {shard}: copy round {round_}: {copied} rows copied")
+
+    def _final_sync(
+        self, src: Side, dst: Side, tables: Sequence[Table], report: MoveReport
+    ) -> None:
+        """Copy what changed until the fence, then verify; again (three times at most)
+        if a delete that passed its ownership check before the fence commits meanwhile
+        (deletes are not guarded)."""
+        sync = self._syncer()
+        for attempt in range(3):
+            copied, deleted = sync.sync_all(src, dst, tables)
+            report.rows_copied += copied
+            report.rows_deleted += deleted
+            failpoints.hit("move.before_verify")
+            try:
+                report.verified = sync.verify(src, dst, tables)
+                return
+            except CatalogError:
+                if attempt == 2:
+                    raise
+
     def rollback(self, shard: int) -> None:
-        """Undo an unfinished move: rename a fenced side copy back, forget the record."""
+        """Undo an unfinished move: the source holds the shard again (its ``owned``
+        row back, or its fenced side copy renamed back), the record is forgotten."""
         with self._lock(shard):
             self._rollback(shard)
 
@@ -227,25 +275,48 @@ class ShardMover:
         record = topo.moves.get(shard)
         if record is None:
             return
+        if topo.owned_db is None:
+            self._rename_back(topo, shard, record)
+        else:
+            self._give_back(topo, shard, record)
+        self.cluster.catalog.cancel_move(shard)
+        self.cluster.refresh()
+
+    def _rename_back(self, topo: Topology, shard: int, record: tuple[int, int, str]) -> None:
         source, _, phase = record
         side = _side(phase)
         if side:
             db = topo.dbs[shard]
             src = self.cluster.server(topo.servers[source])
-            present = self._table_names(src, side)
+            present = table_names(src, side)
             pairs = [
                 f"{quote(side, t.name)} TO {quote(db, t.name)}"
-                for t in self._tables(topo)
+                for t in shard_tables(topo)
                 if t.name in present
             ]
             if pairs:
                 src.run("RENAME TABLE " + ", ".join(pairs))
-        self.cluster.catalog.cancel_move(shard)
-        self.cluster.refresh()
+
+    def _give_back(self, topo: Topology, shard: int, record: tuple[int, int, str]) -> None:
+        """Owned layout: the target's ``owned`` row (if the move got that far) goes,
+        the source's comes back, then the target's copied rows are deleted."""
+        src, dst = self._pair(topo, record[0], record[1])
+        db = str(topo.owned_db)
+        there = "owned" in table_names(dst, db)
+        if there:
+            dst.run(admin([f"DELETE FROM {quote(db, 'owned')} WHERE `shard` = {int(shard)}"]))
+        src.run(admin(owned.owned_rows_sql(db, [shard], changes=False)))
+        failpoints.hit("move.rollback.after_owned")
+        if there:
+            self._syncer().delete(Side(dst, db, shard), shard_tables(topo), self.pause)
 
     def drop_old_copies(self) -> list[str]:
-        """Drop the side copies that finished moves left on their old servers."""
+        """Remove the old copies that finished (or rolled back) moves left: the owned
+        layout's rows of shards a server does not hold, in throttled chunks; the side
+        databases of a database per shard."""
         topo = self.cluster.refresh()
+        if topo.owned_db is not None:
+            return self._drop_old_rows(topo, topo.owned_db)
         fenced = {_side(p) for _, _, p in topo.moves.values()}
         # This datastore's only: another's prefix may start with this one and "_".
         ours = re.compile(re.escape(topo.prefix) + r"_[0-9]{4,}_old[0-9]+\Z")
@@ -261,7 +332,66 @@ class ShardMover:
                     dropped.append(f"{server.name}/{name}")
         return dropped
 
+    def _drop_old_rows(self, topo: Topology, db: str) -> list[str]:
+        """Delete each server's rows of the shards it does not hold and no move names,
+        a shard at a time under its move lock (a move of it waits meanwhile)."""
+        tables = shard_tables(topo)
+        dropped = []
+        for sid, server in self.cluster.all_servers(topo).items():
+            for shard in sorted(self._held(server, db, tables) - set(topo.shards_of(sid))):
+                if shard in topo.moves:
+                    continue
+                with self._lock(shard):
+                    now = self.cluster.refresh()
+                    if shard in now.moves or now.shard_servers[shard] == sid:
+                        continue
+                    rows = self._syncer().delete(Side(server, db, shard), tables, self.pause)
+                    failpoints.hit("move.after_drop")
+                dropped.append(f"{server.name}/{db} shard {shard} ({rows:,} rows)")
+        return dropped
+
+    @staticmethod
+    def _held(server: Server, db: str, tables: Sequence[Table]) -> set[int]:
+        """The logical shards a server has rows of, owned or not."""
+        present = table_names(server, db)
+        parts = [
+            f"SELECT DISTINCT `shard` FROM {quote(db, t.name)}" for t in tables if t.name in present
+        ]
+        if not parts:
+            return set()
+        return {int(r[0]) for r in server.run(admin([" UNION ".join(parts)]))[0]}
+
+    @staticmethod
+    def _owns(server: Server, db: str, shard: int) -> bool:
+        rows = server.run(
+            admin([f"SELECT COUNT(*) FROM {quote(db, 'owned')} WHERE `shard` = {int(shard)}"])
+        )
+        return bool(scalar(rows[0]))
+
     # -- steps ---------------------------------------------------------------------------
+
+    def prepare_server(self, address: Address) -> None:
+        """Owned layout: create the data database's tables on a server before it is
+        added to the datastore (nothing to do for a database per shard, whose moves
+        create the shard's database)."""
+        topo = self.cluster.refresh()
+        if topo.owned_db is not None:
+            self._prepare(self.cluster.server(address), topo)
+
+    def _prepare(self, server: Server, topo: Topology) -> None:
+        """The owned layout's tables on a server that is to hold shards (``IF NOT
+        EXISTS``: a server of the datastore has them), and the index epoch's fence on
+        a server that has no fence yet (one that has keeps what declarations made)."""
+        db = str(topo.owned_db)
+        stmts = owned.entities_table_sql(db)
+        for index in topo.maintained():
+            stmts += [index.create_table_sql(db, shard=True), *owned.guard_sql(db, index.table)]
+        if topo.changes:
+            stmts += owned.changes_tables_sql(db)
+        fenced = any(fence_epoch(t) is not None for t in table_names(server, db))
+        if topo.index_epoch and not fenced:
+            stmts.append(fence_table_sql(db, topo.index_epoch))
+        server.run(admin(stmts))
 
     def _create(self, dst: Server, db: str, topo: Topology) -> None:
         stmts = [f"CREATE DATABASE IF NOT EXISTS {quote(db)}", entities_table_sql(db)]
@@ -279,13 +409,13 @@ class ShardMover:
         src: Server,
         db: str,
         side: str,
-        tables: Sequence[_Table],
+        tables: Sequence[Table],
     ) -> None:
         """Rename the shard's tables into ``side``, whose name is recorded first: a mover
         that dies during the rename leaves a move that can be resumed or rolled back."""
         catalog = self.cluster.catalog
         catalog.record_move(shard, *servers, f"fencing:{side}")
-        present = self._table_names(src, db)
+        present = table_names(src, db)
         pairs = [
             f"{quote(db, t.name)} TO {quote(side, t.name)}" for t in tables if t.name in present
         ]
@@ -341,151 +471,11 @@ class ShardMover:
             stamp += 1
         return check_identifier(f"{db}_old{stamp}", "database")
 
-    @staticmethod
-    def _table_names(server: Server, db: str) -> set[str]:
-        rows = server.run(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (db,)
-        )[0]
-        return {str(r[0]) for r in rows}
-
-    def _present(self, src: Server, db: str) -> set[str]:
-        """The tables of a shard's copy to read from, which has its entities at least."""
-        present = self._table_names(src, db)
-        if "entities" not in present:
-            raise CatalogError(f"{db} on {src.name} has no entities table: nothing to copy")
-        return present
-
-    def _sync_all(
-        self, src: Server, src_db: str, dst: Server, dst_db: str, tables: Sequence[_Table]
-    ) -> tuple[int, int]:
-        present = self._present(src, src_db)
-        copied = deleted = 0
-        for table in tables:
-            if table.name in present:
-                c, d = self._sync(src, src_db, dst, dst_db, table)
-                copied += c
-                deleted += d
-        return copied, deleted
-
-    def _sync(
-        self, src: Server, src_db: str, dst: Server, dst_db: str, table: _Table
-    ) -> tuple[int, int]:
-        """Make the target table equal to the source table, chunk by chunk."""
-        keys = [quote(c) for c in table.key]
-        order = ", ".join(keys)
-        light = ", ".join(table.light)
-        n_key = len(table.key)
-        last: tuple[Any, ...] | None = None
-        copied = deleted = 0
-        while True:
-            after, params = _after(keys, last)
-            src_rows = src.run(
-                f"SELECT {light} FROM {quote(src_db, table.name)} WHERE {after}"
-                f" ORDER BY {order} LIMIT {int(self.chunk)}",
-                params,
-            )[0]
-            upto, upto_params = "TRUE", list[Any]()  # the last chunk: every later target row too
-            if len(src_rows) == self.chunk:
-                upto, upto_params = _upto(keys, tuple(src_rows[-1][:n_key]))
-            dst_rows = dst.run(
-                f"SELECT {light} FROM {quote(dst_db, table.name)} WHERE {after} AND {upto}",
-                [*params, *upto_params],
-            )[0]
-            theirs = {tuple(r[:n_key]): tuple(r) for r in dst_rows}
-            need = [tuple(r) for r in src_rows if theirs.pop(tuple(r[:n_key]), None) != tuple(r)]
-            if need:
-                copied += self._copy(src, src_db, dst, dst_db, table, need)
-            if theirs:
-                deleted += len(theirs)
-                where = " AND ".join(f"{k} = %s" for k in keys)
-                dst.run(
-                    ";".join(
-                        [f"DELETE FROM {quote(dst_db, table.name)} WHERE {where}"] * len(theirs)
-                    ),
-                    [v for key in theirs for v in key],
-                )
-            if len(src_rows) < self.chunk:
-                return copied, deleted
-            last = tuple(src_rows[-1][:n_key])
-
-    def _copy(
-        self,
-        src: Server,
-        src_db: str,
-        dst: Server,
-        dst_db: str,
-        table: _Table,
-        rows: list[tuple[Any, ...]],
-    ) -> int:
-        if table.heavy:  # fetch the full rows (bodies) by primary key
-            ids = [r[0] for r in rows]
-            rows = [
-                tuple(r)
-                for r in src.run(
-                    f"SELECT {', '.join(quote(c) for c in table.columns)}"
-                    f" FROM {quote(src_db, table.name)}"
-                    f" WHERE {quote(table.key[0])} IN ({', '.join(['%s'] * len(ids))})",
-                    ids,
-                )[0]
-            ]
-        one = "(" + ", ".join(["%s"] * len(table.columns)) + ")"
-        for part in chunks(rows, sql_bytes, self.cluster.max_batch_bytes):
-            dst.run(
-                f"REPLACE INTO {quote(dst_db, table.name)}"
-                f" ({', '.join(quote(c) for c in table.columns)}) VALUES "
-                + ", ".join([one] * len(part)),
-                [v for r in part for v in r],
-            )
-        return len(rows)
-
-    def _verify(
-        self, src: Server, src_db: str, dst: Server, dst_db: str, tables: Sequence[_Table]
-    ) -> dict[str, tuple[int, int]]:
-        """Row counts and CHECKSUM TABLE must agree on both sides."""
-        present = self._present(src, src_db)
-        out = {}
-        for table in tables:
-            if table.name not in present:
-                continue
-            sums = []
-            for server, db in ((src, src_db), (dst, dst_db)):
-                t = quote(db, table.name)
-                got = server.run(f"SELECT COUNT(*) FROM {t}; CHECKSUM TABLE {t}")
-                sums.append((int(scalar(got[0])), int(got[1][0][1] or 0)))
-            if sums[0] != sums[1]:
-                raise CatalogError(
-                    f"verification failed for {table.name}: source {sums[0]} != target {sums[1]}"
-                )
-            out[table.name] = sums[0]
-        return out
-
 
 def _side(phase: str) -> str:
     """The side database a move's phase names (``fencing:`` or ``fenced:``), or ""."""
     kind, _, side = phase.partition(":")
     return check_identifier(side, "database") if kind in ("fencing", "fenced") else ""
-
-
-def _after(keys: list[str], last: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
-    """``(keys) > last`` as an index-friendly OR of ANDs."""
-    if last is None:
-        return "TRUE", []
-    ors, params = [], []
-    for i, col in enumerate(keys):
-        ors.append("(" + " AND ".join([*(f"{k} = %s" for k in keys[:i]), f"{col} > %s"]) + ")")
-        params += [*last[:i], last[i]]
-    return "(" + " OR ".join(ors) + ")", params
-
-
-def _upto(keys: list[str], last: tuple[Any, ...]) -> tuple[str, list[Any]]:
-    """``(keys) <= last``."""
-    ors, params = [], []
-    for i, col in enumerate(keys):
-        ors.append("(" + " AND ".join([*(f"{k} = %s" for k in keys[:i]), f"{col} < %s"]) + ")")
-        params += [*last[:i], last[i]]
-    ors.append("(" + " AND ".join(f"{k} = %s" for k in keys) + ")")
-    params += list(last)
-    return "(" + " OR ".join(ors) + ")", params
 
 
 def rebalance_plan(topo: Topology) -> list[tuple[int, int, int]]:

@@ -36,7 +36,7 @@ LAYERS: list[set[str]] = [
     {"shardmap", "indexstates", "checkpoints", "heartbeats", "dictionaries"},  # catalog parts
     {"catalog"},  # the catalog: created, loaded, its parts as one object
     {"scatter", "stale", "deferrals"},  # one batch per server; the catalog's deferrals
-    {"cluster"},  # routing
+    {"cluster", "movesync"},  # routing; a move's row-level diff
     {"follow"},  # a call's deadline, following the map
     {"reader", "unique", "feed", "fit"},
     {"query", "protocol", "subscriptions"},

@@ -1,0 +1,285 @@
+"""The row-level diff of a shard move: make the target's copy of a logical shard equal
+to the source's, chunk by chunk, verify it, and delete a copy in throttled chunks.
+
+A :class:`Side` is one server's copy: in the layout of a database per logical shard
+its database's whole tables; in the owned layout the rows ``WHERE shard = s`` of the
+server's data database, which the copy writes with ``@schemaless_copying = s`` (the
+guard triggers let those through before the target owns the shard).  Every batch is
+administrative (``owned.admin``): a move reads and writes a shard no client may.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .connection import Server
+from .errors import CatalogError
+from .index import Index
+from .names import quote
+from .owned import COPYING, admin
+from .results import scalar
+from .scatter import chunks, sql_bytes
+from .topology import Topology
+
+__all__ = ["Side", "Syncer", "Table", "shard_tables", "table_names"]
+
+
+@dataclass(frozen=True)
+class Table:
+    """How to compare and copy one table of a shard."""
+
+    name: str
+    key: tuple[str, ...]  # primary key columns (the owned layout's begin with `shard`)
+    columns: tuple[str, ...]  # every column, in order
+    light: tuple[str, ...]  # SQL expressions compared row by row (a digest of big columns)
+
+    @property
+    def heavy(self) -> bool:
+        """Compared by digest: differing rows are fetched in full before copying."""
+        return self.light != tuple(quote(c) for c in self.columns)
+
+    def sharded(self) -> Table:
+        """The owned layout's table: ``shard`` first in key, columns and comparison."""
+        return Table(
+            self.name, ("shard", *self.key), ("shard", *self.columns), ("`shard`", *self.light)
+        )
+
+
+_ENTITIES = Table(
+    "entities",
+    ("added_id",),
+    ("added_id", "id", "version", "updated", "body"),
+    ("`added_id`", "`id`", "`version`", "`updated`", "`body` IS NULL", "CRC32(`body`)"),
+)
+# The change feed's tables travel with their shard, numbers and all (nothing is emitted
+# for the copy: it never writes through step 2).
+_CHANGES = Table(
+    "changes",
+    ("seq",),
+    ("seq", "id", "version", "body", "at"),
+    ("`seq`", "`id`", "`version`", "`at`", "`body` IS NULL", "CRC32(`body`)"),
+)
+_CHANGES_HEAD = Table("changes_head", ("one",), ("one", "seq"), ("`one`", "`seq`"))
+_OWNED_HEAD = Table("changes_head", ("shard",), ("shard", "seq"), ("`shard`", "`seq`"))
+
+
+def _fence_table(name: str) -> Table:
+    return Table(name, ("unused",), ("unused",), ("`unused`",))  # always empty
+
+
+def _index_table(index: Index) -> Table:
+    cols = (*index.columns, "entity_id", "entity_version")
+    key = index.columns if index.unique else (*index.columns, "entity_id")  # its primary key
+    return Table(index.table, key, cols, tuple(quote(c) for c in cols))
+
+
+def shard_tables(topo: Topology) -> list[Table]:
+    """The tables a move copies: entities, every index's, the feed's, and (a database
+    per shard) the fence; the owned layout's fence is the server's, not the shard's."""
+    indexes = [_index_table(info.index) for info in topo.indexes.values()]
+    if topo.owned_db is not None:
+        feed = [_CHANGES.sharded(), _OWNED_HEAD] if topo.changes else []
+        return [t.sharded() for t in (_ENTITIES, *indexes)] + feed
+    fence = [_fence_table(topo.fence)] if topo.fence else []
+    feed = [_CHANGES, _CHANGES_HEAD] if topo.changes else []
+    return [_ENTITIES, *indexes, *feed, *fence]
+
+
+def table_names(server: Server, db: str) -> set[str]:
+    """The tables of a database."""
+    rows = server.run(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (db,)
+    )[0]
+    return {str(r[0]) for r in rows}
+
+
+@dataclass(frozen=True)
+class Side:
+    """One server's copy of a logical shard: ``db``'s tables, or (owned layout,
+    ``shard`` given) their rows of that shard."""
+
+    server: Server
+    db: str
+    shard: int | None = None
+
+    @property
+    def where(self) -> str:
+        """The condition (with ``AND``) that picks the shard's rows."""
+        return "" if self.shard is None else f"`shard` = {int(self.shard)} AND "
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of one administrative ``SELECT``."""
+        return list(self.server.run(admin([sql]), params)[0])
+
+    def write(self, stmt: str, params: Sequence[Any] = ()) -> None:
+        """A statement that writes the shard's rows here, before this server owns it."""
+        if self.shard is None:
+            self.server.run(admin([stmt]), params)
+            return
+        stmts = [f"SET {COPYING} = {int(self.shard)}", stmt, f"SET {COPYING} = NULL"]
+        self.server.run(admin(stmts), params)  # a failed batch's connection is dropped
+
+
+class Syncer:
+    """Copies and compares a shard's tables between two sides, ``chunk`` rows at a
+    time, statements below ``max_bytes``."""
+
+    def __init__(self, chunk: int, max_bytes: int):
+        self.chunk = chunk
+        self.max_bytes = max_bytes
+
+    def present(self, side: Side) -> set[str]:
+        """The tables of a copy to read from, which has its entities at least."""
+        present = table_names(side.server, side.db)
+        if "entities" not in present:
+            raise CatalogError(f"{side.db} on {side.server.name} has no entities table")
+        return present
+
+    def sync_all(self, src: Side, dst: Side, tables: Sequence[Table]) -> tuple[int, int]:
+        """Make every table of ``dst`` equal to ``src``'s: (rows copied, rows deleted)."""
+        present = self.present(src)
+        copied = deleted = 0
+        for table in tables:
+            if table.name in present:
+                c, d = self.sync(src, dst, table)
+                copied += c
+                deleted += d
+        return copied, deleted
+
+    def sync(self, src: Side, dst: Side, table: Table) -> tuple[int, int]:
+        """Make the target table equal to the source table, chunk by chunk."""
+        keys = [quote(c) for c in table.key]
+        order = ", ".join(keys)
+        light = ", ".join(table.light)
+        n_key = len(table.key)
+        last: tuple[Any, ...] | None = None
+        copied = deleted = 0
+        while True:
+            after, params = _after(keys, last)
+            src_rows = src.read(
+                f"SELECT {light} FROM {quote(src.db, table.name)} WHERE {src.where}{after}"
+                f" ORDER BY {order} LIMIT {int(self.chunk)}",
+                params,
+            )
+            upto, upto_params = "TRUE", list[Any]()  # the last chunk: every later target row too
+            if len(src_rows) == self.chunk:
+                upto, upto_params = _upto(keys, tuple(src_rows[-1][:n_key]))
+            dst_rows = dst.read(
+                f"SELECT {light} FROM {quote(dst.db, table.name)}"
+                f" WHERE {dst.where}{after} AND {upto}",
+                [*params, *upto_params],
+            )
+            theirs = {tuple(r[:n_key]): tuple(r) for r in dst_rows}
+            need = [tuple(r) for r in src_rows if theirs.pop(tuple(r[:n_key]), None) != tuple(r)]
+            if need:
+                copied += self._copy(src, dst, table, need)
+            if theirs:
+                deleted += len(theirs)
+                where = " AND ".join(f"{k} = %s" for k in keys)
+                dst.server.run(
+                    admin([f"DELETE FROM {quote(dst.db, table.name)} WHERE {where}"] * len(theirs)),
+                    [v for key in theirs for v in key],
+                )
+            if len(src_rows) < self.chunk:
+                return copied, deleted
+            last = tuple(src_rows[-1][:n_key])
+
+    def _copy(self, src: Side, dst: Side, table: Table, rows: list[tuple[Any, ...]]) -> int:
+        if table.heavy:  # fetch the full rows (bodies) by primary key (its last column)
+            ids = [r[len(table.key) - 1] for r in rows]
+            rows = [
+                tuple(r)
+                for r in src.read(
+                    f"SELECT {', '.join(quote(c) for c in table.columns)}"
+                    f" FROM {quote(src.db, table.name)} WHERE {src.where}"
+                    f"{quote(table.key[-1])} IN ({', '.join(['%s'] * len(ids))})",
+                    ids,
+                )
+            ]
+        one = "(" + ", ".join(["%s"] * len(table.columns)) + ")"
+        for part in chunks(rows, sql_bytes, self.max_bytes):
+            dst.write(
+                f"REPLACE INTO {quote(dst.db, table.name)}"
+                f" ({', '.join(quote(c) for c in table.columns)}) VALUES "
+                + ", ".join([one] * len(part)),
+                [v for r in part for v in r],
+            )
+        return len(rows)
+
+    def verify(self, src: Side, dst: Side, tables: Sequence[Table]) -> dict[str, tuple[int, int]]:
+        """Row counts and digests must agree on both sides: ``CHECKSUM TABLE`` of a
+        database per shard; the ``BIT_XOR`` of each row's ``CRC32`` in the owned layout
+        (a table holds every shard of its server)."""
+        present = self.present(src)
+        out = {}
+        for table in tables:
+            if table.name not in present:
+                continue
+            sums = [self._digest(side, table) for side in (src, dst)]
+            if sums[0] != sums[1]:
+                raise CatalogError(
+                    f"verification failed for {table.name}: source {sums[0]} != target {sums[1]}"
+                )
+            out[table.name] = sums[0]
+        return out
+
+    @staticmethod
+    def _digest(side: Side, table: Table) -> tuple[int, int]:
+        t = quote(side.db, table.name)
+        if side.shard is None:
+            got = side.server.run(admin([f"SELECT COUNT(*) FROM {t}", f"CHECKSUM TABLE {t}"]))
+            return int(scalar(got[0])), int(got[1][0][1] or 0)
+        row = f"CONCAT_WS('|', {', '.join(table.light)})"
+        rows = side.read(
+            f"SELECT COUNT(*), COALESCE(BIT_XOR(CRC32({row})), 0) FROM {t} WHERE {side.where}TRUE"
+        )
+        return int(rows[0][0]), int(rows[0][1])
+
+    def delete(self, side: Side, tables: Sequence[Table], pause: float) -> int:
+        """Delete a side's rows of its shard (owned layout: ``side.shard`` given),
+        ``chunk`` rows a statement,
+        ``pause`` seconds between statements; never where the server owns the shard."""
+        shard = int(side.shard or 0)
+        present = table_names(side.server, side.db)
+        unowned = f"NOT EXISTS (SELECT 1 FROM {quote(side.db, 'owned')} WHERE `shard` = {shard})"
+        total = 0
+        for table in tables:
+            if table.name not in present:
+                continue
+            stmt = (
+                f"DELETE FROM {quote(side.db, table.name)} WHERE `shard` = {shard} AND {unowned}"
+                f" ORDER BY {', '.join(quote(k) for k in table.key)} LIMIT {int(self.chunk)}"
+            )
+            while True:
+                counts: list[int] = []
+                side.server.run(admin([stmt]), counts=counts)
+                total += counts[0]
+                if counts[0] < self.chunk:
+                    break
+                time.sleep(pause)
+        return total
+
+
+def _after(keys: list[str], last: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
+    """``(keys) > last`` as an index-friendly OR of ANDs."""
+    if last is None:
+        return "TRUE", []
+    ors, params = [], []
+    for i, col in enumerate(keys):
+        ors.append("(" + " AND ".join([*(f"{k} = %s" for k in keys[:i]), f"{col} > %s"]) + ")")
+        params += [*last[:i], last[i]]
+    return "(" + " OR ".join(ors) + ")", params
+
+
+def _upto(keys: list[str], last: tuple[Any, ...]) -> tuple[str, list[Any]]:
+    """``(keys) <= last``."""
+    ors, params = [], []
+    for i, col in enumerate(keys):
+        ors.append("(" + " AND ".join([*(f"{k} = %s" for k in keys[:i]), f"{col} < %s"]) + ")")
+        params += [*last[:i], last[i]]
+    ors.append("(" + " AND ".join(f"{k} = %s" for k in keys) + ")")
+    params += list(last)
+    return "(" + " OR ".join(ors) + ")", params

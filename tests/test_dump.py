@@ -11,7 +11,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import assert_clean
+from conftest import assert_clean, shard_rows
 from test_cli import Cli, cluster_env
 
 from schemaless import CatalogError, CorruptEntity, DataStore, Index, UniqueViolation, new_id
@@ -19,7 +19,6 @@ from schemaless import dump as dumping
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
-from schemaless.names import quote
 
 INDEXES = [
     Index("by_user", ["user_id", "n"], shard_on="user_id"),
@@ -35,11 +34,7 @@ def live(ds: DataStore) -> Live:
     topo = ds.cluster.refresh()
     out: Live = {}
     for shard in range(topo.n_shards):
-        server = ds.cluster.server_of_shard(topo, shard)
-        rows = server.run(
-            f"SELECT `id`, `version`, `body` FROM {quote(topo.dbs[shard], 'entities')}"
-            " WHERE `body` IS NOT NULL"
-        )[0]
+        rows = shard_rows(ds, shard, "entities", "`id`, `version`, `body`", "`body` IS NOT NULL")
         for key, version, body in rows:
             assert bytes(key) not in out
             out[bytes(key)] = (int(version), dict(ds.codec.decode(bytes(body))))
@@ -140,12 +135,7 @@ def test_an_interrupted_restore_resumes_without_duplicates(
     backfill(target, dumping.restore(target, tmp_path / "d", workers=2, progress=seen.append))
     assert sum(seen) == len(items)  # each entity counted once, skipped or written
     restored(target, live(src))
-    rows = sum(
-        target.cluster.server_of_shard(target.cluster.current(), s).run(
-            f"SELECT COUNT(*) FROM {quote(target.cluster.current().dbs[s], 'entities')}"
-        )[0][0][0]
-        for s in range(5)
-    )
+    rows = sum(shard_rows(target, s, "entities", "COUNT(*)")[0][0] for s in range(5))
     assert rows == len(items)
     assert dumping.restore(target, tmp_path / "d") == []  # again: nothing left to do
 

@@ -443,7 +443,8 @@ def _upsert_sql(topo: Topology, part: list[Record]) -> tuple[str, list[Any]]:
         groups.setdefault(shard_of(record.id, topo.n_shards), []).append(record)
     owned = topo.owned_db is not None  # rows carry their shard, through the guard
     cols, marks = ("`shard`, ", "%s, ") if owned else ("", "")
-    stmts, params = [], []
+    stmts: list[str] = []
+    params: list[Any] = []
     for shard, records in sorted(groups.items()):
         stmts.append(
             f"INSERT INTO {quote(topo.dbs[shard], 'entities')}"

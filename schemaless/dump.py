@@ -6,7 +6,7 @@ JSON object a line: ``version``, ``updated`` and the ``entity`` in the CLI's ``$
 convention for bytes, UUIDs and datetimes) or ``shard-NNNN.native`` (msgpack records
 ``[id, version, updated, body]`` with the stored body as is: no decoding, and the codec
 dictionaries it names in the manifest), and ``manifest.json``, written last: the
-encoding, the source's prefix and shard count, its settings (the expiry property and
+encoding, the source's prefix, shard count and layout, its settings (the expiry property and
 whether the change feed is on), the index definitions (unique ones flagged) and each
 file's entity count.  Each shard is read in its own ``START TRANSACTION WITH CONSISTENT
 SNAPSHOT``, shards in parallel; the dump is a snapshot per shard, not across shards.
@@ -153,6 +153,7 @@ def dump(
         "encoding": encoding,
         "prefix": topo.prefix,
         "shards": topo.n_shards,
+        "layout": topo.layout,  # the source's (for the record: restore takes any)
         "settings": Settings(topo.expire_on, topo.changes).as_dict(),
         "indexes": indexes,
         "files": {f"shard-{s:04d}.{encoding}": n for s, (n, _) in enumerate(results)},

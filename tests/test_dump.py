@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 from conftest import assert_clean, shard_rows
-from test_cli import Cli, cluster_env
+from test_cli import Cli, cluster_env, drop_prefix
 
 from schemaless import CatalogError, CorruptEntity, DataStore, Index, UniqueViolation, new_id
 from schemaless import dump as dumping
 from schemaless.cleaner.daemon import Cleaner
+from schemaless.connect import open_store
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
 
@@ -198,6 +200,43 @@ def test_cli_dump_and_restore(make_store: Any, local_cluster: LocalCluster, tmp_
     into_src = Cli(cluster_env(local_cluster, src.cluster.topology.prefix))("restore", out)
     assert into_src.exit_code == 1 and "restore into a new, empty one" in into_src.output
     assert len(items) == 60
+
+
+def test_a_databases_datastore_moves_to_the_owned_layout_by_dump_and_restore(
+    local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The documented way over (docs/operations.md): dump a datastore of the old
+    layout, restore into a new owned one with the CLI; the same entities, the indexes
+    ready and exact, the settings carried, the new one's rows guarded."""
+    tag = uuid.uuid4().hex[:8]
+    old, new = f"old_{tag}", f"new_{tag}"
+    src, dst = Cli(cluster_env(local_cluster, old)), Cli(cluster_env(local_cluster, new))
+    try:
+        src.ok("init", "--shards", "4", "--layout", "databases", "--changes")
+        src.ok("index", "create", "by_title", "--property", "title:str(40)")
+        src.ok("index", "create", "by_email", "--property", "email:str(64)", "--unique")
+        lines = [json.dumps({"title": f"t{i % 7}", "email": f"u{i}@x"}) for i in range(50)]
+        src.ok("put", input="\n".join(lines) + "\n")
+        src.ok("dump", str(tmp_path / "d"))
+        assert "exists in the databases layout" in src.fails("init", "--layout", "owned")
+        assert "(layout owned)" in dst.ok("init", "--shards", "6").output
+        out = dst.ok("restore", str(tmp_path / "d")).output
+        assert "restored 50 entities" in out and "change feed on" in out
+        assert "index by_title: ready" in out and "index by_email: ready" in out
+        assert "layout owned" in dst.ok("shards").output
+        with (
+            open_store(prefix=old, local_dir=str(local_cluster.base_dir)) as before,
+            open_store(prefix=new, local_dir=str(local_cluster.base_dir)) as after,
+        ):
+            assert after.cluster.topology.layout == "owned" and after.cluster.topology.changes
+            assert live(after) == live(before) and len(live(after)) == 50
+            assert_clean(after)
+            assert len(after.query("by_title", title="t3", limit=50)) == 7
+            with pytest.raises(UniqueViolation):
+                after.put({"email": "u1@x"})
+    finally:
+        drop_prefix(local_cluster, old)
+        drop_prefix(local_cluster, new)
 
 
 BY_EMAIL = Index("by_email", {"email": "str(64)"}, unique=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import click
@@ -11,11 +12,11 @@ from schemaless.cluster import DEFAULT_SHARDS
 from schemaless.dsn import parse_address
 from schemaless.errors import CatalogError
 from schemaless.feed import enable_changes
-from schemaless.schema import shard_db
+from schemaless.owned import LAYOUTS, OWNED
 from schemaless.store import DataStore
 
 from .expiry import expiry_property
-from .options import BadOption, Connection, pass_connection
+from .options import BadOption, CliError, Connection, pass_connection
 from .output import echo_table, human_bytes, json_line, warn_unreachable
 from .stats import ServerFigures, server_figures
 
@@ -39,7 +40,7 @@ def _summary(ds: DataStore) -> str:
     topo = ds.cluster.current()
     return (
         f"{topo.n_shards} logical shards on {len(topo.servers)} "
-        f"server{'s' if len(topo.servers) != 1 else ''}, "
+        f"server{'s' if len(topo.servers) != 1 else ''} (layout {topo.layout}), "
         f"catalog {topo.prefix}_catalog on {ds.cluster.catalog.server.name}"
         + (f", entities expire at the time in {topo.expire_on!r}" if topo.expire_on else "")
     )
@@ -71,6 +72,13 @@ def _summary(ds: DataStore) -> str:
     is_flag=True,
     help="Turn the change feed on (`schemaless changes`); also for an existing datastore.",
 )
+@click.option(
+    "--layout",
+    type=click.Choice(LAYOUTS),
+    help="How a new datastore stores its logical shards: owned (one table per server, "
+    "the shard a column) or databases (a database per logical shard, as before 0.13) "
+    f"[default: {OWNED}].",
+)
 @pass_connection
 def init(
     conn: Connection,
@@ -78,12 +86,16 @@ def init(
     shards: int | None,
     expire_on: str | None,
     changes: bool,
+    layout: str | None,
 ) -> None:
     """Create the catalog and the logical shards.
 
-    Each logical shard is a database; they are spread round-robin over the
-    servers.  Running it again is harmless; it refuses to change the number of
-    shards of an existing datastore.
+    The logical shards are spread round-robin over the servers; in the owned
+    layout (the default) each server has one database with a table for all of
+    its shards, in the databases layout each shard is a database.  Running it
+    again is harmless; it refuses to change the number of shards or the layout
+    of an existing datastore (move one to the owned layout with `schemaless
+    dump` and `schemaless restore`: docs/operations.md).
 
     \b
     Example:
@@ -91,6 +103,7 @@ def init(
         schemaless init --server db1:3306 --server db2:3306 --shards 1024
         schemaless init --shards 16 --expire-on expires_at
         schemaless init --shards 16 --changes
+        schemaless init --shards 16 --layout databases
     """
     kwargs: dict[str, Any] = {} if shards is None else {"shards": shards}
     if expire_on is not None:
@@ -99,9 +112,10 @@ def init(
     try:
         with conn.store(servers=servers, create=False, **kwargs) as ds:
             summary = _summary(ds)
+            _same_layout(ds, layout)
     except CatalogError:
         # No datastore yet (any other problem is raised again by the attempt below).
-        with conn.store(servers=servers, create=True, **kwargs) as ds:
+        with conn.store(servers=servers, create=True, layout=layout or OWNED, **kwargs) as ds:
             summary = _summary(ds)
         created = True
     turned_on = False
@@ -122,6 +136,18 @@ def init(
         click.echo(f"connect with: export SCHEMALESS_URL={first}  (credentials not shown)")
 
 
+def _same_layout(ds: DataStore, layout: str | None) -> None:
+    """Refuse a --layout other than the existing datastore's (no conversion in place)."""
+    found = ds.cluster.current().layout
+    if layout is not None and layout != found:
+        raise CliError(
+            f"datastore {ds.cluster.current().prefix!r} exists in the {found} layout, not "
+            f"{layout}: a layout is changed by dump and restore into a new datastore "
+            "(`schemaless dump DIR`, `schemaless init --prefix NEW`, `schemaless restore DIR "
+            "--prefix NEW`)"
+        )
+
+
 def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool) -> None:
     """Print servers, logical shards, entity counts and sizes."""
     with conn.store() as ds:
@@ -130,11 +156,11 @@ def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool
     warn_unreachable(f.address for f in figures if f.live is None)
     if as_json:
         for f in figures:
-            click.echo(json_line(_server_json(f, topo.prefix, per_shard)))
+            click.echo(json_line(_server_json(f, topo, per_shard)))
         return
     click.echo(
         f"datastore {topo.prefix!r}: {topo.n_shards} logical shards on "
-        f"{len(topo.servers)} servers (map version {topo.map_version})"
+        f"{len(topo.servers)} servers (map version {topo.map_version}, {_layout(topo)})"
     )
     live_head = "rows (estimate)" if estimate else "live"
     if per_shard:
@@ -160,9 +186,9 @@ def _echo_shards(
                     str(s),
                     topo.dbs[s],
                     f.address,
-                    _n(f.live, s),
+                    "-" if f.rows is not None else _n(f.live, s),
                     "-" if estimate else _n(f.tombstones, s),
-                    human_bytes(f.sizes.get(s) if f.sizes else None),
+                    _shard_size(topo, f, s),
                 ]
             )
     echo_table(
@@ -183,9 +209,9 @@ def _echo_servers(
                 str(f.server_id),
                 f.address,
                 str(len(f.shards)),
-                _total(f.live),
-                "-" if estimate else _total(f.tombstones),
-                human_bytes(sum(f.sizes.values()) if f.sizes is not None else None),
+                _count(f.live_total),
+                "-" if estimate else _count(_added(f.tombstones)),
+                human_bytes(f.size),
             ]
         )
     if len(figures) > 1:
@@ -194,9 +220,9 @@ def _echo_servers(
                 "total",
                 "",
                 str(topo.n_shards),
-                _sum(f.live for f in figures),
-                "-" if estimate else _sum(f.tombstones for f in figures),
-                human_bytes(_sizes_total(figures)),
+                _count(_total_of(f.live_total for f in figures)),
+                "-" if estimate else _count(_total_of(_added(f.tombstones) for f in figures)),
+                human_bytes(_total_of(f.size for f in figures)),
             ]
         )
     echo_table(
@@ -212,39 +238,48 @@ def _n(values: dict[int, int] | None, shard: int) -> str:
     return f"{values[shard]:,}"
 
 
-def _total(values: dict[int, int] | None) -> str:
-    return "unknown" if values is None else f"{sum(values.values()):,}"
+def _count(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
 
 
-def _sum(parts: Any) -> str:
-    values = list(parts)
-    if any(v is None for v in values):
-        return "unknown"
-    return f"{sum(sum(v.values()) for v in values):,}"
+def _added(values: dict[int, int] | None) -> int | None:
+    return None if values is None else sum(values.values())
 
 
-def _sizes_total(figures: list[ServerFigures]) -> int | None:
-    if any(f.sizes is None for f in figures):
-        return None
-    return sum(sum(f.sizes.values()) for f in figures if f.sizes is not None)
+def _total_of(values: Iterable[int | None]) -> int | None:
+    found = list(values)
+    return None if any(v is None for v in found) else sum(v or 0 for v in found)
 
 
-def _server_json(f: ServerFigures, prefix: str, per_shard: bool) -> dict[str, Any]:
+def _layout(topo: Topology) -> str:
+    if topo.owned_db is not None:
+        return f"layout owned: one database {topo.owned_db} per server"
+    return "layout databases: a database per logical shard"
+
+
+def _shard_size(topo: Topology, f: ServerFigures, shard: int) -> str:
+    if topo.owned_db is not None:
+        return "-"  # one table per server: no size per shard
+    return human_bytes(f.sizes.get(shard) if f.sizes else None)
+
+
+def _server_json(f: ServerFigures, topo: Topology, per_shard: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "server_id": f.server_id,
         "address": f.address,
+        "layout": topo.layout,
         "shards": f.shards,
-        "live": None if f.live is None else sum(f.live.values()),
+        "live": f.live_total,
         "tombstones": None if f.tombstones is None or f.estimated else sum(f.tombstones.values()),
         "estimated": f.estimated,
-        "size_bytes": None if f.sizes is None else sum(f.sizes.values()),
+        "size_bytes": f.size,
         "catalog_size_bytes": f.catalog_size,
     }
     if per_shard:
         out["per_shard"] = [
             {
                 "shard": s,
-                "database": shard_db(prefix, s),
+                "database": topo.dbs[s],
                 "live": None if f.live is None else f.live.get(s),
                 "tombstones": None if f.tombstones is None or f.estimated else f.tombstones.get(s),
                 "size_bytes": None if f.sizes is None else f.sizes.get(s),

@@ -53,7 +53,8 @@ def dump_command(conn: Connection, directory: str, encoding: str, workers: int) 
 
     Each logical shard is read in its own consistent snapshot, several at once;
     DIR must not hold a dump already.  `schemaless restore DIR` loads it into a
-    datastore of any shard count.
+    datastore of any shard count and layout: dump a datastore of the databases
+    layout and restore it into a new one to move it to the owned layout.
 
     \b
     Example:
@@ -92,6 +93,7 @@ def restore_command(conn: Connection, directory: str, no_backfill: bool, workers
     Example:
         schemaless init --shards 64 --server db1:3306 --server db2:3306
         schemaless restore ./backup-2024-06-01
+        schemaless init --prefix app2 && schemaless restore ./app-dump --prefix app2
     """
     started = time.monotonic()
     manifest = read_manifest(directory)
@@ -124,7 +126,7 @@ def _estimate(ds: DataStore) -> int:
     topo = ds.cluster.refresh()
     total = 0
     for sid, server in ds.cluster.all_servers(topo).items():
-        dbs = [topo.dbs[s] for s in topo.shards_of(sid)]
+        dbs = sorted({topo.dbs[s] for s in topo.shards_of(sid)})  # owned layout: one
         if dbs:
             rows = server.run(
                 "SELECT COALESCE(SUM(TABLE_ROWS), 0) FROM information_schema.TABLES"

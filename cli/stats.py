@@ -1,21 +1,22 @@
 """Figures read from the servers: backfill progress, entity counts, sizes, heartbeats.
 
-Every read is one statement per server (``UNION ALL`` over its logical shards),
-servers in parallel; a server that does not answer makes its figures ``None``
+Every read is one statement per server (``UNION ALL`` over its logical shards; in the
+owned layout a ``GROUP BY shard`` over the shards of the map, with the ownership
+check), servers in parallel; a server that does not answer makes its figures ``None``
 ("unknown"), never a guess.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemaless.catalog import Topology, backfill_job, now_us
 from schemaless.names import quote
-from schemaless.scatter import Statement, bare, by_server, shard_is, shard_unions
-from schemaless.schema import shard_db
+from schemaless.owned import guarded
+from schemaless.scatter import Statement, bare, shard_unions
 from schemaless.store import DataStore
 
 __all__ = [
@@ -30,15 +31,37 @@ __all__ = [
 ]
 
 
-def _per_server(
-    ds: DataStore, topo: Topology, part: Callable[[int, str], str]
-) -> dict[int, list[tuple[Any, ...]] | None]:
-    """Run one ``UNION ALL`` of ``part(shard, db)`` per server; None where it failed.
-    Each part reads ``WHERE {shard_is(topo, s)}...`` (the owned layout's tables hold
-    every shard of their server)."""
-    unions = shard_unions(topo, lambda s: part(s, topo.dbs[s]))
-    results = ds.cluster.scatter(topo, unions, bare, partial=True).results
-    return {sid: _rows(sid, unions, results) for sid in topo.servers}
+def _per_shard(
+    ds: DataStore, topo: Topology, columns: str, empty: tuple[Any, ...]
+) -> dict[int, dict[int, tuple[Any, ...]] | None]:
+    """Per server, ``shard -> columns`` aggregated over each of its logical shards'
+    entity rows (``empty`` for a shard without any); None where it did not answer."""
+    if topo.owned_db is None:
+        calls = shard_unions(
+            topo, lambda s: f"SELECT {int(s)}, {columns} FROM {quote(topo.dbs[s], 'entities')}"
+        )
+    else:  # one table: a group per shard, those of the map only
+        db, calls = topo.owned_db, {}
+        for sid in topo.servers:
+            if shards := topo.shards_of(sid):
+                listed = ", ".join(str(int(s)) for s in shards)
+                calls[sid] = guarded(
+                    [
+                        f"SELECT `shard`, {columns} FROM {quote(db, 'entities')}"
+                        f" WHERE `shard` IN ({listed}) GROUP BY `shard`"
+                    ],
+                    db,
+                    shards,
+                )
+    results = ds.cluster.scatter(topo, calls, bare, partial=True).results
+    out: dict[int, dict[int, tuple[Any, ...]] | None] = {}
+    for sid in topo.servers:
+        rows = _rows(sid, calls, results)
+        found = None if rows is None else dict.fromkeys(topo.shards_of(sid), empty)
+        if found is not None:
+            found.update({int(r[0]): tuple(r[1:]) for r in rows or ()})
+        out[sid] = found
+    return out
 
 
 def _rows(
@@ -53,17 +76,9 @@ def _rows(
 def max_added_ids(ds: DataStore, topo: Topology) -> dict[int, int | None]:
     """``shard -> MAX(added_id)`` (0 for an empty shard; None if unreachable)."""
     out: dict[int, int | None] = dict.fromkeys(range(topo.n_shards))
-    per_server = _per_server(
-        ds,
-        topo,
-        lambda s, db: (
-            f"SELECT {int(s)}, COALESCE(MAX(`added_id`), 0) FROM {quote(db, 'entities')}"
-            f" WHERE {shard_is(topo, s)}TRUE"
-        ),
-    )
-    for rows in per_server.values():
-        for shard, top in rows or ():
-            out[int(shard)] = int(top)
+    for found in _per_shard(ds, topo, "COALESCE(MAX(`added_id`), 0)", (0,)).values():
+        for shard, (top,) in (found or {}).items():
+            out[shard] = int(top)
     return out
 
 
@@ -244,109 +259,80 @@ class ServerFigures:
     shards: list[int]
     live: dict[int, int] | None  # per shard; None if unknown
     tombstones: dict[int, int] | None
-    sizes: dict[int, int] | None  # bytes per shard (data + indexes)
+    sizes: dict[int, int] | None  # bytes per shard; None if unknown or not per shard (owned)
+    size: int | None  # bytes of its shards' tables (owned layout: its data database)
     catalog_size: int | None  # bytes of <prefix>_catalog, on the first server only
     estimated: bool = False
+    rows: int | None = None  # the estimate of its entity rows, when not per shard (owned)
+
+    @property
+    def live_total(self) -> int | None:
+        """Its live entities (estimated: its entity rows), None if unknown."""
+        if self.rows is not None:
+            return self.rows
+        return None if self.live is None else sum(self.live.values())
 
 
 def server_figures(ds: DataStore, *, estimate: bool = False) -> list[ServerFigures]:
     """Counts (exact, or InnoDB's estimate) and sizes for every server."""
     topo = ds.cluster.current()
-    if estimate and topo.owned_db is None:  # the owned layout's tables hold many shards
-        counts = _estimated_counts(ds, topo)
-    else:
-        counts = _per_server(
-            ds,
-            topo,
-            lambda s, db: (
-                f"SELECT {int(s)}, COUNT(`body`), COUNT(*) - COUNT(`body`)"
-                f" FROM {quote(db, 'entities')} WHERE {shard_is(topo, s)}TRUE"
-            ),
-        )
-    sizes = _sizes(ds, topo)
-    catalog_sid = next(
-        (sid for sid, a in topo.servers.items() if a == ds.cluster.catalog.server.address), None
-    )
+    counts = {} if estimate else _per_shard(ds, topo, _COUNTS, (0, 0))
+    estimates = _by_schema(ds, topo, "table_rows", "table_name = 'entities'") if estimate else {}
+    sizes = _by_schema(ds, topo, "data_length + index_length")
+    catalog_db = ds.cluster.catalog.db
     out = []
     for sid, address in sorted(topo.servers.items()):
         shards = topo.shards_of(sid)
-        rows = counts.get(sid)
-        live = tomb = None
-        if rows is not None:
-            live, tomb = {}, {}
-            for shard, alive, dead in rows:
-                live[int(shard)] = int(alive)
-                if dead is not None:
-                    tomb[int(shard)] = int(dead)
-        size_rows = sizes.get(sid)
-        by_shard = None
-        catalog_size = None
-        if size_rows is not None:
-            dbs = {shard_db(topo.prefix, s): s for s in shards}
-            by_shard = dict.fromkeys(shards, 0)
-            for schema, size in size_rows:
-                if schema in dbs:
-                    by_shard[dbs[schema]] = int(size or 0)
-                elif schema == topo.owned_db:
-                    by_shard = _shares(int(size or 0), shards, live, tomb)
-                elif sid == catalog_sid:
-                    catalog_size = int(size or 0)
+        live = tomb = by_shard = size = catalog_size = rows = None
+        if (found := counts.get(sid)) is not None:
+            live = {s: int(n) for s, (n, _) in found.items()}
+            tomb = {s: int(d) for s, (_, d) in found.items()}
+        if (guessed := estimates.get(sid)) is not None:
+            live, tomb = {}, {}  # no split between live entities and tombstones
+            if topo.owned_db is not None:  # one table: no figure per shard
+                rows = guessed.get(topo.owned_db, 0)
+            else:
+                live = {s: guessed.get(topo.dbs[s], 0) for s in shards}
+        if (by_db := sizes.get(sid)) is not None:
+            catalog_size = by_db.pop(catalog_db, None)
+            size = sum(by_db.values())
+            if topo.owned_db is None:
+                by_shard = {s: by_db.get(topo.dbs[s], 0) for s in shards}
         out.append(
-            ServerFigures(sid, str(address), shards, live, tomb, by_shard, catalog_size, estimate)
+            ServerFigures(
+                sid, str(address), shards, live, tomb, by_shard, size, catalog_size, estimate, rows
+            )
         )
     return out
 
 
-def _shares(
-    size: int, shards: list[int], live: dict[int, int] | None, tomb: dict[int, int] | None
-) -> dict[int, int]:
-    """The owned layout: a server's data database split over its shards by their
-    entity rows (evenly if they are unknown or none)."""
-    rows = {s: (live or {}).get(s, 0) + (tomb or {}).get(s, 0) for s in shards}
-    total = sum(rows.values())
-    if not total:
-        return {s: size // max(1, len(shards)) for s in shards}
-    return {s: size * n // total for s, n in rows.items()}
+_COUNTS = "COUNT(`body`), COUNT(*) - COUNT(`body`)"
 
 
-def _estimated_counts(ds: DataStore, topo: Topology) -> dict[int, list[tuple[Any, ...]] | None]:
-    """InnoDB's row estimates (no split between live entities and tombstones)."""
-    index = {shard_db(topo.prefix, s): s for s in range(topo.n_shards)}
-    groups = by_server(topo, range(topo.n_shards), int)
-
-    def build(shards: list[int]) -> Statement:
-        marks = ", ".join(["%s"] * len(shards))
-        return (
-            "SELECT table_schema, table_rows FROM information_schema.tables"
-            f" WHERE table_name = 'entities' AND table_schema IN ({marks})",
-            tuple(shard_db(topo.prefix, s) for s in shards),
-        )
-
-    results = ds.cluster.scatter(topo, groups, build, partial=True).results
-    out: dict[int, list[tuple[Any, ...]] | None] = {}
-    for sid in topo.servers:
-        rows = _rows(sid, groups, results)
-        out[sid] = None if rows is None else [(index[str(db)], int(n or 0), None) for db, n in rows]
-    return out
-
-
-def _sizes(ds: DataStore, topo: Topology) -> dict[int, list[tuple[Any, ...]] | None]:
-    """``(schema, data_length + index_length)`` of the prefix's databases per server."""
+def _by_schema(
+    ds: DataStore, topo: Topology, figure: str, where: str = ""
+) -> dict[int, dict[str, int] | None]:
+    """Per server, ``schema -> SUM(figure)`` over the tables (``where``) of its shard
+    databases (owned layout: its data database) and the catalog, from
+    ``information_schema``; None where it did not answer."""
 
     def build(sid: int) -> Statement:
-        dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)]
-        dbs += [topo.owned_db] if topo.owned_db is not None else []
+        dbs = [topo.owned_db] if topo.owned_db else [topo.dbs[s] for s in topo.shards_of(sid)]
         dbs.append(ds.cluster.catalog.db)
         marks = ", ".join(["%s"] * len(dbs))
         return (
-            "SELECT table_schema, SUM(data_length + index_length)"
-            f" FROM information_schema.tables WHERE table_schema IN ({marks})"
+            f"SELECT table_schema, SUM({figure}) FROM information_schema.tables"
+            f" WHERE table_schema IN ({marks}){' AND ' + where if where else ''}"
             " GROUP BY table_schema",
             tuple(dbs),
         )
 
     results = ds.cluster.scatter(topo, {sid: sid for sid in topo.servers}, build, partial=True)
     return {
-        sid: (list(results.results[sid][0]) if sid in results.results else None)
+        sid: (
+            {str(db): int(n or 0) for db, n in results.results[sid][0]}
+            if sid in results.results
+            else None
+        )
         for sid in topo.servers
     }

@@ -6,10 +6,14 @@ JSON object a line: ``version``, ``updated`` and the ``entity`` in the CLI's ``$
 convention for bytes, UUIDs and datetimes) or ``shard-NNNN.native`` (msgpack records
 ``[id, version, updated, body]`` with the stored body as is: no decoding, and the codec
 dictionaries it names in the manifest), and ``manifest.json``, written last: the
-encoding, the source's prefix and shard count, its settings (the expiry property and
+encoding, the source's prefix, shard count and layout, its settings (the expiry property and
 whether the change feed is on), the index definitions (unique ones flagged) and each
 file's entity count.  Each shard is read in its own ``START TRANSACTION WITH CONSISTENT
 SNAPSHOT``, shards in parallel; the dump is a snapshot per shard, not across shards.
+In the owned layout a shard's rows are ``WHERE shard = s`` of the server's one table, and
+the snapshot's ownership check proves they are all of them (a move's fence came later).
+The format is the same in both layouts: a dump of a datastore in the layout of a
+database per logical shard restores into an owned one, the way over for existing ones.
 
 Restore gives a target with the default settings the dump's, and refuses a target
 whose settings differ (a dump made before settings were carried restores as before,
@@ -18,9 +22,10 @@ keeps the larger version: idempotent), before any index exists, then declares th
 dump's indexes: on a datastore with entities they are ``building``, so the Cleaner's
 backfill (run by ``schemaless restore`` unless told not to) writes their rows.  So the
 index protocol is never bypassed: no index is maintained while entities are written
-behind its back.  A checkpoint per source file in the target's catalog
-(``restore:<dump id>``) lets an interrupted restore resume; rewriting a batch twice
-changes nothing.
+behind its back.  In the owned layout the rows carry their shard, through the guard
+(the target owns its shards: one it does not refuses the batch).  A checkpoint per
+source file in the target's catalog (``restore:<dump id>``) lets an interrupted restore
+resume; rewriting a batch twice changes nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ from .ids import id_hex, to_id
 from .index import Index
 from .jsonform import from_json, to_jsonable
 from .names import quote
-from .scatter import STATEMENT_BYTES, by_server, chunks, sql_bytes
+from .owned import check_sql, in_guarded_transaction
+from .scatter import STATEMENT_BYTES, by_server, chunks, shard_is, sql_bytes
 from .store import DataStore
 
 __all__ = ["ENCODINGS", "MANIFEST", "Record", "Settings", "dump", "read_manifest", "restore"]
@@ -147,6 +153,7 @@ def dump(
         "encoding": encoding,
         "prefix": topo.prefix,
         "shards": topo.n_shards,
+        "layout": topo.layout,  # the source's (for the record: restore takes any)
         "settings": Settings(topo.expire_on, topo.changes).as_dict(),
         "indexes": indexes,
         "files": {f"shard-{s:04d}.{encoding}": n for s, (n, _) in enumerate(results)},
@@ -166,7 +173,7 @@ def _dump_shard(
     server = ds.cluster.server_of_shard(topo, shard)
     sql = (
         f"SELECT `added_id`, `id`, `version`, `updated`, `body` FROM "
-        f"{quote(topo.dbs[shard], 'entities')} WHERE `added_id` > %s"
+        f"{quote(topo.dbs[shard], 'entities')} WHERE {shard_is(topo, shard)}`added_id` > %s"
         f" ORDER BY `added_id` LIMIT {_PAGE}"
     )
     native = path.suffix == ".native"
@@ -178,6 +185,8 @@ def _dump_shard(
             # sessions are READ COMMITTED: a snapshot needs REPEATABLE READ
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            if topo.owned_db is not None:  # the snapshot holds the shard's rows: all of them
+                cursor.execute(check_sql(topo.owned_db, [shard]))
             after = 0
             while True:
                 cursor.execute(sql, (after,))
@@ -428,20 +437,26 @@ def _record_bytes(record: Record) -> int:
 
 
 def _upsert_sql(topo: Topology, part: list[Record]) -> tuple[str, list[Any]]:
+    """One server's upserts, a statement per logical shard, in one transaction (owned
+    layout: rows name their shard, the guard refuses one not owned, the check ends it)."""
     groups: dict[int, list[Record]] = {}
     for record in part:
         groups.setdefault(shard_of(record.id, topo.n_shards), []).append(record)
-    stmts, params = [], []
+    owned = topo.owned_db is not None  # rows carry their shard, through the guard
+    cols, marks = ("`shard`, ", "%s, ") if owned else ("", "")
+    stmts: list[str] = []
+    params: list[Any] = []
     for shard, records in sorted(groups.items()):
         stmts.append(
             f"INSERT INTO {quote(topo.dbs[shard], 'entities')}"
-            " (`id`, `version`, `updated`, `body`) VALUES "
-            + ", ".join(["(%s, %s, %s, %s)"] * len(records))
+            f" ({cols}`id`, `version`, `updated`, `body`) VALUES "
+            + ", ".join([f"({marks}%s, %s, %s, %s)"] * len(records))
             + " ON DUPLICATE KEY UPDATE"  # the version last: the others compare the old one
             " `body` = IF(VALUES(`version`) > `version`, VALUES(`body`), `body`),"
             " `updated` = IF(VALUES(`version`) > `version`, VALUES(`updated`), `updated`),"
             " `version` = GREATEST(`version`, VALUES(`version`))"
         )
         for r in records:
+            params += [shard] if owned else []
             params += [r.id, r.version, r.updated, r.body]
-    return "; ".join(stmts), params
+    return in_guarded_transaction(stmts, topo.owned_db, groups), params

@@ -2,26 +2,32 @@
 
 MariaDB table- and column-level grants need concrete database and table names, so the
 statements are built from the shard map and the index list (re-run after adding an
-index or moving shards):
+index, and in the layout of a database per logical shard after moving shards):
 
 * ``app``, the application: SELECT on the catalog, INSERT, UPDATE, DELETE on its
   ``clients`` (the write latency it reports) and, with the change feed on, on
-  ``feed_positions`` (subscriptions); INSERT, UPDATE on ``blocks`` (a write that
-  meets a building index with values it cannot hold); SELECT, INSERT, UPDATE, DELETE on every
-  shard database (on every server, so a shard that moves keeps working); no DDL.
+  ``feed_positions`` (subscriptions); INSERT, UPDATE on ``blocks`` (a write that meets a
+  building index with values it cannot hold); SELECT, INSERT, UPDATE, DELETE on every
+  shard database (owned layout: the data database ``<prefix>_data``), on every server,
+  so a shard that moves keeps working; no DDL.
 * ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints``,
-  ``deferrals`` and ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to mark an index
-  ready).  On each shard database, on the server holding it: SELECT; INSERT, UPDATE,
-  DELETE on each maintained index table; on ``entities`` only ``INSERT (id, version,
-  updated)`` and ``UPDATE (version, updated)``: fencing tombstones and raised
-  versions, never a body (except ``UPDATE (body)`` in a datastore with an expiry
-  property: tombstones of expired entities), never a delete (so no tombstone purge);
-  DELETE on the change feed's ``changes`` (its trim; with an expiry property also
-  INSERT there and UPDATE on ``changes_head``: an expiry's delete writes its change).
-  On every server, CREATE, SELECT, INSERT, UPDATE on the throttle's canary database
-  (``<prefix>_canary``, which holds no data).
+  ``deferrals`` and ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to
+  mark an index ready).  On each shard database, on the server holding it (owned
+  layout: on the data database, on every server, so moves need no new grants): SELECT;
+  INSERT, UPDATE, DELETE on each maintained index table; on ``entities`` only ``INSERT
+  (id, version, updated)`` (owned layout: and ``shard``) and ``UPDATE (version,
+  updated)``: fencing tombstones and raised versions, never a body (except ``UPDATE
+  (body)`` in a datastore with an expiry property: tombstones of expired entities),
+  never a delete (so no tombstone purge); DELETE on the change feed's ``changes`` (its
+  trim; with an expiry property also INSERT there and UPDATE on ``changes_head``: an
+  expiry's delete writes its change).  On every server, CREATE, SELECT, INSERT, UPDATE
+  on the throttle's canary database (``<prefix>_canary``, which holds no data).
 * ``admin``: ALL PRIVILEGES on every database of the datastore (``<prefix>\\_%``, which
-  also covers the side copies of shard moves), on every server.
+  also covers the side copies of shard moves and the data database), on every server.
+
+The owned layout's guard triggers run with the rights of their definer (the admin who
+created the tables), so the app and the Cleaner need no right on ``owned`` beyond the
+SELECT that the ownership check ending each batch reads it with (and no TRIGGER).
 
 GRANT takes no statement parameters, so the user and host are checked against strict
 patterns (no quotes, backticks, backslashes, semicolons or spaces) and database names
@@ -34,6 +40,7 @@ passwordless account).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import MySQLdb
@@ -42,10 +49,12 @@ from .connection import Batch, gather_partial
 from .dsn import Address
 from .errors import SchemalessError
 from .names import escape_wildcards, quote
+from .owned import admin
 from .schema import canary_db, shard_db
 
 if TYPE_CHECKING:
     from .store import DataStore
+    from .topology import Topology
 
 __all__ = [
     "ROLES",
@@ -126,10 +135,11 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
         grant(catalog_at, "INSERT, UPDATE", quote(catalog_db, "blocks"))
         if topo.changes:  # subscriptions of the change feed keep their positions there
             grant(catalog_at, "INSERT, UPDATE, DELETE", quote(catalog_db, "feed_positions"))
-        # Database-level DML on every shard database on every server: a grant on a
-        # database a server does not hold gives nothing, until a shard moves there.
+        # Database-level DML on every shard database (owned layout: the data database)
+        # on every server: one a server does not hold gives nothing, until a shard
+        # moves there.
         for at in plan:
-            for db in topo.dbs:
+            for db in dict.fromkeys(topo.dbs):
                 grant(at, "SELECT, INSERT, UPDATE, DELETE", _every_table(db))
         return plan
     for table in ("checkpoints", "deferrals", "status"):
@@ -137,22 +147,40 @@ def grant_plan(store: DataStore, role: str, user: str) -> dict[Address, list[str
     grant(catalog_at, "UPDATE (`state`, `changed`)", quote(catalog_db, "indexes"))
     for at in plan:
         grant(at, "CREATE, SELECT, INSERT, UPDATE", _every_table(canary_db(topo.prefix)))
+    for at, privileges, target in _cleaner_data(topo):
+        grant(at, privileges, target)
+    return plan
+
+
+def _cleaner_data(topo: Topology) -> Iterator[tuple[Address, str, str]]:
+    """The Cleaner's grants on the data: (server, privileges, table or ``db.*``).
+
+    In the owned layout every server has the same data database (a move's target
+    needs its tables first): the grants are on every server and follow moves; in the
+    layout of a database per logical shard, each shard's on the server holding it."""
     maintained = sorted(topo.maintained(), key=lambda index: index.name)
     # the expiry writes tombstones (``body`` = NULL) of expired entities, through the
     # write protocol: with the change feed on, their change rows too
     expiring = topo.expire_on is not None
     updates = "`version`, `updated`" + (", `body`" if expiring else "")
-    for shard, sid in enumerate(topo.shard_servers):
-        at, db = topo.servers[sid], shard_db(topo.prefix, shard)
-        grant(at, "SELECT", _every_table(db))
-        grant(at, f"INSERT (`id`, `version`, `updated`), UPDATE ({updates})", quote(db, "entities"))
+    inserts = "`id`, `version`, `updated`"
+    if topo.owned_db is not None:
+        places = [(at, topo.owned_db) for _, at in sorted(topo.servers.items())]
+        inserts = "`shard`, " + inserts  # rows name their shard
+    else:
+        places = [
+            (topo.servers[sid], shard_db(topo.prefix, shard))
+            for shard, sid in enumerate(topo.shard_servers)
+        ]
+    for at, db in places:
+        yield at, "SELECT", _every_table(db)
+        yield at, f"INSERT ({inserts}), UPDATE ({updates})", quote(db, "entities")
         for index in maintained:
-            grant(at, "INSERT, UPDATE, DELETE, INDEX", quote(db, index.table))
+            yield at, "INSERT, UPDATE, DELETE, INDEX", quote(db, index.table)
         if topo.changes:  # the trim of the change feed
-            grant(at, "INSERT, DELETE" if expiring else "DELETE", quote(db, "changes"))
+            yield at, "INSERT, DELETE" if expiring else "DELETE", quote(db, "changes")
             if expiring:
-                grant(at, "UPDATE", quote(db, "changes_head"))
-    return plan
+                yield at, "UPDATE", quote(db, "changes_head")
 
 
 def _every_table(db: str) -> str:
@@ -178,7 +206,7 @@ def apply_grants(store: DataStore, role: str, user: str) -> dict[Address, int]:
     batches = {
         at: Batch(
             store.cluster.server(at),
-            ";\n".join(
+            admin(  # grants: no ownership check
                 [
                     "SET @schemaless_sql_mode = @@SESSION.sql_mode",
                     "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',NO_AUTO_CREATE_USER')",

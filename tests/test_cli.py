@@ -552,13 +552,42 @@ def test_shards_counts_live_entities_and_tombstones(run: Cli, prefix: str) -> No
     assert totals() == (live + 2, dead + 1)
     out = run.ok("shards").output
     assert f"datastore {prefix!r}: 8 logical shards on 2 servers" in out
+    assert f"layout owned: one database {prefix}_data per server" in out
     assert out.splitlines()[1].split() == ["server", "address", "shards", "live", "tombstones",
                                            "size"]  # fmt: skip
     assert f"catalog {prefix}_catalog" in out
-    per_shard = run.ok("shards", "--per-shard").output
-    assert f"{prefix}_0007" in per_shard
+    per_shard = run.ok("shards", "--per-shard").output.splitlines()
+    seventh = next(line.split() for line in per_shard if line.split()[:1] == ["7"])
+    assert seventh[1] == f"{prefix}_data" and seventh[-1] == "-"  # no size per shard
+    per_shard_json = json_lines(run.ok("shards", "--per-shard", "--json").output)
+    assert sum(s["live"] for r in per_shard_json for s in r["per_shard"]) == live + 2
+    assert {r["layout"] for r in per_shard_json} == {"owned"}
     estimate = run.ok("shards", "--estimate").output
     assert "rows (estimate)" in estimate
+    guessed = json_lines(run.ok("shards", "--estimate", "--json").output)
+    assert all(r["estimated"] and r["live"] >= 0 for r in guessed)
+
+
+def test_init_and_shards_in_the_databases_layout(local_cluster: LocalCluster) -> None:
+    """``init --layout databases`` makes the old layout: ``shards`` says so and shows a
+    database and a size per shard; ``init`` refuses to change an existing layout."""
+    prefix = "clidbs_" + uuid.uuid4().hex[:8]
+    run = Cli(cluster_env(local_cluster, prefix))
+    try:
+        out = run.ok("init", "--shards", "4", "--layout", "databases").output
+        assert "4 logical shards on 2 servers (layout databases)" in out
+        run.ok("put", input=posts(uuid.uuid4().hex, 5))
+        out = run.ok("shards").output
+        assert "layout databases: a database per logical shard" in out
+        per_shard = run.ok("shards", "--per-shard", "--json").output
+        rows = [s for r in json_lines(per_shard) for s in r["per_shard"]]
+        assert sorted(s["database"] for s in rows) == [f"{prefix}_000{n}" for n in range(4)]
+        assert sum(s["live"] for s in rows) == 5 and all(s["size_bytes"] > 0 for s in rows)
+        assert "layout databases" in run.ok("init").output  # again: nothing changed
+        line = run.fails("init", "--layout", "owned")
+        assert "exists in the databases layout, not owned" in line and "schemaless dump" in line
+    finally:
+        drop_prefix(local_cluster, prefix)
 
 
 # -- help, errors, secrets -----------------------------------------------------------

@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
-from conftest import assert_clean
-from test_cli import Cli, cluster_env
+from conftest import assert_clean, shard_rows
+from test_cli import Cli, cluster_env, drop_prefix
 
 from schemaless import CatalogError, CorruptEntity, DataStore, Index, UniqueViolation, new_id
 from schemaless import dump as dumping
 from schemaless.cleaner.daemon import Cleaner
+from schemaless.connect import open_store
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
-from schemaless.names import quote
 
 INDEXES = [
     Index("by_user", ["user_id", "n"], shard_on="user_id"),
@@ -35,11 +36,7 @@ def live(ds: DataStore) -> Live:
     topo = ds.cluster.refresh()
     out: Live = {}
     for shard in range(topo.n_shards):
-        server = ds.cluster.server_of_shard(topo, shard)
-        rows = server.run(
-            f"SELECT `id`, `version`, `body` FROM {quote(topo.dbs[shard], 'entities')}"
-            " WHERE `body` IS NOT NULL"
-        )[0]
+        rows = shard_rows(ds, shard, "entities", "`id`, `version`, `body`", "`body` IS NOT NULL")
         for key, version, body in rows:
             assert bytes(key) not in out
             out[bytes(key)] = (int(version), dict(ds.codec.decode(bytes(body))))
@@ -140,12 +137,7 @@ def test_an_interrupted_restore_resumes_without_duplicates(
     backfill(target, dumping.restore(target, tmp_path / "d", workers=2, progress=seen.append))
     assert sum(seen) == len(items)  # each entity counted once, skipped or written
     restored(target, live(src))
-    rows = sum(
-        target.cluster.server_of_shard(target.cluster.current(), s).run(
-            f"SELECT COUNT(*) FROM {quote(target.cluster.current().dbs[s], 'entities')}"
-        )[0][0][0]
-        for s in range(5)
-    )
+    rows = sum(shard_rows(target, s, "entities", "COUNT(*)")[0][0] for s in range(5))
     assert rows == len(items)
     assert dumping.restore(target, tmp_path / "d") == []  # again: nothing left to do
 
@@ -208,6 +200,43 @@ def test_cli_dump_and_restore(make_store: Any, local_cluster: LocalCluster, tmp_
     into_src = Cli(cluster_env(local_cluster, src.cluster.topology.prefix))("restore", out)
     assert into_src.exit_code == 1 and "restore into a new, empty one" in into_src.output
     assert len(items) == 60
+
+
+def test_a_databases_datastore_moves_to_the_owned_layout_by_dump_and_restore(
+    local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The documented way over (docs/operations.md): dump a datastore of the old
+    layout, restore into a new owned one with the CLI; the same entities, the indexes
+    ready and exact, the settings carried, the new one's rows guarded."""
+    tag = uuid.uuid4().hex[:8]
+    old, new = f"old_{tag}", f"new_{tag}"
+    src, dst = Cli(cluster_env(local_cluster, old)), Cli(cluster_env(local_cluster, new))
+    try:
+        src.ok("init", "--shards", "4", "--layout", "databases", "--changes")
+        src.ok("index", "create", "by_title", "--property", "title:str(40)")
+        src.ok("index", "create", "by_email", "--property", "email:str(64)", "--unique")
+        lines = [json.dumps({"title": f"t{i % 7}", "email": f"u{i}@x"}) for i in range(50)]
+        src.ok("put", input="\n".join(lines) + "\n")
+        src.ok("dump", str(tmp_path / "d"))
+        assert "exists in the databases layout" in src.fails("init", "--layout", "owned")
+        assert "(layout owned)" in dst.ok("init", "--shards", "6").output
+        out = dst.ok("restore", str(tmp_path / "d")).output
+        assert "restored 50 entities" in out and "change feed on" in out
+        assert "index by_title: ready" in out and "index by_email: ready" in out
+        assert "layout owned" in dst.ok("shards").output
+        with (
+            open_store(prefix=old, local_dir=str(local_cluster.base_dir)) as before,
+            open_store(prefix=new, local_dir=str(local_cluster.base_dir)) as after,
+        ):
+            assert after.cluster.topology.layout == "owned" and after.cluster.topology.changes
+            assert live(after) == live(before) and len(live(after)) == 50
+            assert_clean(after)
+            assert len(after.query("by_title", title="t3", limit=50)) == 7
+            with pytest.raises(UniqueViolation):
+                after.put({"email": "u1@x"})
+    finally:
+        drop_prefix(local_cluster, old)
+        drop_prefix(local_cluster, new)
 
 
 BY_EMAIL = Index("by_email", {"email": "str(64)"}, unique=True)

@@ -20,6 +20,7 @@ from typing import Any
 import MySQLdb
 import pytest
 from click.testing import CliRunner, Result
+from conftest import shard_rows
 from test_cleaner import plant
 from test_cli import cluster_env, drop_prefix
 
@@ -40,7 +41,8 @@ from schemaless.ids import new_id
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
-from schemaless.schema import canary_db, shard_db
+from schemaless.owned import admin
+from schemaless.schema import canary_db
 
 BY_LINK = Index("by_link", {"link": "str(100)"})
 BY_N = Index("by_n", {"n": "int"})
@@ -220,9 +222,10 @@ def test_printed_grants_of_each_role(local_cluster: LocalCluster, store: DataSto
         schemaless(local_cluster, store, "grants", "cleaner", "--user", "c").output
     )
     entities = [line for line in cleaner if "`entities`" in line]
-    assert len(entities) == topo.n_shards
+    assert len(entities) == len(topo.servers)  # the data database, on every server
     assert all(
-        "INSERT (`id`, `version`, `updated`), UPDATE (`version`, `updated`) ON" in line
+        "INSERT (`shard`, `id`, `version`, `updated`), UPDATE (`version`, `updated`) ON"
+        f" `{prefix}_data`.`entities`" in line
         for line in entities
     )
     assert not any("DELETE ON" in line and "`entities`" in line for line in cleaner)
@@ -280,11 +283,11 @@ def test_the_application_user_reads_and_writes_but_runs_no_ddl(
 
         topo = ds.cluster.refresh()
         server = ds.cluster.server_of_shard(topo, 0)
-        table = quote(shard_db(topo.prefix, 0), BY_LINK.table)
+        table = quote(topo.dbs[0], BY_LINK.table)
         with pytest.raises(PermissionDenied, match="DROP command denied"):
-            server.run(f"DROP TABLE {table}")
+            server.run(admin([f"DROP TABLE {table}"]))
         with pytest.raises(PermissionDenied, match="ALTER command denied"):
-            server.run(f"ALTER TABLE {table} ADD COLUMN `x` INT")
+            server.run(admin([f"ALTER TABLE {table} ADD COLUMN `x` INT"]))
         catalog = ds.cluster.catalog
         with pytest.raises(PermissionDenied, match="UPDATE command denied"):
             catalog.set_index_state("by_link", "dropped")
@@ -423,19 +426,25 @@ def test_the_cleaner_user_backfills_and_repairs_but_never_writes_a_body(
     with open_as(local_cluster, store, cleaner) as ds:
         shard = ds.cluster.shard_of_id(live.id)
         server = ds.cluster.server_of_shard(topo, shard)
-        entities = quote(shard_db(topo.prefix, shard), "entities")
+        entities = quote(topo.dbs[shard], "entities")
         with pytest.raises(PermissionDenied, match=r"UPDATE command denied .* column 'body'"):
-            server.run(f"UPDATE {entities} SET `body` = %s WHERE `id` = %s", (b"x", live.id))
+            server.run(
+                admin([f"UPDATE {entities} SET `body` = %s WHERE `id` = %s"]), (b"x", live.id)
+            )
         with pytest.raises(PermissionDenied, match="DELETE command denied"):
-            server.run(f"DELETE FROM {entities}")
+            server.run(admin([f"DELETE FROM {entities}"]))
         with pytest.raises(PermissionDenied, match=r"INSERT command denied .* column 'body'"):
             server.run(
-                f"INSERT INTO {entities} (`id`, `version`, `updated`, `body`)"
-                " VALUES (%s, 1, 1, %s)",
-                (new_id(), b"x"),
+                admin(
+                    [
+                        f"INSERT INTO {entities} (`shard`, `id`, `version`, `updated`, `body`)"
+                        " VALUES (%s, %s, 1, 1, %s)"
+                    ]
+                ),
+                (shard, new_id(), b"x"),
             )
         with pytest.raises(PermissionDenied, match="DROP command denied"):
-            server.run(f"DROP TABLE {quote(shard_db(topo.prefix, shard), BY_N.table)}")
+            server.run(admin([f"DROP TABLE {quote(topo.dbs[shard], BY_N.table)}"]))
         with pytest.raises(PermissionDenied, match="INSERT command denied"):
             ds.cluster.catalog.add_dictionary(b"d" * 100)
         # a backfill's deferred rows (a server down): recorded, read, forgotten
@@ -459,11 +468,9 @@ def _tombstones(store: DataStore) -> set[bytes]:
     topo = store.cluster.refresh()
     found: set[bytes] = set()
     for shard in range(topo.n_shards):
-        table = quote(shard_db(topo.prefix, shard), "entities")
-        rows = store.cluster.server_of_shard(topo, shard).run(
-            f"SELECT `id` FROM {table} WHERE `body` IS NULL"
-        )[0]
-        found |= {bytes(r[0]) for r in rows}
+        found |= {
+            bytes(r[0]) for r in shard_rows(store, shard, "entities", "`id`", "`body` IS NULL")
+        }
     return found
 
 
@@ -515,18 +522,60 @@ def test_the_admin_user_inits_declares_and_moves(
     with open_as(local_cluster, store, users["app"]) as ds:
         assert len(list(ds.iter("by_link"))) == len(list(store.iter("by_link")))
         ds.put({"link": "http://after-move.example/", "n": 0})
-    # the Cleaner's grants follow the shards: made again after the move
+    # the Cleaner's grants are on the data database of every server: no new ones
     with open_as(local_cluster, store, users["cleaner"]) as ds:
-        with pytest.raises(PermissionDenied, match="SELECT command denied"):
-            Cleaner(ds).run_once()
-        apply_grants(store, "cleaner", users["cleaner"].account)
         assert Cleaner(ds).run_once()["passes"] == 1
+
+
+def test_grants_in_the_layout_of_a_database_per_shard(local_cluster: LocalCluster) -> None:
+    """A datastore in the old layout: the app's grants name every shard's database on
+    every server, the Cleaner's each shard's on its server (made again after a move)."""
+    prefix = "grantsdbs_" + uuid.uuid4().hex[:8]
+    store = DataStore(
+        local_cluster.addresses,
+        [BY_LINK],
+        prefix=prefix,
+        shards=4,
+        layout="databases",
+        refresh_interval=0.2,
+        option_file=str(local_cluster.option_file),
+    )
+    try:
+        store.put_many({"link": f"http://example.com/{i}", "n": i} for i in range(20))
+        topo = store.cluster.refresh()
+        app = [g for g in grant_statements(store, "app", "'x'@'%'") if "_catalog" not in g]
+        assert len(app) == topo.n_shards * len(topo.servers)
+        cleaner = [g for g in grant_statements(store, "cleaner", "'c'@'%'") if "`entities`" in g]
+        assert sorted(cleaner) == [
+            f"GRANT INSERT (`id`, `version`, `updated`), UPDATE (`version`, `updated`)"
+            f" ON `{db}`.`entities` TO 'c'@'%'"
+            for db in topo.dbs
+        ]
+        with new_users(local_cluster, uuid.uuid4().hex[:8], ("app", "cleaner")) as made:
+            for role, user in made.items():
+                apply_grants(store, role, user.account)
+            with open_as(local_cluster, store, made["app"]) as ds:
+                entity = {"link": "http://grants.example/dbs", "n": 1}
+                ds.put(entity)
+                assert ds.query("by_link", link=entity["link"]) == [entity]
+            with open_as(local_cluster, store, made["cleaner"]) as ds:
+                assert Cleaner(ds).run_once()["passes"] == 1
+            ShardMover(store).move(3, 1 - topo.shard_servers[3])
+            assert ShardMover(store).drop_old_copies()
+            with open_as(local_cluster, store, made["cleaner"]) as ds:
+                with pytest.raises(PermissionDenied, match="SELECT command denied"):
+                    Cleaner(ds).run_once()
+                apply_grants(store, "cleaner", made["cleaner"].account)
+                assert Cleaner(ds).run_once()["passes"] == 1
+    finally:
+        store.close()
+        drop_prefix(local_cluster, prefix)
 
 
 def test_grants_of_one_datastore_give_nothing_on_another(local_cluster: LocalCluster) -> None:
     """Datastores ``<t>_b`` and ``<t>xb`` on the same servers: as a database-level grant
-    pattern, ``<t>_b_0000`` also matches ``<t>xb_0000`` (``_`` is a wildcard there), so
-    the first one's users could read and write the second one's shards and catalog."""
+    pattern, ``<t>_b_data`` also matches ``<t>xb_data`` (``_`` is a wildcard there), so
+    the first one's users could read and write the second one's entities and catalog."""
     tag = uuid.uuid4().hex[:6]
     opts: dict[str, Any] = {"option_file": str(local_cluster.option_file), "shards": 2}
     mine = DataStore(local_cluster.addresses, prefix=f"g{tag}_b", **opts)
@@ -543,8 +592,8 @@ def test_grants_of_one_datastore_give_nothing_on_another(local_cluster: LocalClu
                         host="127.0.0.1", port=server.port, user=user.name, password=user.password
                     )
                     for db, table in (
-                        (f"g{tag}xb_0000", "entities"),
-                        (f"g{tag}xb_0001", "entities"),
+                        (f"g{tag}xb_data", "entities"),
+                        (f"g{tag}xb_data", "owned"),
                         (f"g{tag}xb_catalog", "meta"),
                     ):
                         with contextlib.suppress(MySQLdb.Error):  # denied, or not on this server

@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
         "translate",
         "local",  # the development cluster: never imported by the library
     },
-    {"entity", "schema", "index", "batch", "expiry", "locate"},
+    {"entity", "schema", "index", "batch", "expiry", "locate", "owned"},
     {"connection"},  # a server's pool
     {"catalogdb", "topology", "tables", "writes"},  # SQL builders; the catalog's base, snapshot
     {"shardmap", "indexstates", "checkpoints", "heartbeats", "dictionaries"},  # catalog parts

@@ -11,11 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from conftest import shard_rows
+
 from schemaless import DataStore, Index, new_id
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.owned import admin
 
 T = TypeVar("T")
 
@@ -50,14 +52,32 @@ def count_rows(store: DataStore) -> dict[str, int]:
     store.flush()  # the stale rows of earlier writes deleted
     topo = store.cluster.refresh()
     tables = ["entities", *sorted(i.index.table for i in topo.indexes.values())]
-    totals = dict.fromkeys(tables, 0)
-    for shard in range(topo.n_shards):
-        server = store.cluster.server_of_shard(topo, shard)
-        db = shard_db(topo.prefix, shard)
-        sql = " UNION ALL ".join(f"SELECT '{t}', COUNT(*) FROM {quote(db, t)}" for t in tables)
-        for table, n in server.run(sql)[0]:
-            totals[table] += int(n)
-    return totals
+    return {
+        table: sum(int(shard_rows(store, s, table, "COUNT(*)")[0][0]) for s in range(topo.n_shards))
+        for table in tables
+    }
+
+
+@contextlib.contextmanager
+def moved_away(store: DataStore, shard: int, table: str) -> Iterator[None]:
+    """Inside: the logical shard's ``table`` gone from its server, as while the shard
+    is moved away (owned layout: its ``owned`` row deleted, so every batch naming the
+    shard fails its check; a database per shard: the table renamed); put back after."""
+    topo = store.cluster.topology
+    server = store.cluster.server_of_shard(topo, shard)
+    if topo.owned_db is not None:
+        owned = quote(topo.owned_db, "owned")
+        gone = f"DELETE FROM {owned} WHERE `shard` = {int(shard)}"
+        back = f"INSERT INTO {owned} (`shard`) VALUES ({int(shard)})"
+    else:
+        db = topo.dbs[shard]
+        gone = f"RENAME TABLE {quote(db, table)} TO {quote(db, 'moved_away')}"
+        back = f"RENAME TABLE {quote(db, 'moved_away')} TO {quote(db, table)}"
+    server.run(admin([gone]))
+    try:
+        yield
+    finally:
+        server.run(admin([back]))
 
 
 def server_of_id(store: DataStore, key: bytes) -> int:

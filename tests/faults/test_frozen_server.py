@@ -21,11 +21,9 @@ from schemaless import (
 )
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
-from schemaless.names import quote
-from schemaless.schema import shard_db
 
 from .conftest import TIMEOUT
-from .helpers import ids_on, thawed, timed, values_on, wait_for
+from .helpers import ids_on, moved_away, thawed, timed, values_on, wait_for
 
 #: What an operation on a frozen server may take beyond the timeout (thread handoffs,
 #: the other server's part of a fan-out, a loaded CI machine).
@@ -174,13 +172,6 @@ def test_partial_is_for_unreachable_servers_only(
     store = fault_store([BY_N])
     (n0,) = values_on(store, BY_N, 0, 1, start=100)
     store.put({"id": ids_on(store, 0, 1)[0], "n": n0})
-    topo = store.cluster.topology
-    shard = topo.shards_of(1)[0]
-    db = shard_db(topo.prefix, shard)
-    server = store.cluster.server_of_shard(topo, shard)
-    server.run(f"RENAME TABLE {quote(db, BY_N.table)} TO {quote(db, 'moved_away')}")
-    try:
-        with pytest.raises(TableMissing):
-            store.query(BY_N, n__gte=0, partial=True)
-    finally:
-        server.run(f"RENAME TABLE {quote(db, 'moved_away')} TO {quote(db, BY_N.table)}")
+    shard = store.cluster.topology.shards_of(1)[0]
+    with moved_away(store, shard, BY_N.table), pytest.raises(TableMissing):
+        store.query(BY_N, n__gte=0, partial=True)

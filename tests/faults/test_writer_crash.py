@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import shard_rows
 
 from schemaless import DataStore, Entity, Index
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.cleaner.verify import diff_indexes
 from schemaless.local import LocalCluster
-from schemaless.names import quote
 
 WRITER = Path(__file__).with_name("writer.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -133,12 +133,9 @@ def check_queries(store: DataStore) -> list[Entity]:
 
 def _all_ids(store: DataStore) -> list[bytes]:
     topo = store.cluster.refresh()
-    out: list[bytes] = []
-    for shard in range(topo.n_shards):
-        server = store.cluster.server_of_shard(topo, shard)
-        sql = f"SELECT `id` FROM {quote(store.cluster.current().dbs[shard], 'entities')}"
-        out += [bytes(r[0]) for r in server.run(sql)[0]]
-    return out
+    return [
+        bytes(r[0]) for s in range(topo.n_shards) for r in shard_rows(store, s, "entities", "`id`")
+    ]
 
 
 def check_superset_then_clean(store: DataStore, *, cli: LocalCluster | None = None) -> None:

@@ -29,7 +29,7 @@ from .heartbeats import ClientReport, Heartbeats
 from .index import Index
 from .indexstates import IndexStates
 from .names import quote
-from .owned import DATABASES, LAYOUTS, OWNED
+from .owned import DATABASES, LAYOUTS, OWNED, placement
 from .results import scalar
 from .schema import CATALOG_TABLES
 from .shardmap import ShardMap
@@ -112,7 +112,11 @@ class Catalog(ShardMap, IndexStates, Checkpoints, Heartbeats, Dictionaries):
                 "server_id, host, port",
                 [(i, a.host, a.port) for i, a in enumerate(addresses)],
             ),
-            ("shards", "shard, server_id", [(s, s % len(addresses)) for s in range(n_shards)]),
+            (
+                "shards",
+                "shard, server_id",
+                list(enumerate(placement(n_shards, len(addresses), layout))),
+            ),
         ):
             marks = ", ".join(["(" + ", ".join(["%s"] * len(rows[0])) + ")"] * len(rows))
             stmts.append(

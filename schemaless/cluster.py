@@ -31,7 +31,7 @@ from .hashing import shard_of
 from .index import Index
 from .latency import LatencyReporter
 from .names import quote
-from .owned import OWNED, admin
+from .owned import OWNED, admin, placement
 from .scatter import (
     Scattered,
     Statement,
@@ -411,7 +411,7 @@ class Cluster:
         self, addresses: list[Address], n_shards: int, refresh: float, layout: str
     ) -> None:
         """Create the shards first, then the catalog that makes them visible."""
-        shard_servers = tuple(shard % len(addresses) for shard in range(n_shards))
+        shard_servers = tuple(placement(n_shards, len(addresses), layout))
         draft = Topology(
             prefix=self.catalog.prefix,
             n_shards=n_shards,

@@ -45,6 +45,8 @@ __all__ = [
     "guarded",
     "in_guarded_transaction",
     "owned_rows_sql",
+    "placement",
+    "shards_sql",
     "triggered",
     "unguarded",
 ]
@@ -81,17 +83,46 @@ def data_db(prefix: str) -> str:
 
 def check_sql(db: str, shards: Iterable[int]) -> str:
     """Fail the batch (error 1146) unless every shard named is owned here."""
-    names = sorted(set(shards))
-    return _check(db, ", ".join(str(int(s)) for s in names), len(names))
+    names = tuple(sorted({int(s) for s in shards}))
+    return _check(db, shards_sql(names), len(names))
 
 
 @functools.lru_cache(maxsize=4096)
-def _check(db: str, shards: str, n: int) -> str:
+def _check(db: str, where: str, n: int) -> str:
     return (
         f"BEGIN NOT ATOMIC {CHECK} IF (SELECT COUNT(*) FROM {quote(db, 'owned')}"
-        f" WHERE `shard` IN ({shards})) < {n} THEN SIGNAL {_REFUSED}"
+        f" WHERE {where}) < {n} THEN SIGNAL {_REFUSED}"
         " 'a logical shard named is not on this server (moved): refresh the map'; END IF; END"
     )
+
+
+def shards_sql(shards: Iterable[int]) -> str:
+    """The condition that a row's ``shard`` is one of these, runs of consecutive shards
+    as ranges: a server's 2,048 shards in one block cost the server a range, where the
+    list of 2,048 numbers cost it 4 ms to parse and plan (bench/guardcost.py's notes)."""
+    names = sorted({int(s) for s in shards})
+    runs: list[list[int]] = []
+    for s in names:
+        if runs and runs[-1][1] == s - 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    single = [str(a) for a, b in runs if a == b]
+    parts = [f"`shard` BETWEEN {a} AND {b}" for a, b in runs if a != b]
+    if len(single) == 1:
+        parts.append(f"`shard` = {single[0]}")
+    elif single:
+        parts.append(f"`shard` IN ({', '.join(single)})")
+    return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
+
+def placement(n_shards: int, servers: int, layout: str) -> list[int]:
+    """The server of each logical shard in a new datastore: in the owned layout
+    contiguous blocks (each server's shards one range, so its checks and scans name
+    one ``BETWEEN``), in the layout of databases every ``servers``-th shard."""
+    if layout == OWNED:
+        return [s * servers // n_shards for s in range(n_shards)]
+    return [s % servers for s in range(n_shards)]
 
 
 def admin(stmts: list[str]) -> str:

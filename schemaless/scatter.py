@@ -20,7 +20,7 @@ from .connection import Batch, Rows, Server, gather, gather_partial
 from .errors import SchemalessError, ShardUnavailable
 from .hashing import shard_of
 from .index import Index
-from .owned import guarded
+from .owned import guarded, shards_sql
 from .tables import union_all
 
 __all__ = [
@@ -204,7 +204,7 @@ def server_reads(
 
 def shards_in(shards: Iterable[int]) -> str:
     """The owned layout's condition that a statement reads these shards' rows."""
-    return f"`shard` IN ({', '.join(str(int(s)) for s in shards)})"
+    return shards_sql(shards)
 
 
 def shard_is(topo: Topology, shard: int) -> str:

@@ -15,7 +15,16 @@ from schemaless.batch import Batch
 from schemaless.connection import ConnectOptions, Server
 from schemaless.dsn import Address
 from schemaless.names import quote
-from schemaless.owned import ADMIN, CHECK, TRIGGERED, admin, check_sql, data_db
+from schemaless.owned import (
+    ADMIN,
+    CHECK,
+    TRIGGERED,
+    admin,
+    check_sql,
+    data_db,
+    placement,
+    shards_sql,
+)
 from schemaless.scatter import shard_unions
 from schemaless.tables import by_id_sql
 from schemaless.writes import (
@@ -127,6 +136,23 @@ def test_unchecked_batches_are_refused_before_they_are_sent() -> None:
             reply.result()
 
 
+def test_shards_are_named_by_their_runs() -> None:
+    assert shards_sql([5]) == "`shard` = 5"
+    assert shards_sql(range(2048)) == "`shard` BETWEEN 0 AND 2047"
+    assert shards_sql([9, 1, 2, 3, 7, 5]) == ("(`shard` BETWEEN 1 AND 3 OR `shard` IN (5, 7, 9))")
+
+
+@pytest.mark.parametrize("shards,servers", [(8, 2), (4096, 2), (7, 3), (3, 5)])
+def test_a_new_owned_datastore_gives_each_server_one_block(shards: int, servers: int) -> None:
+    owned = placement(shards, servers, "owned")
+    for sid in set(owned):
+        held = [s for s in range(shards) if owned[s] == sid]
+        assert held == list(range(held[0], held[-1] + 1))  # one run: one BETWEEN
+    counts = [owned.count(sid) for sid in range(min(shards, servers))]
+    assert max(counts) - min(counts) <= 1
+    assert placement(shards, servers, "databases") == [s % servers for s in range(shards)]
+
+
 def test_shard_unions_filter_and_check_each_server() -> None:
     from schemaless.topology import Topology
 
@@ -159,13 +185,13 @@ def _fence(store: DataStore, shard: int) -> None:
     _server_of(store, shard).run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
 
 
-def _two_on_one(make_store: Callable[..., DataStore]) -> tuple[DataStore, int]:
-    """A datastore whose server 0 holds logical shards 0 and ``n`` (one more shard than
-    servers), and ``n``."""
-    n = len(make_store().cluster.topology.servers)
-    store = make_store(shards=n + 1)
-    assert store.cluster.topology.shard_servers[0] == store.cluster.topology.shard_servers[n]
-    return store, n
+def _two_on_one(make_store: Callable[..., DataStore]) -> tuple[DataStore, int, int]:
+    """A datastore and two logical shards that live on one server (the first server
+    of the map) whose other servers hold the rest."""
+    store = make_store(shards=2 * len(make_store().cluster.topology.servers))
+    on = store.cluster.topology.shard_servers
+    first, second = (s for s in range(len(on)) if on[s] == on[0])
+    return store, first, second
 
 
 def _id_on(store: DataStore, shard: int) -> bytes:
@@ -179,17 +205,17 @@ def _id_on(store: DataStore, shard: int) -> bytes:
 def test_the_triggers_refuse_a_shard_not_owned_unless_a_move_copies_it(
     make_store: Callable[..., DataStore],
 ) -> None:
-    store, _ = _two_on_one(make_store)
-    db = store.cluster.topology.owned_db
-    assert db is not None
-    server = _server_of(store, 0)  # shard 1 is on another server
-    table = quote(db, "entities")
-    insert = f"INSERT INTO {table} (`shard`, `id`, `version`, `updated`) VALUES (1, %s, 1, 1)"
+    store, first, _ = _two_on_one(make_store)
+    topo = store.cluster.topology
+    assert topo.owned_db is not None
+    server = _server_of(store, first)
+    away = next(s for s in range(topo.n_shards) if topo.shard_servers[s] != topo.shard_servers[0])
+    table = quote(topo.owned_db, "entities")
+    insert = f"INSERT INTO {table} (`shard`, `id`, `version`, `updated`) VALUES ({away}, %s, 1, 1)"
     with pytest.raises(TableMissing, match="not on this server"):
         server.run(admin([insert]), [ID])
-    server.run(
-        admin(["SET @schemaless_copying = 1", insert, "SET @schemaless_copying = NULL"]), [ID]
-    )
+    copying = [f"SET @schemaless_copying = {away}", insert, "SET @schemaless_copying = NULL"]
+    server.run(admin(copying), [ID])
     count = f"SELECT COUNT(*) FROM {table} WHERE `id` = %s"
     assert server.run(admin([count]), [ID])[0][0][0] == 1  # the copy went in
     with pytest.raises(TableMissing):  # but the copy is not the server's to update
@@ -199,8 +225,8 @@ def test_the_triggers_refuse_a_shard_not_owned_unless_a_move_copies_it(
 def test_a_checked_batch_of_a_fenced_shard_commits_nothing(
     make_store: Callable[..., DataStore],
 ) -> None:
-    store, n = _two_on_one(make_store)
-    a, b = _id_on(store, 0), _id_on(store, n)
+    store, first, n = _two_on_one(make_store)
+    a, b = _id_on(store, first), _id_on(store, n)
     store.put({"id": a, "v": 1})
     store.put({"id": b, "v": 1})
     before = store.get(a)
@@ -209,12 +235,12 @@ def test_a_checked_batch_of_a_fenced_shard_commits_nothing(
     topo = store.cluster.topology
     body = store.codec.encode({"id": a, "v": 2})
     writes = [
-        EntityWrite(topo.dbs[0], 0, a, before.version + 1, 1, body, BLIND, False),
+        EntityWrite(topo.dbs[first], first, a, before.version + 1, 1, body, BLIND, False),
         EntityWrite(topo.dbs[n], n, b, 99, 1, None, WriteMode.expect(1), False),
     ]
     sql, params, _ = entity_batch_sql(writes, (), topo.dbs, topo.fence, False, topo.owned_db)
     with pytest.raises(TableMissing, match="not on this server"):
-        _server_of(store, 0).run(sql, params, commits=True)
+        _server_of(store, first).run(sql, params, commits=True)
     after = store.get(a)  # shard 0's write, applied, was rolled back
     assert after is not None and after.version == before.version
     for read in (lambda: store.get(b), lambda: store.get_many([a, b])):

@@ -393,10 +393,12 @@ def test_a_move_emits_nothing_and_cursors_stay_valid(make_store: Make) -> None:
     ShardMover(store).move(shard, target)
     assert store.cluster.refresh().shard_servers[shard] == target
     assert list(store.changes(before[-1].cursor)) == []  # the copy emitted nothing
+    last = max(e.seq or 0 for e in before if e.shard == shard)
+    assert shard_rows(store, shard, "changes_head", "`seq`") == [(last,)]  # came with it
     store.put({"id": ids[0], "n": 2})
     (after,) = list(store.changes(before[-1].cursor))
     assert after.id == ids[0] and after.shard == shard
-    assert after.seq == max(e.seq or 0 for e in before if e.shard == shard) + 1
+    assert after.seq == last + 1
 
 
 def test_subscriptions_resume_and_the_cleaner_trims(make_store: Make, local_cluster: Any) -> None:

@@ -130,6 +130,8 @@ def test_a_feed_read_of_a_shard_not_owned_fails(make_store: Make) -> None:
     shard = store.cluster.shard_of_id(key)
     sub = store.subscribe("watcher")
     cursor = list(store.changes())[-1].cursor
+    caught_up = ChangeFeed(store.reader, {}, range(4))
+    assert len(list(caught_up.events())) == 1  # its shards are quiet: heads only now
     topo = store.cluster.refresh()
     server = store.cluster.server_of_shard(topo, shard)
     owned = quote(str(topo.owned_db), "owned")
@@ -139,6 +141,7 @@ def test_a_feed_read_of_a_shard_not_owned_fails(make_store: Make) -> None:
             lambda: list(store.changes()),
             lambda: list(store.changes(cursor)),  # caught up there: nothing to read
             lambda: list(store.changes(snapshot=True)),
+            lambda: list(caught_up.events()),
             lambda: list(sub.changes()),
             lambda: feed_status(store.cluster),
         ):
@@ -147,6 +150,36 @@ def test_a_feed_read_of_a_shard_not_owned_fails(make_store: Make) -> None:
     finally:
         server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({shard})"]))
     assert [e.id for e in store.changes()] == [key]
+
+
+def test_a_round_reads_idle_shards_by_one_statement_of_heads(
+    make_store: Make, local_cluster: Any
+) -> None:
+    """The owned layout: a shard read up to its head is read again only through one
+    statement of heads per server; a change there shows in it and is read at once,
+    within the same ``events()``."""
+    store = make_store(changes=True, shards=8)
+    sent: list[str] = []
+    traced = DataStore(
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=store.cluster.topology.prefix,
+        create=False,
+        tracer=lambda server, sql, seconds: sent.append(sql),
+    )
+    store.put_many({"n": i} for i in range(16))
+    feed = ChangeFeed(traced.reader, {}, range(8))
+    assert len(list(feed.events())) == 16
+    sent.clear()
+    assert list(feed.events()) == []
+    reads = [sql for sql in sent if "changes" in sql]
+    assert len(reads) == 2  # a batch per server
+    assert all("`changes_head` WHERE `shard` IN (" in sql for sql in reads)
+    assert not any("`changes` " in sql or "`entities`" in sql for sql in reads)
+    key = new_id()
+    store.put({"id": key})
+    assert [e.id for e in feed.events()] == [key]
+    traced.close()
 
 
 def test_the_feed_in_the_layout_of_a_database_per_shard(make_store: Make) -> None:

@@ -296,7 +296,7 @@ class ChangeFeed:
         for sid, (idle, parts) in sorted(groups.items()):
             sets = list(replies[sid])
             if idle:
-                more = self._woken(sets.pop(0)) or more
+                more = self._woken(idle, sets.pop(0)) or more
             for shard, _, _ in parts:
                 pos = self.positions[shard]
                 n = 2 if not isinstance(pos, tuple) or pos[0] is not None else 1
@@ -308,10 +308,11 @@ class ChangeFeed:
                     base = {**base, shard: self.positions[shard]}
         return events, more
 
-    def _woken(self, heads: Any) -> bool:
-        """Whether a quiet shard's head moved past its position (it is read again)."""
-        at = self.positions
-        woken = {int(s) for s, seq in heads if at[int(s)] != int(seq)}
+    def _woken(self, idle: list[int], heads: Any) -> bool:
+        """Whether a quiet shard's head moved from its position (or is missing): it is
+        read in full again."""
+        found = {int(s): int(seq) for s, seq in heads}
+        woken = {s for s in idle if found.get(s) != self.positions[s]}
         self._quiet -= woken
         return bool(woken)
 

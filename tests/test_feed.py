@@ -179,6 +179,18 @@ def test_a_round_reads_idle_shards_by_one_statement_of_heads(
     key = new_id()
     store.put({"id": key})
     assert [e.id for e in feed.events()] == [key]
+    # a head row gone missing: its shard is read in full again, never left quiet
+    topo = store.cluster.refresh()
+    heads = quote(str(topo.owned_db), "changes_head")
+    server = store.cluster.server_of_shard(topo, 0)
+    (seq,) = server.run(admin([f"SELECT `seq` FROM {heads} WHERE `shard` = 0"]))[0][0]
+    server.run(admin([f"DELETE FROM {heads} WHERE `shard` = 0"]))
+    try:
+        sent.clear()
+        assert list(feed.events()) == []
+        assert any("`changes` WHERE `shard` = 0 AND" in sql for sql in sent)
+    finally:
+        server.run(admin([f"INSERT INTO {heads} (`shard`, `seq`) VALUES (0, {int(seq)})"]))
     traced.close()
 
 

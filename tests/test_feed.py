@@ -426,12 +426,21 @@ def test_a_snapshot_cursor_resumes_the_snapshot(make_store: Make) -> None:
     assert not {e.id for e in first} & {e.id for e in rest}
 
 
-def test_a_move_emits_nothing_and_cursors_stay_valid(make_store: Make) -> None:
+def test_a_move_emits_nothing_and_cursors_stay_valid(make_store: Make, local_cluster: Any) -> None:
     store = make_store(changes=True, shards=4)
     ids = [new_id() for _ in range(40)]
     for key in ids:
         store.put({"id": key, "n": 1})
     before = list(store.changes())
+    stale = DataStore(  # a reader caught up before the move, its map not refreshed since
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=store.cluster.topology.prefix,
+        create=False,
+        refresh_interval=600,
+    )
+    follower = ChangeFeed(stale.reader, {}, range(4))
+    assert len(list(follower.events())) == 40
     topo = store.cluster.refresh()
     shard = store.cluster.shard_of_id(ids[0])
     target = 1 - topo.shard_servers[shard]
@@ -444,6 +453,9 @@ def test_a_move_emits_nothing_and_cursors_stay_valid(make_store: Make) -> None:
     (after,) = list(store.changes(before[-1].cursor))
     assert after.id == ids[0] and after.shard == shard
     assert after.seq == last + 1
+    assert [(e.id, e.seq) for e in follower.events()] == [(ids[0], last + 1)]
+    assert stale.cluster.topology.shard_servers[shard] == target  # it followed the map
+    stale.close()
 
 
 def test_subscriptions_resume_and_the_cleaner_trims(make_store: Make, local_cluster: Any) -> None:

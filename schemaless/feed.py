@@ -203,6 +203,15 @@ def head_is(topo: Topology, shard: int) -> str:
     return f"`shard` = {int(shard)}" if topo.owned_db is not None else "`one` = 1"
 
 
+def _heads_sql(topo: Topology, shards: list[int]) -> str:
+    """The heads of some logical shards of one server (owned layout), one statement."""
+    listed = ", ".join(str(int(s)) for s in shards)
+    return (
+        f"SELECT `shard`, `seq` FROM {quote(str(topo.owned_db), 'changes_head')}"
+        f" WHERE `shard` IN ({listed})"
+    )
+
+
 class ChangeFeed:
     """Reads the feed of some logical shards from given positions (see ``changes``)."""
 
@@ -222,6 +231,10 @@ class ChangeFeed:
         self.batch = batch
         self.poll = poll
         self._changed: set[bytes] = set()  # the scanning shard's ids changed since its P
+        # Owned layout: shards read up to their head, whose changes are read again only
+        # once a round's one statement of heads shows them moving (an idle shard costs a
+        # row, not two statements, per round).
+        self._quiet: set[int] = set()
         self._changed_upto = 0
 
     def events(self, follow: bool = False) -> Iterator[ChangeEvent]:
@@ -253,25 +266,37 @@ class ChangeFeed:
         """One batch per server; the events in shard order, and whether a shard has
         more to read at once."""
         topo = self.cluster.current()
+        if topo.owned_db is None:
+            self._quiet.clear()  # a head is read with its shard's changes
         scanning = next((s for s in self.shards if isinstance(self.positions[s], tuple)), None)
+        quiet: dict[int, list[int]] = {}
         plan: dict[int, list[tuple[int, str, list[Any]]]] = {}
         for shard in self.shards:
             pos = self.positions[shard]
+            sid = topo.shard_servers[shard]
             if isinstance(pos, tuple) and shard != scanning:
                 continue  # snapshots run one logical shard at a time
+            if shard in self._quiet:
+                quiet.setdefault(sid, []).append(shard)
+                continue
             sql, params = self._sql(topo, shard, pos)
-            plan.setdefault(topo.shard_servers[shard], []).append((shard, sql, params))
+            plan.setdefault(sid, []).append((shard, sql, params))
+        groups = {sid: (quiet.get(sid, []), plan.get(sid, [])) for sid in quiet.keys() | plan}
 
-        def batch(parts: list[tuple[int, str, list[Any]]]) -> Statement:
-            sql, params = joined([(sql, params) for _, sql, params in parts])
-            return guarded([sql], topo.owned_db, (shard for shard, _, _ in parts)), params
+        def batch(group: tuple[list[int], list[tuple[int, str, list[Any]]]]) -> Statement:
+            idle, parts = group
+            reads: list[Statement] = [(_heads_sql(topo, idle), [])] if idle else []
+            sql, params = joined(reads + [(sql, params) for _, sql, params in parts])
+            return guarded([sql], topo.owned_db, [*idle, *(s for s, _, _ in parts)]), params
 
-        replies = self.cluster.scatter(topo, plan, batch).results
+        replies = self.cluster.scatter(topo, groups, batch).results
         base = dict(self.positions)
         events: list[ChangeEvent] = []
         more = scanning is not None
-        for sid, parts in sorted(plan.items()):
+        for sid, (idle, parts) in sorted(groups.items()):
             sets = list(replies[sid])
+            if idle:
+                more = self._woken(idle, sets.pop(0)) or more
             for shard, _, _ in parts:
                 pos = self.positions[shard]
                 n = 2 if not isinstance(pos, tuple) or pos[0] is not None else 1
@@ -282,6 +307,14 @@ class ChangeFeed:
                 if self.positions[shard] != pos:  # later events' cursors include it
                     base = {**base, shard: self.positions[shard]}
         return events, more
+
+    def _woken(self, idle: list[int], heads: Any) -> bool:
+        """Whether a quiet shard's head moved from its position (or is missing): it is
+        read in full again."""
+        found = {int(s): int(seq) for s, seq in heads}
+        woken = {s for s in idle if found.get(s) != self.positions[s]}
+        self._quiet -= woken
+        return bool(woken)
 
     def _sql(self, topo: Topology, shard: int, pos: Position) -> tuple[str, list[Any]]:
         """One logical shard's reads: its head and the changes after ``pos``; or a
@@ -336,6 +369,8 @@ class ChangeFeed:
             events.append(ChangeEvent(key, int(version), entity, shard, seq, int(at), base, seq))
         if rows:
             self.positions[shard] = int(rows[-1][0])
+        if self.positions[shard] == top:
+            self._quiet.add(shard)
         return events, len(rows) >= self.batch
 
     def _scan(

@@ -130,6 +130,8 @@ def test_a_feed_read_of_a_shard_not_owned_fails(make_store: Make) -> None:
     shard = store.cluster.shard_of_id(key)
     sub = store.subscribe("watcher")
     cursor = list(store.changes())[-1].cursor
+    caught_up = ChangeFeed(store.reader, {}, range(4))
+    assert len(list(caught_up.events())) == 1  # its shards are quiet: heads only now
     topo = store.cluster.refresh()
     server = store.cluster.server_of_shard(topo, shard)
     owned = quote(str(topo.owned_db), "owned")
@@ -139,6 +141,7 @@ def test_a_feed_read_of_a_shard_not_owned_fails(make_store: Make) -> None:
             lambda: list(store.changes()),
             lambda: list(store.changes(cursor)),  # caught up there: nothing to read
             lambda: list(store.changes(snapshot=True)),
+            lambda: list(caught_up.events()),
             lambda: list(sub.changes()),
             lambda: feed_status(store.cluster),
         ):
@@ -147,6 +150,48 @@ def test_a_feed_read_of_a_shard_not_owned_fails(make_store: Make) -> None:
     finally:
         server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({shard})"]))
     assert [e.id for e in store.changes()] == [key]
+
+
+def test_a_round_reads_idle_shards_by_one_statement_of_heads(
+    make_store: Make, local_cluster: Any
+) -> None:
+    """The owned layout: a shard read up to its head is read again only through one
+    statement of heads per server; a change there shows in it and is read at once,
+    within the same ``events()``."""
+    store = make_store(changes=True, shards=8)
+    sent: list[str] = []
+    traced = DataStore(
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=store.cluster.topology.prefix,
+        create=False,
+        tracer=lambda server, sql, seconds: sent.append(sql),
+    )
+    store.put_many({"n": i} for i in range(16))
+    feed = ChangeFeed(traced.reader, {}, range(8))
+    assert len(list(feed.events())) == 16
+    sent.clear()
+    assert list(feed.events()) == []
+    reads = [sql for sql in sent if "changes" in sql]
+    assert len(reads) == 2  # a batch per server
+    assert all("`changes_head` WHERE `shard` IN (" in sql for sql in reads)
+    assert not any("`changes` " in sql or "`entities`" in sql for sql in reads)
+    key = new_id()
+    store.put({"id": key})
+    assert [e.id for e in feed.events()] == [key]
+    # a head row gone missing: its shard is read in full again, never left quiet
+    topo = store.cluster.refresh()
+    heads = quote(str(topo.owned_db), "changes_head")
+    server = store.cluster.server_of_shard(topo, 0)
+    (seq,) = server.run(admin([f"SELECT `seq` FROM {heads} WHERE `shard` = 0"]))[0][0]
+    server.run(admin([f"DELETE FROM {heads} WHERE `shard` = 0"]))
+    try:
+        sent.clear()
+        assert list(feed.events()) == []
+        assert any("`changes` WHERE `shard` = 0 AND" in sql for sql in sent)
+    finally:
+        server.run(admin([f"INSERT INTO {heads} (`shard`, `seq`) VALUES (0, {int(seq)})"]))
+    traced.close()
 
 
 def test_the_feed_in_the_layout_of_a_database_per_shard(make_store: Make) -> None:
@@ -381,22 +426,36 @@ def test_a_snapshot_cursor_resumes_the_snapshot(make_store: Make) -> None:
     assert not {e.id for e in first} & {e.id for e in rest}
 
 
-def test_a_move_emits_nothing_and_cursors_stay_valid(make_store: Make) -> None:
+def test_a_move_emits_nothing_and_cursors_stay_valid(make_store: Make, local_cluster: Any) -> None:
     store = make_store(changes=True, shards=4)
     ids = [new_id() for _ in range(40)]
     for key in ids:
         store.put({"id": key, "n": 1})
     before = list(store.changes())
+    stale = DataStore(  # a reader caught up before the move, its map not refreshed since
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=store.cluster.topology.prefix,
+        create=False,
+        refresh_interval=600,
+    )
+    follower = ChangeFeed(stale.reader, {}, range(4))
+    assert len(list(follower.events())) == 40
     topo = store.cluster.refresh()
     shard = store.cluster.shard_of_id(ids[0])
     target = 1 - topo.shard_servers[shard]
     ShardMover(store).move(shard, target)
     assert store.cluster.refresh().shard_servers[shard] == target
     assert list(store.changes(before[-1].cursor)) == []  # the copy emitted nothing
+    last = max(e.seq or 0 for e in before if e.shard == shard)
+    assert shard_rows(store, shard, "changes_head", "`seq`") == [(last,)]  # came with it
     store.put({"id": ids[0], "n": 2})
     (after,) = list(store.changes(before[-1].cursor))
     assert after.id == ids[0] and after.shard == shard
-    assert after.seq == max(e.seq or 0 for e in before if e.shard == shard) + 1
+    assert after.seq == last + 1
+    assert [(e.id, e.seq) for e in follower.events()] == [(ids[0], last + 1)]
+    assert stale.cluster.topology.shard_servers[shard] == target  # it followed the map
+    stale.close()
 
 
 def test_subscriptions_resume_and_the_cleaner_trims(make_store: Make, local_cluster: Any) -> None:

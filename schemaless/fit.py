@@ -2,8 +2,8 @@
 for a unique index, no value repeats.
 
 ``Fit`` tallies entities (the dry run's estimate feeds it its own sample); ``sample``
-reads the newest live entities of every logical shard (``SAMPLE`` in all, one
-statement per server) for the check of a declaration (``DataStore.declare_index``).
+reads the newest live entities (``SAMPLE`` in all, one statement per server) for the
+check of a declaration (``DataStore.declare_index``).
 A sample finds repeats only among the entities it read: the backfill finds the rest.
 """
 
@@ -18,15 +18,15 @@ from .errors import CorruptEntity, InvalidEntity
 from .expiry import expired
 from .ids import id_hex
 from .index import Index
-from .names import quote
-from .scatter import bare, server_reads, shards_in
+from .reader import newest_reads
+from .scatter import bare
 
 if TYPE_CHECKING:
     from .cluster import Cluster
 
 __all__ = ["SAMPLE", "Fit", "sample"]
 
-#: Live entities read at most by ``sample`` (the newest of each logical shard).
+#: About how many live entities ``sample`` reads (the newest).
 SAMPLE = 20_000
 _EXAMPLES = 5  # shown of each kind
 
@@ -101,27 +101,11 @@ def sample(
     index: Index,
     rows: int = SAMPLE,
 ) -> Fit:
-    """Check the newest live entities against ``index`` (``rows`` in all: of every
-    logical shard, at least one each; in the owned layout, of every server, its share);
-    bodies that cannot be decoded, and expired entities (which hold no value:
-    docs/architecture.md, "Expiry"), are skipped."""
+    """Check about ``rows`` of the newest live entities (``reader.newest_reads``)
+    against ``index``; bodies that cannot be decoded, and expired entities (which hold
+    no value: docs/architecture.md, "Expiry"), are skipped."""
     topo = cluster.current()
-    per = max(1, -(-rows // topo.n_shards))
-
-    def newest(table: str, shard: str, where: str, n: int) -> str:
-        return (
-            f"SELECT {shard}, `id`, `version`, `body` FROM {table} WHERE {where}"
-            f"`body` IS NOT NULL ORDER BY `added_id` DESC LIMIT {n}"
-        )
-
-    reads = server_reads(
-        topo,
-        lambda db, s: newest(
-            quote(db, "entities"), "`shard`", f"{shards_in(s)} AND ", per * len(s)
-        ),
-        lambda s: f"({newest(quote(topo.dbs[s], 'entities'), str(int(s)), '', per)})",
-    )
-    found = cluster.scatter(topo, reads, bare).results
+    found = cluster.scatter(topo, newest_reads(topo, rows), bare).results
     fit, now = Fit(index), time.time()
     for sets in found.values():
         for shard, key, version, body in sets[0]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from .catalog import Topology
 from .cluster import Cluster
 from .codec import Codec
 from .entity import Entity
@@ -14,7 +15,7 @@ from .follow import Calls
 from .ids import id_hex
 from .names import quote
 from .owned import CHECK
-from .scatter import ID_BYTES, bare, ids_by_server, shard_is, shard_unions, unreachable_only
+from .scatter import ID_BYTES, bare, ids_by_server, server_reads, shards_in, unreachable_only
 from .schema import shard_db
 from .tables import by_id_sql
 
@@ -95,21 +96,12 @@ class Reader:
         return out, missing
 
     def newest(self, samples: int) -> list[Entity]:
-        """About ``samples`` live entities, the newest of each logical shard (as many
-        from each), one statement per server."""
+        """About ``samples`` live entities, the newest (``newest_reads``), one
+        statement per server."""
         topo = self.cluster.refresh()
-        per_shard = max(1, samples // topo.n_shards)
-        unions = shard_unions(
-            topo,
-            lambda s: (
-                f"(SELECT `id`, `version`, `body`, {int(s)} FROM "
-                f"{quote(topo.dbs[s], 'entities')} WHERE {shard_is(topo, s)}`body` IS NOT NULL "
-                f"ORDER BY `added_id` DESC LIMIT {int(per_shard)})"
-            ),
-        )
-        found = self.cluster.scatter(topo, unions, bare).results
+        found = self.cluster.scatter(topo, newest_reads(topo, samples), bare).results
         return [
-            self.decode(bytes(r[0]), int(r[3]), int(r[1]), bytes(r[2]))
+            self.decode(bytes(r[1]), int(r[0]), int(r[2]), bytes(r[3]))
             for rows in found.values()
             for r in rows[0]
         ]
@@ -133,6 +125,26 @@ class Reader:
                 f"entity {id_hex(entity_id)} on logical shard {shard} "
                 f"({shard_db(self.cluster.topology.prefix, shard)}): {exc}"
             ) from exc
+
+
+def newest_reads(topo: Topology, samples: int) -> dict[int, str]:
+    """Per server, a read of about ``samples`` live entities in all, the newest
+    (``shard, id, version, body``): of each logical shard as many (at least one), or
+    in the owned layout of each server its shards' share, newest first."""
+    per = max(1, -(-samples // topo.n_shards))
+    columns = "`id`, `version`, `body`"
+
+    def newest(table: str, where: str, n: int) -> str:
+        return f"FROM {table} WHERE {where}`body` IS NOT NULL ORDER BY `added_id` DESC LIMIT {n}"
+
+    return server_reads(
+        topo,
+        lambda db, shards: (
+            f"SELECT `shard`, {columns} "
+            + newest(quote(db, "entities"), f"{shards_in(shards)} AND ", per * len(shards))
+        ),
+        lambda s: f"(SELECT {int(s)}, {columns} {newest(quote(topo.dbs[s], 'entities'), '', per)})",
+    )
 
 
 @functools.lru_cache(maxsize=65536)

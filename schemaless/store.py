@@ -34,7 +34,7 @@ from .ids import id_hex, to_id
 from .index import Index
 from .locate import locate
 from .names import quote
-from .owned import OWNED
+from .owned import LAYOUTS, OWNED
 from .protocol import Writer
 from .query import Page, QueryEngine
 from .reader import Reader
@@ -96,6 +96,8 @@ class DataStore:
     ) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if layout not in LAYOUTS:  # before any server is touched
+            raise CatalogError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         addresses, creds = _servers(mysql_shards, Credentials.resolve(user, password, option_file))
         options = ConnectOptions(
             credentials=creds,

@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemaless import (
+    CatalogError,
     CorruptEntity,
     DataStore,
     EntityTooLarge,
@@ -155,6 +156,23 @@ def test_bad_entity_is_refused_and_nothing_is_written(
     indexed.put(good)  # the store and its connections are still usable
     assert indexed.get(good["id"]) == good
     assert [e.id for e in indexed.query("by_i", i=good["i"])] == [good["id"]]
+
+
+def test_an_unknown_layout_is_refused_before_anything_is_created(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    prefix = "t_" + uuid.uuid4().hex[:12]
+    with pytest.raises(CatalogError, match="layout must be one of owned, databases"):
+        DataStore(
+            local_cluster.addresses,
+            prefix=prefix,
+            option_file=str(local_cluster.option_file),
+            layout="tables",
+        )
+    other = make_store()
+    for server in other.cluster.all_servers(other.cluster.topology).values():
+        sql = "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s"
+        assert server.run(sql, (prefix + "\\_%",))[0] == ()
 
 
 def test_a_bad_entity_in_a_batch_is_named(indexed: DataStore) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -12,13 +13,17 @@ from schemaless import DataStore
 from schemaless.catalog import Topology
 from schemaless.errors import SchemalessError, TableMissing
 from schemaless.index import Index
+from schemaless.owned import OWNED, admin, check_sql
 from schemaless.scatter import (
     Statement,
     by_server,
     chunks,
     rounds,
     row_bytes,
+    server_reads,
+    shard_is,
     shard_unions,
+    shards_in,
     sql_bytes,
 )
 from schemaless.tables import union_all
@@ -57,6 +62,25 @@ def test_shard_unions_name_every_shard_once_and_skip_servers_without_any() -> No
         2: "SELECT 2 LIMIT 1",
     }
     assert union_all(["SELECT 1"]) == "SELECT 1"
+
+
+def test_server_reads_take_each_servers_shards_of_the_map() -> None:
+    """Owned layout: one statement per server over its shards of the map, then the
+    check; the layout of a database per shard: the union of per-shard parts."""
+    old = _topo((0, 0, 2, 0))
+    owned = dataclasses.replace(old, layout=OWNED)
+
+    def whole(db: str, shards: list[int]) -> str:
+        return f"SELECT 1 FROM {db} WHERE {shards_in(shards)}"
+
+    reads = server_reads(owned, whole, lambda s: f"SELECT {s}")
+    assert set(reads) == {0, 2}
+    first, check = reads[0].split(";\n")
+    assert first == "SELECT 1 FROM p_data WHERE `shard` IN (0, 1, 3)"
+    assert check == check_sql("p_data", [0, 1, 3])
+    assert server_reads(old, whole, lambda s: f"SELECT {s}", " LIMIT 1") == shard_unions(
+        old, lambda s: f"SELECT {s}", " LIMIT 1"
+    )
 
 
 def test_chunks_keep_order_and_budget_and_send_an_oversized_item_alone() -> None:
@@ -121,7 +145,7 @@ def test_scatter_partial_returns_errors_by_server_and_raises_without_it(
 
     def build(sid: int) -> Statement:
         table = "no_such_table" if sid == bad else "entities"
-        return f"SELECT COUNT(*) FROM `{topo.dbs[topo.shards_of(sid)[0]]}`.`{table}`", ()
+        return admin([f"SELECT COUNT(*) FROM `{topo.dbs[topo.shards_of(sid)[0]]}`.`{table}`"]), ()
 
     results, errors, _ = store.cluster.scatter(topo, groups, build, partial=True)
     assert set(errors) == {bad} and isinstance(errors[bad], TableMissing)
@@ -140,9 +164,10 @@ def test_scatter_of_a_write_returns_its_affected_row_counts(
     def build(sid: int) -> Statement:
         stmts = [
             f"UPDATE `{topo.dbs[s]}`.`entities` SET `updated` = `updated` + 1"
+            f" WHERE {shard_is(topo, s)}TRUE"
             for s in topo.shards_of(sid)
         ]
-        return ";\n".join(["START TRANSACTION", *stmts, "COMMIT"]), ()
+        return admin(["START TRANSACTION", *stmts, "COMMIT"]), ()
 
     counts = store.cluster.scatter(topo, groups, build, commits=True).counts
     assert set(counts) == set(groups)
@@ -165,12 +190,12 @@ def test_rounds_send_in_order_and_stop_a_failed_server(
     }
     db = topo.dbs[topo.shards_of(bad)[0]]
     store.cluster.server_of_shard(topo, topo.shards_of(bad)[0]).run(
-        f"CREATE TABLE `{db}`.`marks` (n INT)"
+        admin([f"CREATE TABLE `{db}`.`marks` (n INT)"])
     )
     batches[bad] = [
         ("SELECT * FROM no_such_db.no_such_table", ()),
-        (f"INSERT INTO `{db}`.`marks` VALUES (1)", ()),
+        (admin([f"INSERT INTO `{db}`.`marks` VALUES (1)"]), ()),
     ]
     with pytest.raises(SchemalessError):
         rounds(servers.__getitem__, batches)
-    assert servers[bad].run(f"SELECT COUNT(*) FROM `{db}`.`marks`")[0][0][0] == 0
+    assert servers[bad].run(admin([f"SELECT COUNT(*) FROM `{db}`.`marks`"]))[0][0][0] == 0

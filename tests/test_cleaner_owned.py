@@ -21,17 +21,81 @@ from test_cleaner import BY_LINK, BY_TAG, _delete_row, _set_version, load, plant
 from schemaless import DataStore
 from schemaless.catalog import Topology
 from schemaless.cleaner import Cleaner, diff_indexes
+from schemaless.cleaner import sql as cleaner_sql
 from schemaless.cleaner.access import delete_rows, read_rows, upsert_rows
 from schemaless.cleaner.scan import entity_batches, index_batch
 from schemaless.errors import TableMissing
 from schemaless.hashing import shard_of
 from schemaless.ids import new_id
 from schemaless.names import quote
-from schemaless.owned import COPYING, admin
+from schemaless.owned import CHECK, COPYING, admin, unguarded
 from schemaless.schema import shard_db
 from schemaless.writes import IndexRow
 
 LINK = quote(BY_LINK.columns[0])
+
+
+def _builders(dbs: list[str], owned: str | None) -> dict[str, tuple[bool, str]]:
+    """Every SQL builder of the Cleaner's ``sql.py``, called: name -> (writes, SQL)."""
+    k = b"k" * 16
+    row = (BY_LINK, 1, ("a",), k, 3)
+    return {
+        "entities_by_id_sql": (False, cleaner_sql.entities_by_id_sql("p", owned, {1: [k]})[0]),
+        "rows_by_entity_sql": (
+            False,
+            cleaner_sql.rows_by_entity_sql(dbs, owned, [1, 2], [BY_LINK, BY_TAG], [k])[0],
+        ),
+        "rows_by_key_sql": (
+            False,
+            cleaner_sql.rows_by_key_sql(dbs, owned, BY_LINK, 1, [("a", k)])[0],
+        ),
+        "entity_versions_sql": (False, cleaner_sql.entity_versions_sql(dbs, owned, 1, 0, 9)[0]),
+        "versions_proof_sql": (False, cleaner_sql.versions_proof_sql(dbs, owned, 1, [(1, 2)])[0]),
+        "recent_batch_sql": (False, cleaner_sql.recent_batch_sql(dbs, owned, 1, 0, 0, 10)[0]),
+        "backlog_sql": (False, cleaner_sql.backlog_sql(dbs, owned, {1: 0, 2: 0})[0]),
+        "added_ranges_sql": (False, cleaner_sql.added_ranges_sql(dbs, owned, [1, 2])),
+        "delete_guarded_sql": (True, cleaner_sql.delete_guarded_sql(dbs, owned, [row])[0]),
+        "fence_sql": (True, cleaner_sql.fence_sql(dbs, owned, [(1, k, 3)], 5)[0]),
+        "bump_sql": (True, cleaner_sql.bump_sql(dbs, owned, 1, k, 1, 2)[0]),
+        "index_upserts_sql": (
+            True,
+            cleaner_sql.index_upserts_sql(dbs, owned, BY_LINK, [(1, [("a", k, 1)])])[0],
+        ),
+        "purge_sql": (True, cleaner_sql.purge_sql(dbs, owned, 1, 0, 10)[0]),
+    }
+
+
+def test_every_builder_of_the_cleaner_ends_its_batch_with_the_check() -> None:
+    """Owned layout: a read's check comes after its rows, a write's before its COMMIT
+    in one transaction; every statement that reads by anything but an id or a primary
+    key names its shards; rows written carry their shard.  The other layout: the
+    statements it always sent, without a check or a ``shard`` column."""
+    names = {n for n in cleaner_sql.__all__ if n.endswith("_sql")}
+    owned = _builders(["d"] * 4, "d")
+    assert set(owned) == names  # a new builder is checked here too
+    by_shard = {
+        "entity_versions_sql",
+        "versions_proof_sql",
+        "recent_batch_sql",
+        "backlog_sql",
+        "added_ranges_sql",
+        "purge_sql",
+    }
+    for name, (writes, sql) in owned.items():
+        unguarded(sql)  # Server.send would send it
+        assert sql.count(CHECK) == 1, name
+        if writes:
+            assert sql.startswith("START TRANSACTION"), name
+            assert sql.index(CHECK) < sql.index("COMMIT") == sql.rindex("COMMIT"), name
+        else:
+            assert sql.endswith("END") and "COMMIT" not in sql, name
+        if name in by_shard:
+            assert "`shard` = 1 AND" in sql or "WHERE `shard` = 1" in sql, name
+    assert "AND `shard` IN (1, 2)" in owned["rows_by_entity_sql"][1]
+    assert "(`shard`, `id`, `version`, `updated`)" in owned["fence_sql"][1]
+    assert "(`shard`, `p_link`, `entity_id`, `entity_version`)" in owned["index_upserts_sql"][1]
+    for name, (_, sql) in _builders([f"p_{s:04d}" for s in range(4)], None).items():
+        assert CHECK not in sql and "`shard`" not in sql and "`d`" not in sql, name
 
 
 def _link_on(topo: Topology, shards: list[int], tag: str) -> str:
@@ -185,3 +249,30 @@ def test_backfill_pass_and_verify_in_the_layout_of_a_database_per_shard(
     assert_clean(store)
     assert cleaner.run_once(now=time.time() + 7200)["purged"] >= 1
     assert_clean(store)
+
+
+def test_the_feed_trim_and_the_purge_per_shard(make_store: Any) -> None:
+    """The trim reads each shard's head row (``shard = s``) and deletes its change rows
+    only; the purge deletes each shard's old tombstones only, by ``(shard, updated)``."""
+    store = make_store(changes=True, shards=4)
+    entities = [{"n": i} for i in range(12)]
+    store.put_many(entities)
+    keys = [e["id"] for e in entities]
+    store.delete_many(keys[:5])
+
+    def changes() -> list[int]:
+        return [int(shard_rows(store, s, "changes", "COUNT(*)")[0][0]) for s in range(4)]
+
+    def heads() -> list[int]:
+        return [int(shard_rows(store, s, "changes_head", "seq")[0][0]) for s in range(4)]
+
+    assert sum(changes()) == 17 and heads() == changes()
+    cleaner = Cleaner(store, feed_retention=3600, tombstone_retention=3600)
+    figures = cleaner.run_once()
+    assert figures["feed_trimmed"] == figures["purged"] == 0
+    figures = cleaner.run_once(now=time.time() + 7200)
+    assert figures["feed_trimmed"] == 17 and figures["purged"] == 5
+    assert changes() == [0] * 4 and sum(heads()) == 17  # the heads keep their numbers
+    tombstones = [shard_rows(store, s, "entities", "COUNT(*)", "body IS NULL") for s in range(4)]
+    assert tombstones == [[(0,)]] * 4
+    assert sum(int(shard_rows(store, s, "entities", "COUNT(*)")[0][0]) for s in range(4)) == 7

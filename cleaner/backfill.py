@@ -53,7 +53,7 @@ from schemaless.unique import Violation
 from .access import read_entities, read_own, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
 from .defer import Redo, on, only
-from .estimate import max_added_ids
+from .estimate import added_ranges
 from .repair import Repairer
 from .runtime import Runtime, ShardPending, Stopped, log
 from .scan import EntityRow, entity_batches
@@ -145,7 +145,8 @@ class _Shard:
     position: int
     done: bool
     rows: int
-    end: int = 0  # MAX(added_id) when the backfill started: for the estimate
+    start: int = 0  # MIN(added_id) - 1 when the backfill started: for the estimate
+    end: int = 0  # MAX(added_id) then
 
 
 class _Pacer:
@@ -336,8 +337,9 @@ class Backfill:
         """Each unfinished shard's end, for the estimate (of reachable servers only)."""
         topo = self.rt.store.cluster.current()
         undone = [s.shard for s in self._shards.values() if not s.done]
-        for shard, end in max_added_ids(self.rt.store, topo, undone, partial=True).items():
-            self._shards[shard].end = end
+        for shard, (before, end) in added_ranges(self.rt.store, topo, undone, partial=True).items():
+            state = self._shards[shard]
+            state.start, state.end = before, end
 
     def _run_rounds(self, topo: Topology, index: Index) -> None:
         """Run the lanes, then write the deferred rows whose servers answer, until no
@@ -677,7 +679,7 @@ class Backfill:
         with self._lock:
             shards = list(self._shards.values())
         done = sum(s.rows for s in shards)
-        left = sum(max(0, s.end - s.position) for s in shards if not s.done)
+        left = sum(max(0, s.end - max(s.start, s.position)) for s in shards if not s.done)
         finished = sum(s.done for s in shards)
         self.rt.progress.update(self.name, done, done + left, finished, len(shards), force=force)
         if self._started is not None:

@@ -4,8 +4,10 @@
 shard is read in a few segments of consecutive ``added_id`` from spread, random-ish
 starting points, with the backfill's own scan (``entity_batches``) and row building
 (``Index.rows`` on the decoded body); a shard small enough is read whole, and its
-figures are exact.  A segment's ``added_id`` span tells how dense the shard is (purged
-tombstones leave gaps), so each sampled row stands for ``MAX(added_id) / span`` rows.
+figures are exact.  A shard's rows lie between its lowest and highest ``added_id``; a
+segment's span tells how dense they are there (purged tombstones leave gaps, and in the
+owned layout so do the other shards of the server, whose rows share the counter), so
+each sampled row stands for ``(MAX(added_id) - MIN(added_id) + 1) / span`` rows.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from schemaless.scatter import by_server, unreachable_only
 from schemaless.store import DataStore
 
 from .scan import EntityRow, entity_batches
-from .sql import max_added_sql
+from .sql import added_ranges_sql
 
-__all__ = ["Estimate", "estimate", "max_added_ids"]
+__all__ = ["Estimate", "added_ranges", "estimate"]
 
 #: Entity rows read at most, over all shards (at least ``_PER_SHARD`` per shard).
 SAMPLE = 20_000
@@ -114,23 +116,25 @@ class Estimate:
         }
 
 
-def max_added_ids(
+def added_ranges(
     store: DataStore, topo: Topology, shards: Iterable[int] | None = None, *, partial: bool = False
-) -> dict[int, int]:
-    """``shard -> MAX(added_id)`` (0 for an empty shard) of ``shards`` (default all),
-    one statement per server; ``partial``: without the shards of unavailable servers."""
+) -> dict[int, tuple[int, int]]:
+    """``shard -> (MIN(added_id) - 1, MAX(added_id))`` (``(0, 0)`` for an empty shard)
+    of ``shards`` (default all): the ``added_id`` range a scan of the shard covers (in
+    the owned layout ``added_id`` counts a server's rows, not a shard's), one statement
+    per server; ``partial``: without the shards of unavailable servers."""
     groups = by_server(topo, range(topo.n_shards) if shards is None else shards, int)
     found = store.cluster.scatter(
         topo,
         groups,
-        lambda group: (max_added_sql(topo.dbs, topo.owned_db, group), ()),
+        lambda group: (added_ranges_sql(topo.dbs, topo.owned_db, group), ()),
         partial=partial,
     )
     unreachable_only(found.errors)
-    tops = {int(s): int(top) for rows in found.results.values() for s, top in rows[0]}
-    # the owned layout reads no row for an empty shard
     return {
-        s: tops.get(s, 0) for sid, group in groups.items() if sid in found.results for s in group
+        int(s): (int(before), int(top))
+        for rows in found.results.values()
+        for s, before, top in rows[0]
     }
 
 
@@ -140,33 +144,33 @@ def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:
     # the backfill's grace period (``backfill.grace_deadline``), from the declaration
     out = Estimate(index, topo.n_shards, grace=2 * topo.refresh_interval + 1.0)
     budget = max(_PER_SHARD, sample // max(1, topo.n_shards))
-    for shard, top in sorted(max_added_ids(store, topo).items()):
+    for shard, (before, top) in sorted(added_ranges(store, topo).items()):
         if not top:
             continue
         started = time.perf_counter()
-        segments = _read(store, topo, shard, top, budget)
+        segments = _read(store, topo, shard, before, top, budget)
         span = sum(s for _, s in segments)
-        exact = top <= budget
+        exact = top - before <= budget
         out.exact &= exact
         for rows, _ in segments:
-            _tally(out, store, shard, rows, 1.0 if exact else top / span)
+            _tally(out, store, shard, rows, 1.0 if exact else (top - before) / span)
         out.seconds += time.perf_counter() - started
     return out
 
 
 def _read(
-    store: DataStore, topo: Topology, shard: int, top: int, budget: int
+    store: DataStore, topo: Topology, shard: int, before: int, top: int, budget: int
 ) -> list[tuple[list[EntityRow], int]]:
-    """Segments of a shard's rows, each with the ``added_id`` span it covers; the whole
-    shard in one if ``top <= budget``."""
-    if top <= budget:
-        return [(next(entity_batches(store, topo, shard, 0, budget), []), top)]
+    """Segments of a shard's rows (``added_id`` in ``(before, top]``), each with the
+    ``added_id`` span it covers; the whole shard in one if ``top - before <= budget``."""
+    if top - before <= budget:
+        return [(next(entity_batches(store, topo, shard, before, budget), []), top - before)]
     rnd = random.Random(shard)  # random-ish, and the same sample each time
     size = budget // _SEGMENTS
-    width = top // _SEGMENTS
+    width = (top - before) // _SEGMENTS
     out = []
     for i in range(_SEGMENTS):
-        start = i * width + rnd.randrange(max(1, width - size))
+        start = before + i * width + rnd.randrange(max(1, width - size))
         rows = next(entity_batches(store, topo, shard, start, size), [])
         end = rows[-1][0] if len(rows) == size else max(top, rows[-1][0] if rows else top)
         out.append((rows, max(1, end - start)))

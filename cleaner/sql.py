@@ -27,6 +27,7 @@ from .native import rows as _rows
 
 __all__ = [
     "Guarded",
+    "added_ranges_sql",
     "backlog_sql",
     "bump_sql",
     "delete_guarded_sql",
@@ -34,7 +35,6 @@ __all__ = [
     "entity_versions_sql",
     "fence_sql",
     "index_upserts_sql",
-    "max_added_sql",
     "purge_sql",
     "recent_batch_sql",
     "rows_by_entity_sql",
@@ -341,24 +341,17 @@ def backlog_sql(
     return guarded(["SELECT " + " + ".join(parts)], owned, since), params
 
 
-def max_added_sql(dbs: Sequence[str], owned: str | None, shards: Sequence[int]) -> str:
-    """``(shard, MAX(added_id))`` of some shards, one statement (owned layout: the
-    shards without a row are left out)."""
-    if owned is not None:
-        return guarded(
-            [
-                f"SELECT `shard`, MAX(`added_id`) FROM {quote(owned, 'entities')}"
-                f" WHERE `shard` IN ({', '.join(str(int(s)) for s in shards)}) GROUP BY `shard`"
-            ],
-            owned,
-            shards,
-        )
-    return union_all(
-        [
-            f"SELECT {int(s)}, COALESCE(MAX(`added_id`), 0) FROM {quote(dbs[s], 'entities')}"
-            for s in shards
-        ]
-    )
+def added_ranges_sql(dbs: Sequence[str], owned: str | None, shards: Sequence[int]) -> str:
+    """``(shard, MIN(added_id) - 1, MAX(added_id))`` of some shards (0, 0 if empty), one
+    ``UNION ALL`` statement: each part two dives into the primary key (the owned
+    layout's ``GROUP BY shard`` would scan the shards' rows instead)."""
+    parts = [
+        f"SELECT {int(s)}, COALESCE(MIN(`added_id`) - 1, 0), COALESCE(MAX(`added_id`), 0)"
+        f" FROM {quote(dbs[s], 'entities')}"
+        + (f" WHERE `shard` = {int(s)}" if owned is not None else "")
+        for s in shards
+    ]
+    return guarded([union_all(parts)], owned, shards)
 
 
 def purge_sql(

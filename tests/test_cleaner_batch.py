@@ -18,6 +18,7 @@ from schemaless.errors import CorruptEntity
 from schemaless.hashing import shard_of
 from schemaless.ids import new_id
 from schemaless.index import key_encode
+from schemaless.owned import CHECK
 
 BY_TAG = Index("by_tag", {"tags": "str(5)", "n": "int"}, multi="tags")
 BY_N = Index("by_n", {"n": "float"})
@@ -86,27 +87,53 @@ def test_proof_and_its_sql() -> None:
     batch = [(3, b"a", 10, None), (4, b"b", 11, b"x"), (9, b"c", 5, b"y")]
     seen = proof(batch)
     assert (seen.runs, seen.count, seen.total) == ([(3, 4), (9, 9)], 3, 26)
-    sql, params = versions_proof_sql("p", 2, [(3, 4), (9, 9)])
+    dbs = ["p_0000", "p_0001", "p_0002"]
+    sql, params = versions_proof_sql(dbs, None, 2, [(3, 4), (9, 9)])
     assert sql.count("BETWEEN %s AND %s") == 2 and "`p_0002`.`entities`" in sql
+    assert params == [3, 4, 9, 9] and CHECK not in sql
+    # the owned layout: the shard's rows only, then the ownership check of that shard
+    sql, params = versions_proof_sql(["p_data"] * 3, "p_data", 2, [(3, 4), (9, 9)])
+    assert "`p_data`.`entities` WHERE `shard` = 2 AND (`added_id` BETWEEN" in sql
+    assert sql.index(CHECK) > sql.index("BETWEEN") and "IN (2)) < 1" in sql
     assert params == [3, 4, 9, 9]
 
 
 def test_index_upserts_sql_one_statement_per_table() -> None:
     groups = [(1, [("a", 1, b"k", 5)]), (3, [("a", 2, b"k", 5), ("b", 2, b"j", 6)])]
-    sql, params = index_upserts_sql(["d0", "d1", "d2", "d3"], BY_TAG, groups)
+    sql, params = index_upserts_sql(["d0", "d1", "d2", "d3"], None, BY_TAG, groups)
     assert sql.startswith("START TRANSACTION") and sql.endswith("COMMIT")
     assert sql.count("INSERT INTO") == 2 and "`d3`.`index_by_tag`" in sql
     assert sql.count("%s") == len(params) == 12
     assert params[:4] == ["a", 1, b"k", 5]
+    assert CHECK not in sql
+
+
+def test_index_upserts_sql_in_the_owned_layout() -> None:
+    """Each row begins with its shard; the check of every shard written comes before
+    the COMMIT (a unique index's owners are read in the transaction, before it)."""
+    groups = [(1, [("a", 1, b"k", 5)]), (3, [("a", 2, b"k", 5), ("b", 2, b"j", 6)])]
+    sql, params = index_upserts_sql(["d"] * 4, "d", BY_TAG, groups)
+    assert sql.count("INSERT INTO `d`.`index_by_tag` (`shard`, ") == 2
+    assert sql.count("%s") == len(params) == 15
+    assert params[:5] == [1, "a", 1, b"k", 5] and params[5] == params[10] == 3
+    assert sql.index(CHECK) < sql.index("COMMIT") and "IN (1, 3)) < 2" in sql
+    unique = Index("u", {"n": "int"}, unique=True)
+    sql, _ = index_upserts_sql(["d"] * 4, "d", unique, [(2, [(7, b"k", 1)])])
+    assert sql.index("INSERT") < sql.index("SELECT `p_n`") < sql.index(CHECK) < sql.index("COMMIT")
 
 
 def test_index_upserts_sql_renders_integer_and_byte_rows() -> None:
     groups = [(0, [(-5, b"\x00\xff", 9)]), (2, [(1, b"k", 2**63), (7, b"", 1)])]
-    sql, params = index_upserts_sql(["d0", "d1", "d2"], BY_INT, groups)
+    sql, params = index_upserts_sql(["d0", "d1", "d2"], None, BY_INT, groups)
     assert params == [] and "%s" not in sql
     assert "VALUES (-5,X'00ff',9) ON DUPLICATE" in sql
     assert f"VALUES (1,X'6b',{2**63}),(7,X'',1) ON DUPLICATE" in sql
     assert sql.startswith("START TRANSACTION") and sql.count("INSERT INTO") == 2
+    sql, params = index_upserts_sql(["d"] * 3, "d", BY_INT, groups)
+    assert params == [] and "%s" not in sql
+    assert "(`shard`, `p_n`, `entity_id`, `entity_version`) VALUES (0,-5,X'00ff',9) ON" in sql
+    assert f"VALUES (2,1,X'6b',{2**63}),(2,7,X'',1) ON DUPLICATE" in sql
+    assert sql.index(CHECK) < sql.index("COMMIT")
 
 
 def test_rows_text_of_each_type_and_where_it_declines() -> None:
@@ -116,6 +143,7 @@ def test_rows_text_of_each_type_and_where_it_declines() -> None:
     text = render([(*values, b"\x01", 3), (*values, b"", 2**63)])
     row = f"X'{bytes(16).hex()}',-1,X'6162',1,X'{values[4].hex()}'"
     assert text == f"({row},X'01',3),({row},X'',{2**63})"
+    assert render([(*values, b"\x01", 3)], 9) == f"(9,{row},X'01',3)"  # the owned layout's
     unique = Index("u_int", {"n": "int"}, unique=True)
     assert rows_text(BY_TAG) is None and rows_text(BY_N) is None and rows_text(unique) is None
 

@@ -238,16 +238,21 @@ _text_rows = st.lists(
 )
 
 
-@given(_text_rows)
-def test_int_text_is_the_python_rendering(rows: list[tuple[int, bytes, int]]) -> None:
+@given(_text_rows, st.none() | st.integers(0, 65535))
+def test_int_text_is_the_python_rendering(
+    rows: list[tuple[int, bytes, int]], shard: int | None
+) -> None:
+    """With or without the owned layout's shard leading each row."""
     render = rows_text(BY_N)
     assert render is not None
-    fast = render(rows)
+    fast = render(rows, shard)
     try:
         sql_mod._rows = None  # type: ignore[assignment]
-        assert fast == render(rows) == _rows.int_text(rows)
+        assert fast == render(rows, shard) == _rows.int_text(rows, shard)
     finally:
         sql_mod._rows = _rows
+    if shard is not None and rows:
+        assert fast.startswith(f"({shard},") and fast.count(f"({shard},") == len(rows)
 
 
 def test_int_text_refuses_what_is_not_a_row() -> None:
@@ -255,7 +260,10 @@ def test_int_text_refuses_what_is_not_a_row() -> None:
     for bad in [[row] for row in bad_rows]:
         with pytest.raises((TypeError, OverflowError)):
             _rows.int_text(bad)
-    assert _rows.int_text([]) == ""
+    assert _rows.int_text([]) == "" == _rows.int_text([], 3)
+    for shard in (-1, 65536, True, 1.0, "1"):
+        with pytest.raises((TypeError, ValueError)):
+            _rows.int_text([(1, b"k", 2)], shard)
 
 
 def test_schemaless_no_c_turns_the_c_path_off() -> None:

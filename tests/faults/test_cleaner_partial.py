@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import assert_clean, drop_datastore
+from conftest import assert_clean, drop_datastore, shard_rows
 from test_cleaner_cli import cluster_env
 
 from schemaless import DataStore, Index, failpoints
@@ -33,8 +33,6 @@ from schemaless.errors import OutcomeUnknown, SchemalessError
 from schemaless.hashing import shard_of
 from schemaless.ids import id_hex
 from schemaless.local import LocalCluster
-from schemaless.names import quote
-from schemaless.schema import shard_db
 from schemaless.writes import IndexRow
 
 from .conftest import revive
@@ -125,13 +123,10 @@ def _load(store: DataStore, index: Index, orphans: bool = True) -> dict[int, lis
 
 def _tombstones(store: DataStore, shards: set[int]) -> int:
     """Tombstones stored on these logical shards."""
-    topo = store.cluster.topology
-    total = 0
-    for shard in shards:
-        table = quote(shard_db(topo.prefix, shard), "entities")
-        server = store.cluster.server_of_shard(topo, shard)
-        total += int(server.run(f"SELECT COUNT(*) FROM {table} WHERE body IS NULL")[0][0][0])
-    return total
+    return sum(
+        int(shard_rows(store, shard, "entities", "COUNT(*)", "body IS NULL")[0][0])
+        for shard in shards
+    )
 
 
 def _unverified(store: DataStore) -> list[int]:
@@ -292,12 +287,8 @@ def test_work_that_needs_the_sick_server_is_left_pending(
         far_row = shard_of(BY_N.shard_key((on_healthy,)), n)
         assert set(cleaner.rt.pending) == sick | {near_shard, far_row, target}
         assert near_shard not in store.cluster.catalog.checkpoints("recent")
-        rows = store.cluster.server_of_shard(topo, target).run(
-            f"SELECT COUNT(*) FROM {quote(shard_db(topo.prefix, target), BY_N.table)}"
-            " WHERE `entity_id` = %s",
-            (absent,),
-        )
-        assert int(rows[0][0][0]) == 1  # the orphan is still there: not fenced, not deleted
+        rows = shard_rows(store, target, BY_N.table, "COUNT(*)", "`entity_id` = %s", (absent,))
+        assert int(rows[0][0]) == 1  # the orphan is still there: not fenced, not deleted
     finally:
         revive(trio)
     wait_for(lambda: _answers(store), 10.0, "the sick server to answer")
@@ -350,24 +341,15 @@ def _spread(store: DataStore, n: int) -> dict[bytes, int]:
 
 def _rows_on(store: DataStore, index: Index, shards: set[int]) -> int:
     """Rows of a (building) index stored on these logical shards."""
-    topo = store.cluster.topology
-    total = 0
-    for shard in shards:
-        table = quote(shard_db(topo.prefix, shard), index.table)
-        server = store.cluster.server_of_shard(topo, shard)
-        total += int(server.run(f"SELECT COUNT(*) FROM {table}")[0][0][0])
-    return total
+    return sum(int(shard_rows(store, shard, index.table, "COUNT(*)")[0][0]) for shard in shards)
 
 
 def _added_ids(store: DataStore, shards: set[int]) -> dict[bytes, int]:
     """id -> added_id of the entities stored on these logical shards."""
-    topo = store.cluster.topology
     out: dict[bytes, int] = {}
     for shard in shards:
-        table = quote(shard_db(topo.prefix, shard), "entities")
-        server = store.cluster.server_of_shard(topo, shard)
         out.update(
-            {bytes(k): int(a) for a, k in server.run(f"SELECT added_id, id FROM {table}")[0]}
+            {bytes(k): int(a) for a, k in shard_rows(store, shard, "entities", "added_id, id")}
         )
     return out
 

@@ -277,3 +277,36 @@ def test_a_server_added_gets_its_tables_before_anything_names_them(
         assert len(list(store.iter(BY_USER, user=0))) == 5
     finally:
         drop_datastore(store)
+
+
+def test_the_feeds_rows_and_head_travel_with_the_shard(make_store: Any) -> None:
+    """The change rows keep their numbers and the head row comes with the copy: the
+    next write on the target takes the next number (the feed's reading is tested in
+    test_feed.py)."""
+    store = make_store(changes=True, shards=4)
+    shard = 2
+    entities = _entities_on(store, shard, 12)
+    topo = store.cluster.current()
+    here = topo.shard_servers[shard]
+    db = str(topo.owned_db)
+
+    def feed(sid: int) -> tuple[int, int, int]:
+        server = store.cluster.all_servers(topo)[sid]
+        got = server.run(
+            admin(
+                [
+                    f"SELECT COUNT(*), COALESCE(MAX(`seq`), 0) FROM {quote(db, 'changes')}"
+                    f" WHERE `shard` = {shard}",
+                    f"SELECT COALESCE(MAX(`seq`), -1) FROM {quote(db, 'changes_head')}"
+                    f" WHERE `shard` = {shard}",
+                ]
+            )
+        )
+        return int(got[0][0][0]), int(got[0][0][1]), int(got[1][0][0])
+
+    before = feed(here)
+    assert before[0] == 12 and before[2] == before[1]
+    ShardMover(store).move(shard, 1 - here)
+    assert feed(1 - here) == before
+    store.put({**entities[0], "n": -1})
+    assert feed(1 - here) == (13, before[1] + 1, before[1] + 1)

@@ -11,7 +11,6 @@ from schemaless.cluster import DEFAULT_SHARDS
 from schemaless.dsn import parse_address
 from schemaless.errors import CatalogError
 from schemaless.feed import enable_changes
-from schemaless.schema import shard_db
 from schemaless.store import DataStore
 
 from .expiry import expiry_property
@@ -130,7 +129,7 @@ def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool
     warn_unreachable(f.address for f in figures if f.live is None)
     if as_json:
         for f in figures:
-            click.echo(json_line(_server_json(f, topo.prefix, per_shard)))
+            click.echo(json_line(_server_json(f, topo, per_shard)))
         return
     click.echo(
         f"datastore {topo.prefix!r}: {topo.n_shards} logical shards on "
@@ -229,7 +228,7 @@ def _sizes_total(figures: list[ServerFigures]) -> int | None:
     return sum(sum(f.sizes.values()) for f in figures if f.sizes is not None)
 
 
-def _server_json(f: ServerFigures, prefix: str, per_shard: bool) -> dict[str, Any]:
+def _server_json(f: ServerFigures, topo: Topology, per_shard: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "server_id": f.server_id,
         "address": f.address,
@@ -244,7 +243,7 @@ def _server_json(f: ServerFigures, prefix: str, per_shard: bool) -> dict[str, An
         out["per_shard"] = [
             {
                 "shard": s,
-                "database": shard_db(prefix, s),
+                "database": topo.dbs[s],
                 "live": None if f.live is None else f.live.get(s),
                 "tombstones": None if f.tombstones is None or f.estimated else f.tombstones.get(s),
                 "size_bytes": None if f.sizes is None else f.sizes.get(s),

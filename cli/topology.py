@@ -52,7 +52,7 @@ def _report(report: MoveReport) -> None:
     "--estimate",
     is_flag=True,
     help="InnoDB's row estimates instead of counting (fast on big tables; no "
-    "split between live entities and tombstones).",
+    "split between live entities and tombstones; the owned layout counts).",
 )
 @click.option("--json", "as_json", is_flag=True, help="JSON lines, for scripts.")
 @pass_connection

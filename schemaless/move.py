@@ -352,14 +352,21 @@ class ShardMover:
 
     @staticmethod
     def _held(server: Server, db: str, tables: Sequence[Table]) -> set[int]:
-        """The logical shards a server has rows of, owned or not."""
+        """The logical shards a server has rows of, owned or not: per table, a skip
+        scan of its ``shard`` key (one index dive a shard, whatever the rows)."""
         present = table_names(server, db)
-        parts = [
-            f"SELECT DISTINCT `shard` FROM {quote(db, t.name)}" for t in tables if t.name in present
-        ]
+        parts = []
+        for t in tables:
+            if t.name in present:
+                name = quote(db, t.name)
+                parts.append(
+                    f"WITH RECURSIVE s (n) AS (SELECT MIN(`shard`) FROM {name} UNION ALL"
+                    f" SELECT (SELECT MIN(`shard`) FROM {name} WHERE `shard` > s.n) FROM s"
+                    " WHERE s.n IS NOT NULL) SELECT n FROM s WHERE n IS NOT NULL"
+                )
         if not parts:
             return set()
-        return {int(r[0]) for r in server.run(admin([" UNION ".join(parts)]))[0]}
+        return {int(r[0]) for rows in server.run(admin(parts)) for r in rows}
 
     @staticmethod
     def _owns(server: Server, db: str, shard: int) -> bool:
@@ -379,19 +386,21 @@ class ShardMover:
             self._prepare(self.cluster.server(address), topo)
 
     def _prepare(self, server: Server, topo: Topology) -> None:
-        """The owned layout's tables on a server that is to hold shards (``IF NOT
-        EXISTS``: a server of the datastore has them), and the index epoch's fence on
-        a server that has no fence yet (one that has keeps what declarations made)."""
+        """The owned layout's tables a server that is to hold shards lacks (only those:
+        DDL on a table in use waits for its transactions), and the index epoch's fence
+        on a server that has no fence yet (one that has keeps what declarations made)."""
         db = str(topo.owned_db)
-        stmts = owned.entities_table_sql(db)
+        names = table_names(server, db)
+        stmts = [] if "entities" in names else owned.entities_table_sql(db)
         for index in topo.maintained():
-            stmts += [index.create_table_sql(db, shard=True), *owned.guard_sql(db, index.table)]
-        if topo.changes:
+            if index.table not in names:
+                stmts += [index.create_table_sql(db, shard=True), *owned.guard_sql(db, index.table)]
+        if topo.changes and "changes" not in names:
             stmts += owned.changes_tables_sql(db)
-        fenced = any(fence_epoch(t) is not None for t in table_names(server, db))
-        if topo.index_epoch and not fenced:
+        if topo.index_epoch and not any(fence_epoch(t) is not None for t in names):
             stmts.append(fence_table_sql(db, topo.index_epoch))
-        server.run(admin(stmts))
+        if stmts:
+            server.run(admin(stmts))
 
     def _create(self, dst: Server, db: str, topo: Topology) -> None:
         stmts = [f"CREATE DATABASE IF NOT EXISTS {quote(db)}", entities_table_sql(db)]

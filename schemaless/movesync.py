@@ -35,16 +35,22 @@ class Table:
     key: tuple[str, ...]  # primary key columns (the owned layout's begin with `shard`)
     columns: tuple[str, ...]  # every column, in order
     light: tuple[str, ...]  # SQL expressions compared row by row (a digest of big columns)
+    hint: str = ""  # the index that reads the shard's rows in key order
 
     @property
     def heavy(self) -> bool:
         """Compared by digest: differing rows are fetched in full before copying."""
         return self.light != tuple(quote(c) for c in self.columns)
 
-    def sharded(self) -> Table:
-        """The owned layout's table: ``shard`` first in key, columns and comparison."""
+    def sharded(self, hint: str = "PRIMARY") -> Table:
+        """The owned layout's table: ``shard`` first in key, columns and comparison,
+        read by the index ``hint`` (whose order is the key's: ``shard`` first)."""
         return Table(
-            self.name, ("shard", *self.key), ("shard", *self.columns), ("`shard`", *self.light)
+            self.name,
+            ("shard", *self.key),
+            ("shard", *self.columns),
+            ("`shard`", *self.light),
+            f" FORCE INDEX ({quote(hint)})",
         )
 
 
@@ -82,7 +88,7 @@ def shard_tables(topo: Topology) -> list[Table]:
     indexes = [_index_table(info.index) for info in topo.indexes.values()]
     if topo.owned_db is not None:
         feed = [_CHANGES.sharded(), _OWNED_HEAD] if topo.changes else []
-        return [t.sharded() for t in (_ENTITIES, *indexes)] + feed
+        return [_ENTITIES.sharded(), *(t.sharded("by_shard") for t in indexes), *feed]
     fence = [_fence_table(topo.fence)] if topo.fence else []
     feed = [_CHANGES, _CHANGES_HEAD] if topo.changes else []
     return [_ENTITIES, *indexes, *feed, *fence]
@@ -160,7 +166,8 @@ class Syncer:
         while True:
             after, params = _after(keys, last)
             src_rows = src.read(
-                f"SELECT {light} FROM {quote(src.db, table.name)} WHERE {src.where}{after}"
+                f"SELECT {light} FROM {quote(src.db, table.name)}{table.hint}"
+                f" WHERE {src.where}{after}"
                 f" ORDER BY {order} LIMIT {int(self.chunk)}",
                 params,
             )
@@ -168,7 +175,7 @@ class Syncer:
             if len(src_rows) == self.chunk:
                 upto, upto_params = _upto(keys, tuple(src_rows[-1][:n_key]))
             dst_rows = dst.read(
-                f"SELECT {light} FROM {quote(dst.db, table.name)}"
+                f"SELECT {light} FROM {quote(dst.db, table.name)}{table.hint}"
                 f" WHERE {dst.where}{after} AND {upto}",
                 [*params, *upto_params],
             )

@@ -52,8 +52,10 @@ def test_move_rebalance_and_drop_old(run: Cli, local_cluster: LocalCluster) -> N
     run.ok("shards", "rebalance")
     counts = list(shard_servers(run).values())
     assert sorted(counts.count(x) for x in (a, b)) == [2, 2]
-    assert "dropped" in run.ok("shards", "drop-old").output
+    dropped = run.ok("shards", "drop-old", "--chunk", "50", "--pause", "0").output
+    assert dropped.count("dropped") == 2 and "shard 0 (" in dropped  # moved away, and back
     assert "no old copies" in run.ok("shards", "drop-old").output
+    assert "--pause" in run.fails("shards", "drop-old", "--pause", "-1")
     rows = run.ok("shards", "--json").output
     assert sum(json.loads(line)["live"] for line in rows.splitlines()) == 400
 

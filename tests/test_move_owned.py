@@ -4,6 +4,10 @@ by ``drop_old_copies``; a mover stopped at any step resumes or rolls back."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -89,12 +93,22 @@ def test_a_mover_stopped_resumes_or_rolls_back(make_store: Any, point: str) -> N
     assert list(store.iter(BY_USER, user=0, n=-1)) == [{**entities[0], "n": -1}]
 
 
+_MOVER = """
+import sys
+from schemaless import DataStore
+from schemaless.move import ShardMover
+with DataStore(sys.argv[1].split(","), prefix=sys.argv[2], option_file=sys.argv[3]) as ds:
+    ShardMover(ds).move(int(sys.argv[4]), int(sys.argv[5]))
+"""
+
+
 def test_a_mover_killed_after_the_targets_owned_row_resumes_or_rolls_back(
-    make_store: Any, monkeypatch: pytest.MonkeyPatch
+    make_store: Any, local_cluster: LocalCluster
 ) -> None:
     """Past the target's ``owned`` row a failure rolls the move back by itself; a mover
-    killed there (the row inserted, the map not flipped) leaves both owned rows as
-    they were made: a resume flips, a rollback deletes the target's row and copy."""
+    killed there (SIGKILL: the row inserted, the map not flipped) leaves the source
+    fenced and the target owning: a resume flips, a rollback deletes the target's row
+    and copy and gives the source its row back."""
     store = make_store(indexes=[BY_USER], move_wait=0.5)
     shard = 5
     entities = _entities_on(store, shard, 30)
@@ -104,32 +118,24 @@ def test_a_mover_killed_after_the_targets_owned_row_resumes_or_rolls_back(
     _stop_at(ShardMover(store), "move.after_owned", shard, there)  # raised: rolled back
     assert _state(store, shard) == {here: (True, 30, k), there: (False, 0, 0)}
     assert not store.cluster.current().moves
-    db = str(store.cluster.current().owned_db)
-    target = store.cluster.all_servers(store.cluster.current())[there]
+    args = [
+        ",".join(local_cluster.addresses),
+        store.cluster.current().prefix,
+        str(local_cluster.option_file),
+        str(shard),
+        str(there),
+    ]
+    env = {**os.environ, "SCHEMALESS_FAILPOINTS": "move.after_owned=kill"}
     for finish in ("rollback", "move"):
-        killed = threading.Event()
-
-        def kill(killed: threading.Event = killed) -> None:
-            killed.set()
-            raise SystemExit  # as a kill: nothing after it runs in the mover
-
-        failpoints.set("move.after_owned", kill)
-        mover = ShardMover(store)
-        monkeypatch.setattr(mover, "_rollback", lambda shard: None)  # a killed one's
-        try:
-            with pytest.raises(SystemExit):
-                mover.move(shard, there)
-        finally:
-            failpoints.clear("move.after_owned")
-        assert killed.is_set()
+        killed = subprocess.run(
+            [sys.executable, "-c", _MOVER, *args], env=env, capture_output=True, timeout=120
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
         assert _state(store, shard) == {here: (False, 30, k), there: (True, 30, k)}
         assert store.cluster.refresh().moves[shard][2] == "fenced"
         if finish == "rollback":
             ShardMover(store).rollback(shard)
             assert _state(store, shard) == {here: (True, 30, k), there: (False, 0, 0)}
-            assert not target.run(
-                admin([f"SELECT 1 FROM {quote(db, 'owned')} WHERE `shard` = {shard}"])
-            )[0]
         else:
             ShardMover(store).move(shard, there)
             assert store.cluster.refresh().shard_servers[shard] == there
@@ -277,3 +283,36 @@ def test_a_server_added_gets_its_tables_before_anything_names_them(
         assert len(list(store.iter(BY_USER, user=0))) == 5
     finally:
         drop_datastore(store)
+
+
+def test_the_feeds_rows_and_head_travel_with_the_shard(make_store: Any) -> None:
+    """The change rows keep their numbers and the head row comes with the copy: the
+    next write on the target takes the next number (the feed's reading is tested in
+    test_feed.py)."""
+    store = make_store(changes=True, shards=4)
+    shard = 2
+    entities = _entities_on(store, shard, 12)
+    topo = store.cluster.current()
+    here = topo.shard_servers[shard]
+    db = str(topo.owned_db)
+
+    def feed(sid: int) -> tuple[int, int, int]:
+        server = store.cluster.all_servers(topo)[sid]
+        got = server.run(
+            admin(
+                [
+                    f"SELECT COUNT(*), COALESCE(MAX(`seq`), 0) FROM {quote(db, 'changes')}"
+                    f" WHERE `shard` = {shard}",
+                    f"SELECT COALESCE(MAX(`seq`), -1) FROM {quote(db, 'changes_head')}"
+                    f" WHERE `shard` = {shard}",
+                ]
+            )
+        )
+        return int(got[0][0][0]), int(got[0][0][1]), int(got[1][0][0])
+
+    before = feed(here)
+    assert before[0] == 12 and before[2] == before[1]
+    ShardMover(store).move(shard, 1 - here)
+    assert feed(1 - here) == before
+    store.put({**entities[0], "n": -1})
+    assert feed(1 - here) == (13, before[1] + 1, before[1] + 1)

@@ -243,9 +243,11 @@ def test_printed_grants_of_each_role(local_cluster: LocalCluster, store: DataSto
     assert deferrals in cleaner
     assert not any("`deferrals`" in line for line in lines)  # not the app's
 
-    admin = statements(
-        schemaless(local_cluster, store, "grants", "admin", "--user", "a", "--host", "10.%").output
-    )
+    admin_output = schemaless(
+        local_cluster, store, "grants", "admin", "--user", "a", "--host", "10.%"
+    ).output
+    assert "log_bin_trust_function_creators = 1" in admin_output  # the owned layout's triggers
+    admin = statements(admin_output)
     assert admin == [f"GRANT ALL PRIVILEGES ON `{escaped}\\_%`.* TO 'a'@'10.%';"] * len(
         topo.servers
     )

@@ -50,6 +50,7 @@ from schemaless.move import ShardMover
 from schemaless.names import quote
 from schemaless.owned import admin
 from schemaless.schema import canary_db
+from schemaless.translate import translate
 
 BY_LINK = Index("by_link", {"link": "str(100)"})
 BY_N = Index("by_n", {"n": "int"})
@@ -583,6 +584,15 @@ def test_the_guard_runs_with_its_definers_rights(local_cluster: LocalCluster) ->
                     app.put({"n": 2})
         finally:
             drop_prefix(local_cluster, prefix)
+
+
+def test_a_trigger_refused_for_want_of_super_is_permission_denied() -> None:
+    """With binary logging on, MariaDB lets only SUPER create the owned layout's
+    triggers (error 1419, docs/reliability.md): the admin user is told it lacks a
+    right, not handed a generic server error."""
+    message = "You do not have the SUPER privilege and binary logging is enabled"
+    error = translate("db1:3306", MySQLdb.OperationalError(1419, message), sent=True, commits=False)
+    assert isinstance(error, PermissionDenied) and "(MySQL error 1419)" in str(error)
 
 
 def test_grants_in_the_layout_of_a_database_per_shard(local_cluster: LocalCluster) -> None:

@@ -17,6 +17,13 @@ _ROLES = {
 }
 
 
+#: The owned layout's guard triggers and binary logging (docs/reliability.md).
+_TRIGGERS = (
+    "the owned layout's tables have triggers, whose definer this user becomes: with "
+    "binary logging on, creating them needs SUPER or log_bin_trust_function_creators = 1"
+)
+
+
 def _check_user(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
         account(value, "%")
@@ -62,8 +69,8 @@ def grants(conn: Connection, role: str, name: str, host: str, apply: bool) -> No
     admin    init, index create/drop/purge, shard moves, dictionaries
 
     The statements name concrete databases and tables (column-level grants
-    cannot use wildcards), so run this again after `index create` and after
-    shard moves. Each block runs on the server named above it. Grants only
+    cannot use wildcards), so run this again after `index create` and, in the
+    databases layout, after shard moves. Each block runs on the server named above it. Grants only
     add privileges: nothing is revoked, and no user is created.
 
     \b
@@ -83,6 +90,8 @@ def grants(conn: Connection, role: str, name: str, host: str, apply: bool) -> No
         catalog_at = ds.cluster.catalog.server.address
         click.echo(f"-- role {role} ({_ROLES[role]})")
         click.echo(f"-- for {who} on datastore {topo.prefix!r}: run each block on its server")
+        if role == "admin" and topo.owned_db is not None:
+            click.echo(f"-- {_TRIGGERS}")
         by_address = {address: sid for sid, address in topo.servers.items()}
         for address, statements in plan.items():
             sid = by_address.get(address)

@@ -152,6 +152,7 @@ def _figures(
                     "shard": s.shard,
                     "server": s.server,
                     "position": s.position,
+                    "min_added_id": s.before + 1,  # owned layout: past 1
                     "max_added_id": s.top,
                     "fraction": s.fraction,
                     "rows": s.rows,

@@ -29,9 +29,9 @@ from .options import (
 from .output import echo_table, json_line, warn_unreachable
 from .stats import (
     Backfill,
+    added_ranges,
     backfill,
     heartbeats,
-    max_added_ids,
 )
 from .where import literal
 
@@ -291,8 +291,8 @@ def _overall(ds: DataStore, building: list[IndexInfo]) -> tuple[dict[str, float 
     the servers that did not answer."""
     if not building:
         return {}, []
-    tops = max_added_ids(ds, ds.cluster.current())
-    snaps = [backfill(ds, i.index.name, tops) for i in building]
+    ranges = added_ranges(ds, ds.cluster.current())
+    snaps = [backfill(ds, i.index.name, ranges) for i in building]
     return {s.index: s.fraction for s in snaps}, snaps[0].unreachable
 
 

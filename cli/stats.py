@@ -73,12 +73,18 @@ def _rows(
     return list(results[sid][0]) if sid in results else None
 
 
-def max_added_ids(ds: DataStore, topo: Topology) -> dict[int, int | None]:
-    """``shard -> MAX(added_id)`` (0 for an empty shard; None if unreachable)."""
-    out: dict[int, int | None] = dict.fromkeys(range(topo.n_shards))
-    for found in _per_shard(ds, topo, "COALESCE(MAX(`added_id`), 0)", (0,)).values():
-        for shard, (top,) in (found or {}).items():
-            out[shard] = int(top)
+#: A shard's ``added_id`` range: the values before its first row, and its last.
+_RANGE = "COALESCE(MIN(`added_id`) - 1, 0), COALESCE(MAX(`added_id`), 0)"
+
+
+def added_ranges(ds: DataStore, topo: Topology) -> dict[int, tuple[int, int] | None]:
+    """``shard -> (MIN(added_id) - 1, MAX(added_id))``, the ``added_id`` values a scan
+    of the shard covers (``(0, 0)`` for an empty shard; None if unreachable).  In the
+    owned layout ``added_id`` counts the server's rows, so a shard's start past 0."""
+    out: dict[int, tuple[int, int] | None] = dict.fromkeys(range(topo.n_shards))
+    for found in _per_shard(ds, topo, _RANGE, (0, 0)).values():
+        for shard, (before, top) in (found or {}).items():
+            out[shard] = (int(before), int(top))
     return out
 
 
@@ -87,35 +93,42 @@ def max_added_ids(ds: DataStore, topo: Topology) -> dict[int, int | None]:
 
 @dataclass(frozen=True)
 class ShardProgress:
-    """One logical shard's backfill checkpoint against its highest ``added_id``."""
+    """One logical shard's backfill checkpoint within its ``added_id`` range."""
 
     shard: int
     server: str
     position: int
-    top: int | None
+    top: int | None  # MAX(added_id); None if unknown
     done: bool
     rows: int
     updated_us: int | None
+    before: int = 0  # MIN(added_id) - 1: the owned layout's shards start past 0
+
+    @property
+    def scanned(self) -> int:
+        """``added_id`` values scanned (from the start of the shard's range)."""
+        return max(0, self.position - self.before)
 
     @property
     def fraction(self) -> float | None:
-        """Share of the shard scanned (``position / MAX(added_id)``), None if unknown."""
+        """Share of the shard's range scanned, None if unknown."""
         if self.done:
             return 1.0
         if self.top is None:
             return None
-        if self.top == 0:
+        if self.top <= self.before:
             return 1.0  # nothing to scan
-        return min(1.0, self.position / self.top)
+        return min(1.0, self.scanned / (self.top - self.before))
 
     @property
     def remaining(self) -> int | None:
-        """``added_id`` values still to scan (about the rows left), None if unknown."""
+        """``added_id`` values still to scan (about the rows left; in the owned layout
+        at most, as the server's other shards share the counter), None if unknown."""
         if self.done:
             return 0
         if self.top is None:
             return None
-        return max(0, self.top - self.position)
+        return max(0, self.top - max(self.position, self.before))
 
 
 @dataclass(frozen=True)
@@ -133,9 +146,9 @@ class Backfill:
         for s in self.shards:
             if s.top is None and not s.done:
                 return None
-            top = s.top if s.top is not None else s.position
-            total += top
-            done += top if s.done else min(s.position, top)
+            size = max(0, s.top - s.before) if s.top is not None else s.scanned
+            total += size
+            done += size if s.done else min(s.scanned, size)
         return 1.0 if total == 0 else done / total
 
     @property
@@ -156,8 +169,8 @@ class Backfill:
 
     @property
     def scanned(self) -> int:
-        """Sum of the checkpoint positions (for rates between two snapshots)."""
-        return sum(s.position for s in self.shards)
+        """``added_id`` values scanned over the shards (for rates between two snapshots)."""
+        return sum(s.scanned for s in self.shards)
 
     @property
     def shards_done(self) -> int:
@@ -182,21 +195,22 @@ def checkpoints(ds: DataStore, job: str) -> dict[int, tuple[int, bool, int, int]
     return {int(s): (int(p), bool(d), int(n), int(u)) for s, p, d, n, u in rows}
 
 
-def backfill(ds: DataStore, name: str, tops: dict[int, int | None] | None = None) -> Backfill:
-    """Per shard: the Cleaner's checkpoint of ``backfill:<name>`` and MAX(added_id).
-
-    ``tops``: the maxima if already read (see :func:`max_added_ids`).
-    """
+def backfill(
+    ds: DataStore, name: str, ranges: dict[int, tuple[int, int] | None] | None = None
+) -> Backfill:
+    """Per shard: the Cleaner's checkpoint of ``backfill:<name>`` and the shard's
+    ``added_id`` range (``ranges``: if already read, see :func:`added_ranges`)."""
     topo = ds.cluster.current()
     taken = time.monotonic()
     marks = checkpoints(ds, backfill_job(name))
-    if tops is None:
-        tops = max_added_ids(ds, topo)
+    if ranges is None:
+        ranges = added_ranges(ds, topo)
     shards = []
     for shard in range(topo.n_shards):
         position, done, rows, updated = marks.get(shard, (0, False, 0, None))
-        server = topo.servers[topo.shard_servers[shard]]
-        shards.append(ShardProgress(shard, str(server), position, tops[shard], done, rows, updated))
+        server = str(topo.servers[topo.shard_servers[shard]])
+        before, top = ranges[shard] or (0, None)
+        shards.append(ShardProgress(shard, server, position, top, done, rows, updated, before))
     return Backfill(name, taken, shards)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from conftest import REPO
 from test_cli import Cli, cluster_env, drop_prefix
 
+from schemaless.cli.stats import ShardProgress, added_ranges, backfill
 from schemaless.connect import open_store
 from schemaless.local import LocalCluster
 from schemaless.names import quote
@@ -71,3 +72,31 @@ def test_make_local_status_prints_readable_lines(local_cluster: LocalCluster) ->
     assert lines[1].split() == ["server", "address", "running", "pid", "data"]
     assert lines[3].split()[:3] == ["0", local_cluster.servers[0].address, "yes"]
     assert "{" not in done.stdout and "'running'" not in done.stdout
+
+
+def test_backfill_progress_counts_from_where_each_shard_starts(local_cluster: LocalCluster) -> None:
+    """In the owned layout ``added_id`` counts a server's rows, so a shard's rows start
+    past 0: its progress is measured over its own range (an unscanned shard is at 0%,
+    not at the share of the server's rows before it), in the old layout from 0."""
+    prefix = "rng_" + uuid.uuid4().hex[:8]
+    run = Cli(cluster_env(local_cluster, prefix))
+    try:
+        run.ok("init", "--shards", "4")  # two shards a server, sharing its counter
+        for _ in range(3):  # batches: each shard's rows interleave with its neighbour's
+            run.ok("put", input="".join(json.dumps({"n": i}) + "\n" for i in range(20)))
+        with open_store(prefix=prefix, local_dir=str(local_cluster.base_dir)) as ds:
+            topo = ds.cluster.refresh()
+            ranges = added_ranges(ds, topo)
+            assert all(r is not None and r[1] > r[0] for r in ranges.values())
+            later = max(range(4), key=lambda s: ranges[s][0])  # type: ignore[index]
+            before, top = ranges[later]  # type: ignore[misc]
+            assert before > 0  # behind the other shard's first rows
+            snap = backfill(ds, "by_nothing", ranges)
+            assert snap.fraction == 0.0 and snap.scanned == 0
+            half = ShardProgress(
+                later, "s", before + (top - before) // 2, top, False, 0, None, before
+            )
+            assert half.fraction is not None and 0.4 < half.fraction < 0.6
+            assert half.remaining == top - half.position and half.scanned == half.position - before
+    finally:
+        drop_prefix(local_cluster, prefix)

@@ -24,7 +24,14 @@ from conftest import shard_rows
 from test_cleaner import plant
 from test_cli import cluster_env, drop_prefix
 
-from schemaless import DataStore, Index, PermissionDenied, ShardUnavailable
+from schemaless import (
+    DataStore,
+    Index,
+    PermissionDenied,
+    SchemalessError,
+    ShardUnavailable,
+    TableMissing,
+)
 from schemaless.cleaner import Cleaner, diff_indexes
 from schemaless.cleaner.main import main as cleaner_main
 from schemaless.cli.main import cli
@@ -43,6 +50,7 @@ from schemaless.move import ShardMover
 from schemaless.names import quote
 from schemaless.owned import admin
 from schemaless.schema import canary_db
+from schemaless.translate import translate
 
 BY_LINK = Index("by_link", {"link": "str(100)"})
 BY_N = Index("by_n", {"n": "int"})
@@ -236,9 +244,11 @@ def test_printed_grants_of_each_role(local_cluster: LocalCluster, store: DataSto
     assert deferrals in cleaner
     assert not any("`deferrals`" in line for line in lines)  # not the app's
 
-    admin = statements(
-        schemaless(local_cluster, store, "grants", "admin", "--user", "a", "--host", "10.%").output
-    )
+    admin_output = schemaless(
+        local_cluster, store, "grants", "admin", "--user", "a", "--host", "10.%"
+    ).output
+    assert "log_bin_trust_function_creators = 1" in admin_output  # the owned layout's triggers
+    admin = statements(admin_output)
     assert admin == [f"GRANT ALL PRIVILEGES ON `{escaped}\\_%`.* TO 'a'@'10.%';"] * len(
         topo.servers
     )
@@ -525,6 +535,64 @@ def test_the_admin_user_inits_declares_and_moves(
     # the Cleaner's grants are on the data database of every server: no new ones
     with open_as(local_cluster, store, users["cleaner"]) as ds:
         assert Cleaner(ds).run_once()["passes"] == 1
+
+
+def test_the_guard_runs_with_its_definers_rights(local_cluster: LocalCluster) -> None:
+    """The owned layout's triggers run as the admin who created the tables: the app
+    user writes through them without any right on triggers, a row of a shard the
+    server does not own is refused (1146), and with their definer dropped every
+    write fails (what docs/operations.md warns of)."""
+    tag = uuid.uuid4().hex[:8]
+    prefix = "grantsdef_" + tag
+    with new_users(local_cluster, tag, ("admin", "app")) as made:
+        try:
+            for server in local_cluster.servers:
+                conn = _admin(local_cluster, server.port)
+                escaped = prefix.replace("_", "\\_")
+                conn.cursor().execute(
+                    f"GRANT ALL PRIVILEGES ON `{escaped}\\_%`.* TO {made['admin'].account}"
+                )
+                conn.close()
+            root = DataStore(
+                local_cluster.addresses,
+                prefix=prefix,
+                shards=2,
+                user=made["admin"].name,
+                password=made["admin"].password,
+            )
+            root.close()
+            with DataStore(
+                local_cluster.addresses, prefix=prefix, option_file=str(local_cluster.option_file)
+            ) as ds:
+                apply_grants(ds, "app", made["app"].account)
+                topo = ds.cluster.refresh()
+            with open_as(local_cluster, ds, made["app"]) as app:
+                entity = {"n": 1}
+                app.put(entity)
+                assert app.get(entity["id"]) == entity
+                server = app.cluster.server_of_shard(topo, 0)  # shard 1 is the other one's
+                insert = (
+                    f"INSERT INTO {quote(topo.dbs[1], 'entities')}"
+                    " (`shard`, `id`, `version`, `updated`, `body`) VALUES (1, %s, 1, 1, NULL)"
+                )
+                with pytest.raises(TableMissing, match="not on this server"):
+                    server.run(admin([insert]), (new_id(),))
+                for conn in (_admin(local_cluster, s.port) for s in local_cluster.servers):
+                    conn.cursor().execute("DROP USER %s@'%%'", (made["admin"].name,))
+                    conn.close()
+                with pytest.raises(SchemalessError, match="definer"):
+                    app.put({"n": 2})
+        finally:
+            drop_prefix(local_cluster, prefix)
+
+
+def test_a_trigger_refused_for_want_of_super_is_permission_denied() -> None:
+    """With binary logging on, MariaDB lets only SUPER create the owned layout's
+    triggers (error 1419, docs/reliability.md): the admin user is told it lacks a
+    right, not handed a generic server error."""
+    message = "You do not have the SUPER privilege and binary logging is enabled"
+    error = translate("db1:3306", MySQLdb.OperationalError(1419, message), sent=True, commits=False)
+    assert isinstance(error, PermissionDenied) and "(MySQL error 1419)" in str(error)
 
 
 def test_grants_in_the_layout_of_a_database_per_shard(local_cluster: LocalCluster) -> None:

@@ -1,8 +1,8 @@
 # Sourced (not executed: keep this file non-executable) by the MariaDB image's
 # entrypoint on the first start of an empty data directory, after it has created
 # MARIADB_USER.  Lets that user create and use the datastore's databases
-# (<prefix>_catalog, <prefix>_0000, ..., and the <prefix>_NNNN_old* copies a shard move
-# leaves behind) and nothing else.
+# (<prefix>_catalog and <prefix>_data; in the databases layout <prefix>_0000, ..., and
+# the <prefix>_NNNN_old* copies a shard move leaves behind) and nothing else.
 schemaless_prefix="${SCHEMALESS_PREFIX:-schemaless}"
 case "$schemaless_prefix" in
     "" | [!a-z]* | *[!a-z0-9_]*)

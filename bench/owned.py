@@ -319,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parts=[x for x in a.parts.split(",") if x.strip()],
     )
     results = run(cfg)
+    results["meta"]["command"] = " ".join(["python -m bench.owned", *(argv or sys.argv[1:])])
     print(format_markdown(results))
     for path in write_results(results, a.out, "owned-"):
         print(f"results: {path}")

@@ -149,6 +149,7 @@ def test_after_the_fence_every_call_on_the_shard_fails(store: DataStore) -> None
     n_b = _value(store, a, 1000)
     store.put({"id": other, "n": n_b})
     _fence(store, a)
+    version = store.cluster.refresh().map_version
     before = shard_rows(store, a, "entities", "`id`, `version`, `body`")
     calls: dict[str, Callable[[], object]] = {
         "get": lambda: store.get(key),
@@ -168,5 +169,6 @@ def test_after_the_fence_every_call_on_the_shard_fails(store: DataStore) -> None
     with pytest.raises(TableMissing):
         server.run(*by_id_sql(topo.prefix, {a: [key]}, "`id`, `body`", topo.owned_db))
     assert shard_rows(store, a, "entities", "`id`, `version`, `body`") == before
+    assert store.cluster.refresh().map_version == version  # the catalog never changed
     assert store.get(other) == {"id": other, "n": n_b}
     assert [e.id for e in store.query(BY_N, n=n_b)] == [other]

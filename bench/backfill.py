@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from schemaless import Index
 from schemaless.local import LocalCluster
 from schemaless.names import quote
+from schemaless.scatter import shard_is
 
 from .measure import percentile
 from .ops import Bench, raw_decode
@@ -132,15 +133,16 @@ def naive_backfill(b: Bench, batch: int = 1000) -> tuple[float, int]:
         b.raw.run(sid, ";\n".join(ddl))
     written = 0
     t0 = time.perf_counter()
+    topo = b.stores["i3"].cluster.current()
     for shard in range(b.n_shards):
         sid = b.shard_sid[shard]
-        table = quote(b.stores["i3"].cluster.current().dbs[shard], "entities")
+        table = quote(topo.dbs[shard], "entities")
         after = 0
         while True:
             rows = b.raw.run(
                 sid,
                 f"SELECT `added_id`, `id`, `version`, `body` FROM {table}"
-                " WHERE `added_id` > %s ORDER BY `added_id` LIMIT %s",
+                f" WHERE {shard_is(topo, shard)}`added_id` > %s ORDER BY `added_id` LIMIT %s",
                 (after, batch),
             )[0]
             if not rows:
@@ -167,7 +169,7 @@ def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
     ``batch`` rows a statement, both servers in parallel; (seconds, rows).  What the
     servers need to add the rows one by one, whatever the client does."""
     index = NEW_INDEX
-    dbs = b.stores["i3"].cluster.current().dbs
+    topo = b.stores["i3"].cluster.current()
     params: dict[int, list[list[Any]]] = {}  # server -> rows
     for shard in range(b.n_shards):
         ddl = f"DROP TABLE IF EXISTS {quote(b.raw_db('i3', shard), index.table)};" + (
@@ -176,8 +178,8 @@ def insert_floor(b: Bench, batch: int = 2000) -> tuple[float, int]:
         b.raw.run(b.shard_sid[shard], ddl)
         rows = b.raw.run(
             b.shard_sid[shard],
-            f"SELECT `id`, `version`, `body` FROM {quote(dbs[shard], 'entities')}"
-            " WHERE `body` IS NOT NULL",
+            f"SELECT `id`, `version`, `body` FROM {quote(topo.dbs[shard], 'entities')}"
+            f" WHERE {shard_is(topo, shard)}`body` IS NOT NULL",
         )[0]
         for key, version, body in rows:
             for row in index.rows(_decode(b, body)):

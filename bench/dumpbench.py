@@ -5,9 +5,10 @@
 * **schemaless restore** of each into a new datastore with half the logical shards
   (``<prefix>_rj`` / ``_rn``), then the Cleaner's backfill of its 3 indexes in this
   process (timed apart: the restore proper, then the indexes);
-* **mysqldump** (``mariadb-dump --single-transaction --quick``) of the same logical
-  shards' databases (entities and index tables: a physical copy of the same shard
-  layout, no resharding), one process per database, servers in parallel; and its
+* **mysqldump** (``mariadb-dump --single-transaction --quick``) of the same
+  databases (each logical shard's, or each server's data database in the owned layout:
+  entities and index tables, a physical copy of the same layout, no resharding), one
+  process per database, servers in parallel; and its
   restore with the ``mariadb`` client into ``<prefix>_md_NNNN``.
 
 Rates are entities per second; sizes are the dump files' bytes.
@@ -80,27 +81,30 @@ def _client(servers: Servers, i: int, program: str, *args: str) -> list[str]:
 
 
 def _mysqldump(b: Bench, tmp: Path, n: int) -> dict[str, Any]:
-    """mariadb-dump of every i3 logical shard database, then the mariadb client back."""
-    per_server: dict[int, list[int]] = {}
+    """mariadb-dump of every i3 database (a logical shard's, or in the owned layout
+    the server's data database, its guard triggers left out), then the mariadb client
+    back into ``<prefix>_md_NNNN``."""
+    dbs = b.stores["i3"].cluster.current().dbs
+    per_server: dict[int, dict[str, int]] = {}
     for shard, sid in enumerate(b.shard_sid):
-        per_server.setdefault(sid, []).append(shard)
+        per_server.setdefault(sid, {}).setdefault(dbs[shard], shard)
     out = tmp / "mysqldump"
     out.mkdir()
 
     def dump_server(sid: int) -> None:
-        for shard in per_server[sid]:
-            with open(out / f"{shard:04d}.sql", "wb") as f:
-                args = ["--single-transaction", "--quick", shard_db(f"{b.prefix}_i3", shard)]
+        for db, k in per_server[sid].items():
+            with open(out / f"{k:04d}.sql", "wb") as f:
+                args = ["--single-transaction", "--quick", "--skip-triggers", db]
                 subprocess.run(_client(b.servers, sid, "mariadb-dump", *args), stdout=f, check=True)
 
     def load_server(sid: int) -> None:
-        for shard in per_server[sid]:
-            db = shard_db(f"{b.prefix}_md", shard)
+        for k in per_server[sid].values():
+            db = shard_db(f"{b.prefix}_md", k)
             subprocess.run(
                 _client(b.servers, sid, "mariadb", "-e", f"CREATE DATABASE IF NOT EXISTS `{db}`"),
                 check=True,
             )
-            with open(out / f"{shard:04d}.sql", "rb") as f:
+            with open(out / f"{k:04d}.sql", "rb") as f:
                 subprocess.run(_client(b.servers, sid, "mariadb", db), stdin=f, check=True)
 
     with ThreadPoolExecutor(len(per_server)) as pool:

@@ -112,7 +112,7 @@ def drop_prefix(servers: Servers, prefix: str) -> None:
     """Drop every database this benchmark makes under ``prefix`` (and only those)."""
     pattern = re.compile(
         rf"{re.escape(prefix)}_(?:(?:i[013]|r[013]|[tuc]1|r[tuc]1|rj|rn|md)_[0-9]{{4}}"
-        r"|(?:i[013]|[tuc]1|rj|rn)_catalog|(?:i[013]|[tuc]1)_canary|json|naive"
+        r"|(?:i[013]|[tuc]1|rj|rn)_(?:catalog|data)|(?:i[013]|[tuc]1)_canary|json|naive"
         r"|tl_[a-z0-9_]+)\Z"
     )
     for i in range(len(servers.addresses)):

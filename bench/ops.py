@@ -191,9 +191,11 @@ class Bench:
         """Every database of this benchmark, by raw server index."""
         out: dict[int, list[str]] = {i: [] for i in range(len(self.servers.addresses))}
         for kind in INDEXES:
+            dbs = self.stores[kind].cluster.topology.dbs  # owned: the data database
             for shard in range(self.n_shards):
                 sid = self.shard_sid[shard]
-                out[sid].append(shard_db(f"{self.prefix}_{kind}", shard))
+                if dbs[shard] not in out[sid]:
+                    out[sid].append(dbs[shard])
                 out[sid].append(self.raw_db(kind, shard))
             out[0].append(f"{self.prefix}_{kind}_catalog")
         for sid in out:

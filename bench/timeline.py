@@ -50,7 +50,7 @@ from schemaless import DataStore, Index
 from schemaless.hashing import shard_of
 from schemaless.index import key_encode
 from schemaless.names import quote
-from schemaless.schema import shard_db
+from schemaless.scatter import shard_is
 
 from .data import WORDS, entity_id
 from .env import RawClient, Servers, machine_info, set_server_globals, start_cluster
@@ -136,8 +136,8 @@ class Timeline:
         )
         self.next_message = itertools.count(graph.messages)
         topo = self.push.cluster.refresh()
-        # the push store's prefix, and the raw client's server of each logical shard
-        self.push_layout = (topo.prefix, _positions(self.push, servers.addresses))
+        # the push store's map, and the raw client's server of each logical shard
+        self.push_layout = (topo, _positions(self.push, servers.addresses))
 
     def close(self) -> None:
         self.pull.close()
@@ -319,25 +319,27 @@ class Timeline:
         """The push store's timeline as the fewest statements its tables allow: the
         mailbox rows, then the bodies (one statement per server), decoded; no re-check,
         no library.  What any client of this layout pays, however fast."""
-        prefix, servers = self.push_layout
+        topo, servers = self.push_layout
         n = len(servers)
         shard = shard_of(key_encode(user), n)
         cond = "" if before is None else " AND `p_id` < %s"
         rows = self.raw.run(
             servers[shard],
-            f"SELECT `entity_id` FROM {quote(shard_db(prefix, shard), MAILBOX.table)}"
-            f" WHERE `p_recipients` = %s{cond} ORDER BY `p_id` DESC LIMIT {PAGE}",
+            f"SELECT `entity_id` FROM {quote(topo.dbs[shard], MAILBOX.table)}"
+            f" WHERE {shard_is(topo, shard)}`p_recipients` = %s{cond}"
+            f" ORDER BY `p_id` DESC LIMIT {PAGE}",
             (user,) if before is None else (user, before),
         )[0]
         keys = [bytes(r[0]) for r in rows]
-        by_shard: dict[int, list[bytes]] = {}
+        by_db: dict[tuple[int, str], list[bytes]] = {}  # owned layout: one per server
         for key in keys:
-            by_shard.setdefault(shard_of(key, n), []).append(key)
+            s = shard_of(key, n)
+            by_db.setdefault((servers[s], topo.dbs[s]), []).append(key)
         parts: dict[int, tuple[list[str], list[bytes]]] = {}
-        for s, ks in by_shard.items():
-            sql, params = parts.setdefault(servers[s], ([], []))
+        for (sid, db), ks in by_db.items():
+            sql, params = parts.setdefault(sid, ([], []))
             sql.append(
-                f"SELECT `id`, `body` FROM {quote(shard_db(prefix, s), 'entities')}"
+                f"SELECT `id`, `body` FROM {quote(db, 'entities')}"
                 f" WHERE `id` IN ({', '.join(['%s'] * len(ks))})"
             )
             params += ks
@@ -380,10 +382,14 @@ def _positions(store: DataStore, addresses: Sequence[str]) -> list[int]:
 
 
 def _shard_dbs(store: DataStore, addresses: Sequence[str]) -> dict[int, list[str]]:
-    prefix = store.cluster.refresh().prefix
+    """The databases of the store's logical shards (the data database once per server
+    in the owned layout), by position in ``addresses``."""
+    dbs = store.cluster.refresh().dbs
     out: dict[int, list[str]] = {}
     for shard, pos in enumerate(_positions(store, addresses)):
-        out.setdefault(pos, []).append(shard_db(prefix, shard))
+        names = out.setdefault(pos, [])
+        if dbs[shard] not in names:
+            names.append(dbs[shard])
     return out
 
 

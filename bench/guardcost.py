@@ -88,8 +88,7 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
         lambda k: [k],
     ),
     "get + count (client checks)": (
-        f"SELECT `v` FROM {ONE} WHERE `id` = %s; SELECT COUNT(*) FROM {OWNED}"
-        " WHERE `shard` IN (3)",
+        f"SELECT `v` FROM {ONE} WHERE `id` = %s; SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3)",
         lambda k: [k],
     ),
     "get, left join from owned": (

@@ -9,6 +9,7 @@ from schemaless import __version__
 from .admin import init
 from .data import delete, get, put, query
 from .dump import dump_command, restore_command
+from .edges import edges
 from .expiry import expiry
 from .feed import changes
 from .grants import grants
@@ -49,3 +50,4 @@ cli.add_command(expiry)
 cli.add_command(changes)
 cli.add_command(dump_command)
 cli.add_command(restore_command)
+cli.add_command(edges)

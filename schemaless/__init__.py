@@ -13,6 +13,7 @@
 __version__ = "0.1.0"
 
 from .catalog import IndexState
+from .edges import Edges
 from .entity import Entity
 from .errors import (
     CatalogError,
@@ -52,6 +53,7 @@ __all__ = [
     "CorruptEntity",
     "DataStore",
     "DataStoreClosed",
+    "Edges",
     "Entity",
     "EntityTooLarge",
     "FeedExpired",

@@ -23,8 +23,8 @@ from . import failpoints, owned
 from .entity import Entity
 from .errors import CatalogError, InvalidQuery, SchemalessError
 from .names import quote
-from .owned import admin
-from .scatter import bare, joined
+from .owned import admin, guarded
+from .scatter import Statement, bare, joined, shard_is
 from .schema import changes_tables_sql
 
 if TYPE_CHECKING:
@@ -249,11 +249,14 @@ class ChangeFeed:
             pos = self.positions[shard]
             if isinstance(pos, tuple) and shard != scanning:
                 continue  # snapshots run one logical shard at a time
-            sql, params = self._sql(topo.dbs[shard], pos)
+            sql, params = self._sql(topo.dbs[shard], pos, shard_is(topo, shard))
             plan.setdefault(topo.shard_servers[shard], []).append((shard, sql, params))
-        replies = self.cluster.scatter(
-            topo, plan, lambda parts: joined([(sql, params) for _, sql, params in parts])
-        ).results
+
+        def build(parts: list[tuple[int, str, list[Any]]]) -> Statement:
+            sql, params = joined([(sql, params) for _, sql, params in parts])
+            return guarded([sql], topo.owned_db, [s for s, _, _ in parts]), params
+
+        replies = self.cluster.scatter(topo, plan, build).results
         base = dict(self.positions)
         events: list[ChangeEvent] = []
         more = scanning is not None
@@ -270,21 +273,22 @@ class ChangeFeed:
                     base = {**base, shard: self.positions[shard]}
         return events, more
 
-    def _sql(self, db: str, pos: Position) -> tuple[str, list[Any]]:
+    def _sql(self, db: str, pos: Position, where: str) -> tuple[str, list[Any]]:
         changes, head, entities = (quote(db, t) for t in ("changes", "changes_head", "entities"))
+        one = where[: -len(" AND ")] if where else "`one` = 1"  # owned: the shard's head row
         if isinstance(pos, int):
             return (
-                f"SELECT `seq` FROM {head} WHERE `one` = 1;"
+                f"SELECT `seq` FROM {head} WHERE {one};"
                 f" SELECT `seq`, `id`, `version`, `body`, `at` FROM {changes}"
-                f" WHERE `seq` > %s ORDER BY `seq` LIMIT {int(self.batch)}",
+                f" WHERE {where}`seq` > %s ORDER BY `seq` LIMIT {int(self.batch)}",
                 [pos],
             )
         if pos[0] is None:  # a snapshot begins: the head first
-            return f"SELECT `seq` FROM {head} WHERE `one` = 1", []
+            return f"SELECT `seq` FROM {head} WHERE {one}", []
         return (
             f"SELECT `added_id`, `id`, `version`, `body`, `updated` FROM {entities}"
-            f" WHERE `added_id` > %s ORDER BY `added_id` LIMIT {int(self.batch)};"
-            f" SELECT `seq`, `id` FROM {changes} WHERE `seq` > %s ORDER BY `seq`",
+            f" WHERE {where}`added_id` > %s ORDER BY `added_id` LIMIT {int(self.batch)};"
+            f" SELECT `seq`, `id` FROM {changes} WHERE {where}`seq` > %s ORDER BY `seq`",
             [pos[1], max(pos[0], self._changed_upto)],
         )
 

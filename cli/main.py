@@ -12,6 +12,7 @@ from .dump import dump_command, restore_command
 from .edges import edges
 from .expiry import expiry
 from .feed import changes
+from .feeds import feeds
 from .grants import grants
 from .indexes import index
 from .local_cluster import local
@@ -51,3 +52,4 @@ cli.add_command(changes)
 cli.add_command(dump_command)
 cli.add_command(restore_command)
 cli.add_command(edges)
+cli.add_command(feeds)

@@ -40,6 +40,7 @@ from .errors import (
     UniqueViolation,
 )
 from .feed import ChangeEvent, FeedExpired
+from .feeds import Feeds
 from .ids import new_id, parse_id
 from .index import Index
 from .query import Page
@@ -57,6 +58,7 @@ __all__ = [
     "Entity",
     "EntityTooLarge",
     "FeedExpired",
+    "Feeds",
     "Index",
     "IndexDefinitionError",
     "IndexDoesNotFit",

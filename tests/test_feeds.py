@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -87,6 +88,21 @@ def test_a_celebrity_is_pulled_once_above_the_threshold(ds: DataStore) -> None:
         assert _ids(feeds.home(fan)) == [pulled["id"], pushed["id"]]
     feeds.unfollow(fans[0], star)
     assert _ids(feeds.home(fans[0])) == []
+
+
+def test_an_expired_post_never_appears(make_store: Callable[..., DataStore]) -> None:
+    ds = make_store(changes=True, expire_on="expires")
+    feeds = Feeds(ds, "home")
+    ann, bob = new_id(), new_id()
+    feeds.follow(ann, bob)
+    keep, gone = {"text": "stays"}, {"text": "expires", "expires": time.time() + 0.3}
+    feeds.post(bob, keep)
+    feeds.post(bob, gone)
+    feeds.work(once=True)
+    assert _ids(feeds.home(ann)) == [gone["id"], keep["id"]]
+    time.sleep(0.4)
+    assert _ids(feeds.home(ann, limit=1)) == [keep["id"]]
+    assert _ids(feeds.posts(bob)) == [keep["id"]]
 
 
 def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:

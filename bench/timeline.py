@@ -599,3 +599,159 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- the hot node: Facebook's "non-stored procedures" (issue 41) ------------------------
+
+
+def _serve_proxies(targets: list[str], delay: float, pipe: Any) -> None:
+    """A process of TCP proxies, one per target, each adding ``delay`` s each way."""
+    import asyncio
+
+    async def pump(reader: Any, writer: Any) -> None:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def send() -> None:
+            while True:
+                at, data = await queue.get()
+                if not data:
+                    writer.close()
+                    return
+                if at > loop.time():
+                    await asyncio.sleep(at - loop.time())
+                writer.write(data)
+                await writer.drain()
+
+        task = asyncio.create_task(send())
+        try:
+            while data := await reader.read(65536):
+                queue.put_nowait((loop.time() + delay, data))
+        finally:
+            queue.put_nowait((0.0, b""))
+            await task
+
+    def handler(target: str) -> Callable[[Any, Any], Any]:
+        host, _, port = target.rpartition(":")
+
+        async def client(reader: Any, writer: Any) -> None:
+            up_r, up_w = await asyncio.open_connection(host, int(port))
+            await asyncio.gather(pump(reader, up_w), pump(up_r, writer), return_exceptions=True)
+
+        return client
+
+    async def main() -> None:
+        started = [await asyncio.start_server(handler(t), "127.0.0.1", 0) for t in targets]
+        pipe.send([f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in started])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _naive_add(servers: Servers, db: str, local: Any, user: int, entry: int) -> None:
+    """A like the naive way: per side START TRANSACTION, insert the edge, update the
+    count, COMMIT, each a round trip (the count row locked across two of them)."""
+    if not hasattr(local, "conns"):
+        local.conns = [servers.connect(i) for i in range(len(servers.addresses))]
+    for i, kind, node, other in ((0, "liked_by", entry, user), (1, "likes", user, entry)):
+        cur = local.conns[i].cursor()
+        cur.execute("START TRANSACTION")
+        cur.execute(f"INSERT IGNORE INTO `{db}`.`{kind}` VALUES (%s, %s)", (node, other))
+        if cur.rowcount:
+            cur.execute(f"UPDATE `{db}`.`{kind}_n` SET `n` = `n` + 1 WHERE `node` = %s", (node,))
+        cur.execute("COMMIT")
+
+
+def hot_node(
+    servers: Servers, prefix: str, threads: int, seconds: float, delay_ms: float
+) -> dict[str, Any]:
+    """``threads`` clients liking one entry (``Edges.add`` with the inverse ``liked_by``:
+    the entry's count the hot row) for ``seconds``, against the naive way; through
+    proxies adding ``delay_ms`` each way when > 0.  Adds/s and whether counts are exact."""
+    import multiprocessing
+    import threading
+
+    from schemaless import Edges, new_id
+
+    proc = None
+    via = servers
+    if delay_ms > 0:
+        ctx = multiprocessing.get_context("spawn")
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(
+            target=_serve_proxies, args=(list(servers.addresses), delay_ms / 1000, theirs)
+        )
+        proc.start()
+        via = Servers(tuple(mine.recv()), servers.option_file)
+    tag = f"{int(delay_ms * 1000)}us"
+    raw = f"{prefix}_tl_hotraw_{tag}"
+    out: dict[str, Any] = {"delay_ms": delay_ms, "threads": threads}
+    try:
+        for i in range(len(servers.addresses)):
+            servers.admin(
+                i,
+                f"CREATE DATABASE IF NOT EXISTS `{raw}`;"
+                + ";".join(
+                    f"CREATE TABLE `{raw}`.`{k}` (`src` BIGINT, `dst` BIGINT,"
+                    f" PRIMARY KEY (`src`, `dst`)) ENGINE=InnoDB;"
+                    f"CREATE TABLE `{raw}`.`{k}_n` (`node` BIGINT PRIMARY KEY, `n` BIGINT)"
+                    f" ENGINE=InnoDB; INSERT INTO `{raw}`.`{k}_n` VALUES (0, 0)"
+                    for k in ("likes", "liked_by")
+                ),
+            )
+        local = threading.local()
+        users = itertools.count(1)
+        s = run_threads(
+            lambda u: _naive_add(via, raw, local, u, 0), users, threads, seconds
+        ).summary()
+        n = servers.admin(0, f"SELECT `n` FROM `{raw}`.`liked_by_n` WHERE `node` = 0")[0][0]
+        out["naive"] = {"per_s": s["throughput"], "p99_ms": s["p99_ms"], "exact": n == s["ops"]}
+        ds = DataStore(
+            list(via.addresses),
+            prefix=f"{prefix}_tl_hot_{tag}",
+            shards=16,
+            option_file=servers.option_file,
+            pool_size=threads + 4,
+        )
+        try:
+            likes = Edges(ds, "likes", inverse="liked_by")
+            entry = new_id()
+            s = run_threads(
+                lambda _: likes.add(new_id(), entry), itertools.count(), threads, seconds
+            ).summary()
+            exact = likes.count_inverse(entry) == s["ops"]
+            out["edges"] = {"per_s": s["throughput"], "p99_ms": s["p99_ms"], "exact": exact}
+        finally:
+            ds.close()
+        out["edges_vs_naive"] = round(out["edges"]["per_s"] / out["naive"]["per_s"], 2)
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.join()
+    return out
+
+
+def hot_main(argv: Sequence[str] | None = None) -> None:
+    """``python -c 'from bench.timeline import hot_main; hot_main()'``: the hot node
+    with and without 1 ms each way."""
+    from .harness import drop_prefix
+
+    p = argparse.ArgumentParser(prog="hot node")
+    p.add_argument("--threads", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    a = p.parse_args(argv)
+    servers = start_cluster(a.dir, 2, durable=True)
+    drop_prefix(servers, a.prefix)
+    try:
+        for delay in (1.0, 0.0):
+            r = hot_node(servers, a.prefix, a.threads, a.seconds, delay)
+            print(
+                f"hot node, {a.threads} threads, +{delay} ms each way: naive"
+                f" {r['naive']['per_s']:.0f} adds/s (exact: {r['naive']['exact']}),"
+                f" Edges.add {r['edges']['per_s']:.0f} adds/s (exact: {r['edges']['exact']}):"
+                f" {r['edges_vs_naive']}x"
+            )
+    finally:
+        drop_prefix(servers, a.prefix)

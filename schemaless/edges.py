@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .catalog import Topology
     from .store import DataStore
 
-__all__ = ["Edge", "EdgePage", "Edges", "check_limit", "check_type"]
+__all__ = ["Edge", "EdgePage", "Edges", "check_limit", "check_type", "table_names"]
 
 T = TypeVar("T")
 
@@ -83,7 +83,7 @@ def check_limit(limit: object) -> int:
 
 def tables_sql(db: str, kind: str) -> list[str]:
     """The edge table and the count table of one edge type, with their guards."""
-    edges, counts = _names(kind)
+    edges, counts = table_names(kind)
     return [
         f"CREATE TABLE IF NOT EXISTS {quote(db, edges)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL,"
@@ -106,7 +106,7 @@ def tables_sql(db: str, kind: str) -> list[str]:
     ]
 
 
-def _names(kind: str) -> tuple[str, str]:
+def table_names(kind: str) -> tuple[str, str]:
     return f"edges__{kind}", f"edges__{kind}__n"
 
 
@@ -117,7 +117,7 @@ class _Side:
         db = topo.owned_db
         assert db is not None
         self.db, self.kind = db, kind
-        self.edges, self.counts = (quote(db, t) for t in _names(kind))
+        self.edges, self.counts = (quote(db, t) for t in table_names(kind))
 
     def _count(self, shard: int, delta: str) -> str:
         return (
@@ -264,6 +264,31 @@ class Edges:
     def count_inverse(self, dst: Any) -> int:
         """How many edges reach ``dst`` (the inverse's count)."""
         return self._count(self._inverse(), to_id(dst))
+
+    def counts_inverse(self, dsts: Iterable[Any]) -> dict[bytes, int]:
+        """How many edges reach each of ``dsts``, one statement per server."""
+        nodes = sorted({to_id(d) for d in dsts})
+        kind = self._inverse()
+
+        def run() -> dict[bytes, int]:
+            topo = self.ds.cluster.current()
+            side = _Side(topo, kind)
+            n_of = self.ds.cluster.shard_of_id
+
+            def build(group: list[bytes]) -> Statement:
+                shards = sorted({n_of(n) for n in group})
+                sql = (
+                    f"SELECT `node`, `n` FROM {side.counts} WHERE `shard` IN"
+                    f" ({', '.join(str(s) for s in shards)})"
+                    f" AND `node` IN ({', '.join(['%s'] * len(group))})"
+                )
+                return guarded([sql], side.db, shards), group
+
+            results = self.ds.cluster.scatter(topo, by_server(topo, nodes, n_of), build).results
+            return {bytes(k): int(n) for rows in results.values() for k, n in rows[0]}
+
+        found = self.ds.calls.call(run, self.timeout) if nodes else {}
+        return {n: found.get(n, 0) for n in nodes}
 
     def page(self, src: Any, limit: int = 20, cursor: str | None = None) -> EdgePage:
         """The edges leaving ``src``, newest first, and the next page's cursor."""

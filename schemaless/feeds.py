@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -324,6 +324,7 @@ class Feeds:
         acknowledging after each round's fan-out (a crash repeats a round: inbox rows
         are never doubled); ``once``: until caught up.  How many posts were handled."""
         sub = self.ds.subscribe(self.subscription)
+        self._pulled |= self._pulled_list()
         feed = ChangeFeed(self.ds.reader, sub.positions, sub.shards)
         feed.check_on()
         handled = 0
@@ -349,18 +350,29 @@ class Feeds:
         if not posts:
             return 0
         self._write_posts(posts)
-        for author, at, post in posts:
-            if author in self._pulled or self.graph.count_inverse(author) > self.pull_threshold:
+        counts = self.graph.counts_inverse({a for a, _, _ in posts} - self._pulled)
+        for author, n in counts.items():
+            if n > self.pull_threshold:
                 self._pull(author)
-                continue
-            cursor = None
-            while True:
-                page = self.graph.page_inverse(author, _FAN, cursor)
-                self._insert_inbox({e.src: [(at, post, author)] for e in page})
-                cursor = page.cursor
-                if cursor is None:
-                    break
+        by_author: dict[bytes, list[_Row]] = {}
+        for author, at, post in posts:
+            if author not in self._pulled:
+                by_author.setdefault(author, []).append((at, post, author))
+        inbox: dict[bytes, list[_Row]] = {}
+        for author, rows in by_author.items():
+            for follower in self._followers(author):
+                inbox.setdefault(follower, []).extend(rows)
+        self._insert_inbox(inbox)
         return len(posts)
+
+    def _followers(self, author: bytes) -> Iterator[bytes]:
+        cursor = None
+        while True:
+            page = self.graph.page_inverse(author, _FAN, cursor)
+            yield from (e.src for e in page)
+            cursor = page.cursor
+            if cursor is None:
+                return
 
     def _pull(self, author: bytes) -> None:
         """Put an author on every server's pulled list (server-wide rows of no
@@ -378,6 +390,17 @@ class Feeds:
         topo = self.ds.cluster.current()
         self.ds.cluster.scatter(topo, {sid: [topo.owned_db or ""] for sid in topo.servers}, build)
         self._pulled.add(author)
+
+    def _pulled_list(self) -> set[bytes]:
+        """The authors on the pulled list (the copy of logical shard 0's server)."""
+
+        def run() -> set[bytes]:
+            topo = self.ds.cluster.current()
+            sql = f"SELECT `author` FROM {self._q(topo, self.pulled)}"
+            rows = self._server(topo, 0).run(guarded([sql], topo.owned_db, [0]))[0]
+            return {bytes(r[0]) for r in rows}
+
+        return set(self.ds.calls.call(run, self.timeout))
 
     def settle(self, timeout: float = 30.0) -> bool:
         """Wait until the worker has acknowledged every change made before this call

@@ -135,6 +135,7 @@ def test_counts_stay_exact_under_concurrent_adds_of_a_hot_node(ds: DataStore) ->
         list(pool.map(lambda u: likes.add(u, entry), users + users))
         list(pool.map(lambda u: likes.remove(u, entry), users[:10] * 2))
     assert likes.count_inverse(entry) == 30
+    assert likes.counts_inverse([entry, users[0], entry]) == {entry: 30, users[0]: 0}
     shard = ds.cluster.shard_of_id(entry)
     rows = shard_rows(ds, shard, "edges__liked_by", "COUNT(*)", "`src` = %s", (entry,))
     assert rows[0][0] == 30

@@ -755,3 +755,91 @@ def hot_main(argv: Sequence[str] | None = None) -> None:
             )
     finally:
         drop_prefix(servers, a.prefix)
+
+
+def fanout(servers: Servers, prefix: str, followers: int, threads: int = 8) -> dict[str, Any]:
+    """One post to ``followers`` followers: seconds from its acknowledgement until the
+    worker (running, polling every 10 ms) has fanned it out and every follower's
+    ``home()`` shows it; the post's latency against a put of the same entity."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from schemaless import Feeds, new_id
+
+    ds = DataStore(
+        list(servers.addresses),
+        prefix=f"{prefix}_tl_fan",
+        shards=16,
+        changes=True,
+        option_file=servers.option_file,
+        pool_size=threads + 8,
+    )
+    try:
+        feeds = Feeds(ds, "home", pull_threshold=followers + 1, backfill=0)
+        star, fans = new_id(), [new_id() for _ in range(followers)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda f: feeds.follow(f, star), fans))
+        follow_s = time.perf_counter() - t0
+        feeds.work(once=True)
+        stop = [False]
+
+        def work() -> None:
+            while not stop[0]:
+                feeds.work(once=True, poll=0.01)
+                time.sleep(0.01)
+
+        import threading
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        try:
+            t0 = time.perf_counter()
+            feeds.post(star, {"text": "to everyone"})
+            acked = time.perf_counter()
+            assert feeds.settle(timeout=60)
+            fanned = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                seen = list(pool.map(lambda f: len(feeds.home(f, limit=1)), fans))
+            visible = time.perf_counter()
+        finally:
+            stop[0] = True
+            worker.join()
+        puts = []
+        for _ in range(50):
+            p0 = time.perf_counter()
+            ds.put({"text": "to everyone", "author": star})
+            puts.append(time.perf_counter() - p0)
+        posts = []
+        for _ in range(50):
+            p0 = time.perf_counter()
+            feeds.post(star, {"text": "to everyone"})
+            posts.append(time.perf_counter() - p0)
+        return {
+            "followers": followers,
+            "follow_s": round(follow_s, 2),
+            "post_ms": round((acked - t0) * 1000, 2),
+            "fanned_out_s": round(fanned - acked, 3),
+            "all_homes_read_s": round(visible - fanned, 3),
+            "all_visible": all(seen),
+            "put_p99_ms": round(1000 * sorted(puts)[48], 2),
+            "post_p99_ms": round(1000 * sorted(posts)[48], 2),
+        }
+    finally:
+        ds.close()
+
+
+def fanout_main(argv: Sequence[str] | None = None) -> None:
+    """``python -c 'from bench.timeline import fanout_main; fanout_main()'``."""
+    from .harness import drop_prefix
+
+    p = argparse.ArgumentParser(prog="fan-out")
+    p.add_argument("--followers", type=int, default=10_000)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    a = p.parse_args(argv)
+    servers = start_cluster(a.dir, 2, durable=True)
+    drop_prefix(servers, a.prefix)
+    try:
+        print(fanout(servers, a.prefix, a.followers))
+    finally:
+        drop_prefix(servers, a.prefix)

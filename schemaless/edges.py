@@ -292,11 +292,22 @@ class Edges:
 
     def page(self, src: Any, limit: int = 20, cursor: str | None = None) -> EdgePage:
         """The edges leaving ``src``, newest first, and the next page's cursor."""
-        return self._page(self.kind, to_id(src), limit, cursor, forward=True)
+        return self._page(self.kind, to_id(src), check_limit(limit), cursor, forward=True)
 
     def page_inverse(self, dst: Any, limit: int = 20, cursor: str | None = None) -> EdgePage:
         """The edges reaching ``dst`` (``Edge.src`` the other end), newest first."""
-        return self._page(self._inverse(), to_id(dst), limit, cursor, forward=False)
+        return self._page(self._inverse(), to_id(dst), check_limit(limit), cursor, forward=False)
+
+    def sources(self, dst: Any, chunk: int = 5000) -> Iterator[list[bytes]]:
+        """Every node with an edge reaching ``dst`` (the inverse), newest first, in
+        lists of ``chunk`` (one round trip each): a fan-out's reader."""
+        dst, cursor = to_id(dst), None
+        while True:
+            page = self._page(self._inverse(), dst, chunk, cursor, forward=False)
+            yield [e.src for e in page]
+            if page.cursor is None:
+                return
+            cursor = page.cursor
 
     def _inverse(self) -> str:
         if self.inverse is None:
@@ -310,7 +321,6 @@ class Edges:
     def _page(
         self, kind: str, node: bytes, limit: int, cursor: str | None, *, forward: bool
     ) -> EdgePage:
-        check_limit(limit)
         params: tuple[Any, ...] = (node,)
         if cursor is not None:
             at, dst = _decode_cursor(cursor, kind, node)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["Feeds"]
 
 _CURSOR = "fc1."
-_FAN = 1000  # followers read, and inbox rows written, per batch
+_FAN = 5000  # followers read, and inbox rows written, per round trip
 _Row = tuple[int, bytes, bytes]  # (at, post, author)
 
 
@@ -218,7 +218,8 @@ class Feeds:
             s = int(shard)
             sql = guarded(
                 [
-                    f"SELECT i.`at`, i.`post`, i.`author` FROM {inbox} i JOIN {follows} f"
+                    "SELECT STRAIGHT_JOIN i.`at`, i.`post`, i.`author`"
+                    f" FROM {inbox} i JOIN {follows} f"
                     f" ON f.`shard` = {s} AND f.`src` = i.`user` AND f.`dst` = i.`author`"
                     f" WHERE i.`shard` = {s} AND i.`user` = %s{_keyset('i.', bool(keys))}"
                     f" ORDER BY i.`at` DESC, i.`post` DESC LIMIT {int(n)}",
@@ -360,19 +361,11 @@ class Feeds:
                 by_author.setdefault(author, []).append((at, post, author))
         inbox: dict[bytes, list[_Row]] = {}
         for author, rows in by_author.items():
-            for follower in self._followers(author):
-                inbox.setdefault(follower, []).extend(rows)
+            for chunk in self.graph.sources(author, _FAN):
+                for follower in chunk:
+                    inbox.setdefault(follower, []).extend(rows)
         self._insert_inbox(inbox)
         return len(posts)
-
-    def _followers(self, author: bytes) -> Iterator[bytes]:
-        cursor = None
-        while True:
-            page = self.graph.page_inverse(author, _FAN, cursor)
-            yield from (e.src for e in page)
-            cursor = page.cursor
-            if cursor is None:
-                return
 
     def _pull(self, author: bytes) -> None:
         """Put an author on every server's pulled list (server-wide rows of no

@@ -67,6 +67,9 @@ def test_pages_newest_first_with_a_keyset_cursor(ds: DataStore) -> None:
     back = follows.page_inverse(me, limit=7)
     assert [e.src for e in back] == them[::-1] and back.cursor is None
     assert all(e.dst == me for e in back)
+    chunks = list(follows.sources(me, chunk=3))
+    assert [len(c) for c in chunks] == [3, 3, 1]
+    assert [s for c in chunks for s in c] == them[::-1]
     with pytest.raises(InvalidQuery, match="another node"):
         follows.page(them[0], cursor=follows.page(me, limit=1).cursor)
     with pytest.raises(InvalidQuery, match="another node"):

@@ -142,7 +142,7 @@ def worker(
     procs: list[subprocess.Popen[bytes]] = []
     env = {k: v for k, v in cluster_env(local_cluster, ds.cluster.topology.prefix).items() if v}
     code = "from schemaless.cli.main import cli; cli()"
-    args = ["feeds", "work", "home", "--pull-threshold", "6", "--poll", "0.02"]
+    args = ["feeds", "work", "home", "--pull-threshold", "4", "--poll", "0.02"]
 
     def start() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
@@ -162,7 +162,7 @@ def test_oracle_with_the_worker_killed_and_restarted(
     ds: DataStore, worker: Callable[[], subprocess.Popen[bytes]]
 ) -> None:
     rng = random.Random(41)
-    feeds = Feeds(ds, "home", pull_threshold=6)
+    feeds = Feeds(ds, "home", pull_threshold=4)
     users = [new_id() for _ in range(24 * _SCALE)]
     follows: dict[bytes, set[bytes]] = {u: set() for u in users}
     posts: dict[bytes, tuple[bytes, int]] = {}  # post -> (author, version)

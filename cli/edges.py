@@ -42,7 +42,7 @@ def count(conn: Connection, kind: str, node: bytes) -> None:
     """How many edges of TYPE leave the entity ID (an inverse type: reach it)."""
     with conn.store() as ds:
         try:
-            click.echo(Edges(ds, kind).count(node))
+            click.echo(Edges(ds, kind, create=False).count(node))
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
 
@@ -60,7 +60,7 @@ def page(
     """The edges of TYPE leaving the entity ID, newest first."""
     with conn.store() as ds:
         try:
-            got = Edges(ds, kind).page(node, limit, cursor)
+            got = Edges(ds, kind, create=False).page(node, limit, cursor)
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
     if as_json:
@@ -81,7 +81,7 @@ def repair(conn: Connection, kind: str, inverse: str, grace: float) -> None:
     """Remove inverse edges whose forward edge is missing (a call cut between them)."""
     with conn.store() as ds:
         try:
-            n = Edges(ds, kind, inverse=inverse).repair(grace)
+            n = Edges(ds, kind, inverse=inverse, create=False).repair(grace)
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(f"{kind}/{inverse}: {n} orphaned inverse edges removed")

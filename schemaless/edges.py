@@ -188,25 +188,34 @@ class Edges:
     ``inverse``: the name of the edge type back (``likes`` -> ``liked_by``), kept on
     ``dst``'s shard.  The tables are created on every server by the first ``Edges``
     of a type (idempotent DDL) and again by a call that finds them missing (a server
-    added since).  ``timeout``: each call's deadline (default the datastore's).
+    added since); with ``create`` False (tools that only read) a type without tables
+    is unknown (``InvalidQuery``).  ``timeout``: each call's deadline (default the
+    datastore's).
     """
 
     def __init__(
-        self, ds: DataStore, kind: str, *, inverse: str | None = None, timeout: float | None = None
+        self,
+        ds: DataStore,
+        kind: str,
+        *,
+        inverse: str | None = None,
+        timeout: float | None = None,
+        create: bool = True,
     ) -> None:
         self.ds = ds
         self.kind = check_type(kind)
         self.inverse = None if inverse is None else check_type(inverse)
         if self.inverse == self.kind:
             raise InvalidQuery(f"edge type {kind!r} cannot be its own inverse")
-        self.timeout = timeout
+        self.timeout, self.creates = timeout, create
         if ds.cluster.refresh().owned_db is None:
             raise CatalogError(
                 f"edges ({kind!r}) need the owned layout; this datastore has a database per"
                 " logical shard: move it over with `schemaless dump` and `schemaless restore`"
                 " into a new datastore (owned by default)"
             )
-        self.create()
+        if create:
+            self.create()
 
     def create(self) -> None:
         """Create this type's tables (and its inverse's) on every server."""
@@ -363,6 +372,11 @@ class Edges:
         except TableMissing as exc:
             if "doesn't exist" not in str(exc):
                 raise
+            if not self.creates:
+                names = self.kind if self.inverse is None else f"{self.kind}/{self.inverse}"
+                raise InvalidQuery(
+                    f"unknown edge type {names!r}: its tables do not exist"
+                ) from None
             self.create()
             return self.ds.calls.call(once, self.timeout)
 

@@ -164,4 +164,7 @@ def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> Non
     out = run.ok("edges", "page", "likes", user.hex(), "--json").output
     assert json.loads(out.splitlines()[0])["dst"] == entry.hex()
     assert "invalid edge type" in run.fails("edges", "count", "Bad!", user.hex())
+    assert "unknown edge type 'likez'" in run.fails("edges", "page", "likez", user.hex())
+    with pytest.raises(InvalidQuery, match="unknown edge type"):
+        Edges(ds, "likez", create=False).count(user)
     assert "ID" in run.fails("edges", "count", "likes", "xyz")

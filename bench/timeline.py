@@ -839,3 +839,91 @@ def fanout_main(argv: Sequence[str] | None = None) -> None:
         print(fanout(servers, a.prefix, a.followers))
     finally:
         drop_prefix(servers, a.prefix)
+
+
+def feeds_table(
+    servers: Servers, prefix: str, scale: float, threads: int = 8, seconds: float = 2.0
+) -> dict[str, dict[str, float]]:
+    """Oku's table with the library (``schemaless.feeds``): push (no author pulled),
+    pull (every author pulled) and the hybrid (authors above the 99th percentile of
+    followers pulled) on the same graph and messages: load seconds (follows, posts,
+    fan-out), home() timelines per second, MB of the data database."""
+    users = max(2, round(10_000 * scale))
+    graph = Graph(users, max(10, round(1_000_000 * scale)), 42.9)
+    top = sorted(map(len, graph.followers))[users * 99 // 100]
+    out: dict[str, dict[str, float]] = {}
+    for model, threshold in (("push", 10**9), ("pull", 0), ("hybrid", top)):
+        ds = DataStore(
+            list(servers.addresses),
+            prefix=f"{prefix}_tl_feeds_{model}",
+            shards=16,
+            changes=True,
+            option_file=servers.option_file,
+            pool_size=threads + 8,
+        )
+        try:
+            out[model] = _feeds_model(ds, graph, threshold, threads, seconds)
+        finally:
+            ds.close()
+        _log(f"  feeds {model} (pulled above {threshold} followers): {out[model]}")
+    return out
+
+
+def _feeds_model(
+    ds: DataStore, graph: Graph, threshold: int, threads: int, seconds: float
+) -> dict[str, float]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from schemaless import Feeds
+
+    ids = [entity_id(10**9 + u, random.Random(u)) for u in range(graph.users)]
+    feeds = Feeds(ds, "home", pull_threshold=threshold, backfill=0)
+    row: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        pairs = [(ids[u], ids[f]) for u, fs in enumerate(graph.followees) for f in fs]
+        list(pool.map(lambda p: feeds.follow(*p), pairs))
+        row["follows_s"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        messages = map(graph.message, range(graph.messages))
+        list(pool.map(lambda m: feeds.post(ids[m[0]], {"body": m[2]}), messages))
+    row["posts_s"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    feeds.work(once=True)
+    row["fan_out_s"] = round(time.perf_counter() - t0, 1)
+    readers = itertools.cycle(random.Random(5).sample(ids, min(graph.users, 500)))
+    s = run_threads(feeds.home, readers, 1, seconds).summary()
+    row["timelines_per_s"], row["p50_ms"] = s["throughput"], s["p50_ms"]
+    db = ds.cluster.current().owned_db
+    total = 0
+    for server in ds.cluster.servers():
+        names = "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+        tables = ", ".join(f"`{db}`.`{t}`" for (t,) in server.run(names, (db,))[0])
+        server.run(f"/*schemaless:admin*/ ANALYZE TABLE {tables}")
+        rows = server.run(
+            "SELECT COALESCE(SUM(data_length + index_length), 0)"
+            " FROM information_schema.tables WHERE table_schema = %s",
+            (db,),
+        )
+        total += int(rows[0][0][0])
+    row["size_mb"] = round(total / 1e6, 1)
+    return row
+
+
+def feeds_main(argv: Sequence[str] | None = None) -> None:
+    """``python -c 'from bench.timeline import feeds_main; feeds_main()'`` (--scale)."""
+    from .harness import drop_prefix
+
+    p = argparse.ArgumentParser(prog="feeds table")
+    p.add_argument("--scale", type=float, default=0.01)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    a = p.parse_args(argv)
+    servers = start_cluster(a.dir, 2, durable=True)
+    drop_prefix(servers, a.prefix)
+    try:
+        for model, row in feeds_table(servers, a.prefix, a.scale, a.threads).items():
+            print(model, row)
+    finally:
+        drop_prefix(servers, a.prefix)

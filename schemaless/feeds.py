@@ -47,20 +47,22 @@ _Row = tuple[int, bytes, bytes]  # (at, post, author)
 
 
 def tables_sql(db: str, name: str) -> list[str]:
-    """A feed's inbox and posts tables (guarded) and its server-wide pulled list."""
+    """A feed's inbox and posts tables (guarded) and its server-wide pulled list.  An
+    inbox is clustered in reading order (a page is one range, no lookups) and holds a
+    post once per reader (``once``: a fan-out done again adds nothing)."""
     inbox, posts, pulled = _tables(name)
     return [
         f"CREATE TABLE IF NOT EXISTS {quote(db, inbox)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
         " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
         " `author` BINARY(16) NOT NULL,"
-        " PRIMARY KEY (`shard`, `user`, `post`), KEY `newest` (`shard`, `user`, `at`, `post`),"
-        " KEY `by_author` (`shard`, `user`, `author`)) ENGINE=InnoDB",
+        " PRIMARY KEY (`shard`, `user`, `at`, `post`), UNIQUE KEY `once` (`shard`, `user`, `post`)"
+        ") ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {quote(db, posts)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL, `author` BINARY(16) NOT NULL,"
         " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
-        " PRIMARY KEY (`shard`, `author`, `post`), KEY `newest` (`shard`, `author`, `at`, `post`)"
-        ") ENGINE=InnoDB",
+        " PRIMARY KEY (`shard`, `author`, `at`, `post`),"
+        " UNIQUE KEY `once` (`shard`, `author`, `post`)) ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {quote(db, pulled)} ("
         " `author` BINARY(16) NOT NULL PRIMARY KEY, `since` BIGINT UNSIGNED NOT NULL"
         ") ENGINE=InnoDB",

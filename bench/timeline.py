@@ -866,6 +866,47 @@ def feeds_table(
         finally:
             ds.close()
         _log(f"  feeds {model} (pulled above {threshold} followers): {out[model]}")
+    out.update(_raw_models(servers, prefix, graph, threads, seconds))
+    return out
+
+
+def _raw_models(
+    servers: Servers, prefix: str, graph: Graph, threads: int, seconds: float
+) -> dict[str, dict[str, float]]:
+    """The post's raw push and pull (its SQL on the first server) on the same graph."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tl = Timeline(servers, TimelineConfig(prefix=prefix), graph)
+    out: dict[str, dict[str, float]] = {}
+    readers = itertools.cycle(random.Random(5).sample(range(graph.users), min(graph.users, 500)))
+    try:
+        tl.create_raw()
+        for model, submit, read, db in (
+            ("raw push", tl.submit_raw_push, tl.raw_push_timeline, tl.db_push),
+            ("raw pull", tl.submit_raw_pull, tl.raw_pull_timeline, tl.db_pull),
+        ):
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(submit, range(graph.messages)))
+            row = {"posts_s": round(time.perf_counter() - t0, 1)}
+            s = run_threads(_with(read, None), readers, 1, seconds).summary()
+            row["timelines_per_s"], row["p50_ms"] = s["throughput"], s["p50_ms"]
+            servers.admin(
+                0,
+                f"ANALYZE TABLE `{db}`.`message`"
+                + (", `{db}`.`mailbox`" if "push" in model else ""),
+            )
+            size = servers.admin(
+                0,
+                "SELECT SUM(data_length + index_length) FROM information_schema.tables"
+                " WHERE table_schema = %s",
+                (db,),
+            )[0][0]
+            row["size_mb"] = round(int(size) / 1e6, 1)
+            out[model] = row
+            _log(f"  {model}: {row}")
+    finally:
+        tl.close()
     return out
 
 
@@ -923,7 +964,12 @@ def feeds_main(argv: Sequence[str] | None = None) -> None:
     servers = start_cluster(a.dir, 2, durable=True)
     drop_prefix(servers, a.prefix)
     try:
-        for model, row in feeds_table(servers, a.prefix, a.scale, a.threads).items():
+        rows = feeds_table(servers, a.prefix, a.scale, a.threads)
+        for model, row in rows.items():
             print(model, row)
+        for model in ("push", "pull"):
+            ratio = rows[model]["timelines_per_s"] / rows[f"raw {model}"]["timelines_per_s"]
+            print(f"{model}: home() {ratio:.2f}x raw {model}'s timelines/s", end="")
+            print(f", storage {rows[model]['size_mb'] / rows[f'raw {model}']['size_mb']:.1f}x")
     finally:
         drop_prefix(servers, a.prefix)

@@ -11,7 +11,7 @@ import pytest
 from conftest import shard_rows
 from test_cli import Cli, cluster_env
 
-from schemaless import DataStore, Edges, new_id
+from schemaless import DataStore, Edges, Feeds, new_id
 from schemaless import failpoints as fp
 from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery
 from schemaless.failpoints import FailpointError
@@ -106,6 +106,9 @@ def test_the_old_layout_is_told_the_way_over(make_store: Callable[..., DataStore
     old = make_store(layout="databases")
     with pytest.raises(CatalogError, match=r"dump.*restore"):
         Edges(old, "likes")
+    with pytest.raises(CatalogError, match=r"dump.*restore"):
+        Feeds(old, "home")
+    assert not old.cluster.refresh().changes  # refused before turning the feed on
 
 
 def test_a_cut_between_the_sides_leaves_the_inverse_a_superset_that_repair_clears(

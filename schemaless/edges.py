@@ -227,8 +227,9 @@ class Edges:
     # -- writes -------------------------------------------------------------------------
 
     def add(self, src: Any, dst: Any, data: Any = None) -> bool:
-        """Add the edge ``src`` -> ``dst`` (again: nothing changes); whether it is new.
-        ``data``: any msgpack value (at most 64 KiB packed), kept with the edge."""
+        """Add the edge ``src`` -> ``dst``; whether it is new (adding a present edge
+        changes no count, time or data).  ``data``: any msgpack value (at most 64 KiB
+        packed), kept with the edge."""
         src, dst, packed = to_id(src), to_id(dst), _pack(data)
         at = now_us()
         if self.inverse is not None:

@@ -605,3 +605,377 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- the hot node: Facebook's "non-stored procedures" (issue 41) ------------------------
+
+
+def _serve_proxies(targets: list[str], delay: float, pipe: Any) -> None:
+    """A process of TCP proxies, one per target, each adding ``delay`` s each way."""
+    import asyncio
+
+    async def pump(reader: Any, writer: Any) -> None:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def send() -> None:
+            while True:
+                at, data = await queue.get()
+                if not data:
+                    writer.close()
+                    return
+                if at > loop.time():
+                    await asyncio.sleep(at - loop.time())
+                writer.write(data)
+                await writer.drain()
+
+        task = asyncio.create_task(send())
+        try:
+            while data := await reader.read(65536):
+                queue.put_nowait((loop.time() + delay, data))
+        finally:
+            queue.put_nowait((0.0, b""))
+            await task
+
+    def handler(target: str) -> Callable[[Any, Any], Any]:
+        host, _, port = target.rpartition(":")
+
+        async def client(reader: Any, writer: Any) -> None:
+            up_r, up_w = await asyncio.open_connection(host, int(port))
+            await asyncio.gather(pump(reader, up_w), pump(up_r, writer), return_exceptions=True)
+
+        return client
+
+    async def main() -> None:
+        started = [await asyncio.start_server(handler(t), "127.0.0.1", 0) for t in targets]
+        pipe.send([f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in started])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _naive_add(servers: Servers, db: str, local: Any, user: int, entry: int) -> None:
+    """A like the naive way: per side START TRANSACTION, insert the edge, update the
+    count, COMMIT, each a round trip (the count row locked across two of them)."""
+    if not hasattr(local, "conns"):
+        local.conns = [servers.connect(i) for i in range(len(servers.addresses))]
+    for i, kind, node, other in ((0, "liked_by", entry, user), (1, "likes", user, entry)):
+        cur = local.conns[i].cursor()
+        cur.execute("START TRANSACTION")
+        cur.execute(f"INSERT IGNORE INTO `{db}`.`{kind}` VALUES (%s, %s)", (node, other))
+        if cur.rowcount:
+            cur.execute(f"UPDATE `{db}`.`{kind}_n` SET `n` = `n` + 1 WHERE `node` = %s", (node,))
+        cur.execute("COMMIT")
+
+
+def hot_node(
+    servers: Servers, prefix: str, threads: int, seconds: float, delay_ms: float
+) -> dict[str, Any]:
+    """``threads`` clients liking one entry (``Edges.add`` with the inverse ``liked_by``:
+    the entry's count the hot row) for ``seconds``, against the naive way; through
+    proxies adding ``delay_ms`` each way when > 0.  Adds/s and whether counts are exact."""
+    import multiprocessing
+    import threading
+
+    from schemaless import Edges, new_id
+
+    proc = None
+    via = servers
+    if delay_ms > 0:
+        ctx = multiprocessing.get_context("spawn")
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(
+            target=_serve_proxies, args=(list(servers.addresses), delay_ms / 1000, theirs)
+        )
+        proc.start()
+        via = Servers(tuple(mine.recv()), servers.option_file)
+    tag = f"{int(delay_ms * 1000)}us"
+    raw = f"{prefix}_tl_hotraw_{tag}"
+    out: dict[str, Any] = {"delay_ms": delay_ms, "threads": threads}
+    try:
+        for i in range(len(servers.addresses)):
+            servers.admin(
+                i,
+                f"CREATE DATABASE IF NOT EXISTS `{raw}`;"
+                + ";".join(
+                    f"CREATE TABLE `{raw}`.`{k}` (`src` BIGINT, `dst` BIGINT,"
+                    f" PRIMARY KEY (`src`, `dst`)) ENGINE=InnoDB;"
+                    f"CREATE TABLE `{raw}`.`{k}_n` (`node` BIGINT PRIMARY KEY, `n` BIGINT)"
+                    f" ENGINE=InnoDB; INSERT INTO `{raw}`.`{k}_n` VALUES (0, 0)"
+                    for k in ("likes", "liked_by")
+                ),
+            )
+        local = threading.local()
+        users = itertools.count(1)
+        s = run_threads(
+            lambda u: _naive_add(via, raw, local, u, 0), users, threads, seconds
+        ).summary()
+        n = servers.admin(0, f"SELECT `n` FROM `{raw}`.`liked_by_n` WHERE `node` = 0")[0][0]
+        out["naive"] = {"per_s": s["throughput"], "p99_ms": s["p99_ms"], "exact": n == s["ops"]}
+        ds = DataStore(
+            list(via.addresses),
+            prefix=f"{prefix}_tl_hot_{tag}",
+            shards=16,
+            option_file=servers.option_file,
+            pool_size=threads + 4,
+        )
+        try:
+            likes = Edges(ds, "likes", inverse="liked_by")
+            entry = new_id()
+            s = run_threads(
+                lambda _: likes.add(new_id(), entry), itertools.count(), threads, seconds
+            ).summary()
+            exact = likes.count_inverse(entry) == s["ops"]
+            out["edges"] = {"per_s": s["throughput"], "p99_ms": s["p99_ms"], "exact": exact}
+        finally:
+            ds.close()
+        out["edges_vs_naive"] = round(out["edges"]["per_s"] / out["naive"]["per_s"], 2)
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.join()
+    return out
+
+
+def hot_main(argv: Sequence[str] | None = None) -> None:
+    """``python -c 'from bench.timeline import hot_main; hot_main()'``: the hot node
+    with and without 1 ms each way."""
+    from .harness import drop_prefix
+
+    p = argparse.ArgumentParser(prog="hot node")
+    p.add_argument("--threads", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    a = p.parse_args(argv)
+    servers = start_cluster(a.dir, 2, durable=True)
+    drop_prefix(servers, a.prefix)
+    try:
+        for delay in (1.0, 0.0):
+            r = hot_node(servers, a.prefix, a.threads, a.seconds, delay)
+            print(
+                f"hot node, {a.threads} threads, +{delay} ms each way: naive"
+                f" {r['naive']['per_s']:.0f} adds/s (exact: {r['naive']['exact']}),"
+                f" Edges.add {r['edges']['per_s']:.0f} adds/s (exact: {r['edges']['exact']}):"
+                f" {r['edges_vs_naive']}x"
+            )
+    finally:
+        drop_prefix(servers, a.prefix)
+
+
+def fanout(servers: Servers, prefix: str, followers: int, threads: int = 8) -> dict[str, Any]:
+    """One post to ``followers`` followers: seconds from its acknowledgement until the
+    worker (running, polling every 10 ms) has fanned it out and every follower's
+    ``home()`` shows it; its author's post latency against an author's without followers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from schemaless import Feeds, new_id
+
+    ds = DataStore(
+        list(servers.addresses),
+        prefix=f"{prefix}_tl_fan",
+        shards=16,
+        changes=True,
+        option_file=servers.option_file,
+        pool_size=threads + 8,
+    )
+    try:
+        feeds = Feeds(ds, "home", pull_threshold=followers + 1, backfill=0)
+        star, fans = new_id(), [new_id() for _ in range(followers)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda f: feeds.follow(f, star), fans))
+        follow_s = time.perf_counter() - t0
+        feeds.work(once=True)
+        stop = [False]
+
+        def work() -> None:
+            while not stop[0]:
+                feeds.work(once=True, poll=0.01)
+                time.sleep(0.01)
+
+        import threading
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        try:
+            t0 = time.perf_counter()
+            feeds.post(star, {"text": "to everyone"})
+            acked = time.perf_counter()
+            assert feeds.settle(timeout=60)
+            fanned = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                seen = list(pool.map(lambda f: len(feeds.home(f, limit=1)), fans))
+            visible = time.perf_counter()
+        finally:
+            stop[0] = True
+            worker.join()
+        loner, alone, posts = new_id(), [], []
+        for _ in range(100):  # interleaved: the same load on both
+            for author, out in ((loner, alone), (star, posts)):
+                p0 = time.perf_counter()
+                feeds.post(author, {"text": "to everyone"})
+                out.append(time.perf_counter() - p0)
+        return {
+            "followers": followers,
+            "follow_s": round(follow_s, 2),
+            "post_ms": round((acked - t0) * 1000, 2),
+            "fanned_out_s": round(fanned - acked, 3),
+            "all_homes_read_s": round(visible - fanned, 3),
+            "all_visible": all(seen),
+            "post_no_followers_p99_ms": round(1000 * sorted(alone)[98], 2),
+            "post_p99_ms": round(1000 * sorted(posts)[98], 2),
+        }
+    finally:
+        ds.close()
+
+
+def fanout_main(argv: Sequence[str] | None = None) -> None:
+    """``python -c 'from bench.timeline import fanout_main; fanout_main()'``."""
+    from .harness import drop_prefix
+
+    p = argparse.ArgumentParser(prog="fan-out")
+    p.add_argument("--followers", type=int, default=10_000)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    a = p.parse_args(argv)
+    servers = start_cluster(a.dir, 2, durable=True)
+    drop_prefix(servers, a.prefix)
+    try:
+        print(fanout(servers, a.prefix, a.followers))
+    finally:
+        drop_prefix(servers, a.prefix)
+
+
+def feeds_table(
+    servers: Servers, prefix: str, scale: float, threads: int = 8, seconds: float = 2.0
+) -> dict[str, dict[str, float]]:
+    """Oku's table with the library (``schemaless.feeds``): push (no author pulled),
+    pull (every author pulled) and the hybrid (authors above the 99th percentile of
+    followers pulled) on the same graph and messages: load seconds (follows, posts,
+    fan-out), home() timelines per second, MB of the data database."""
+    users = max(2, round(10_000 * scale))
+    graph = Graph(users, max(10, round(1_000_000 * scale)), 42.9)
+    top = sorted(map(len, graph.followers))[users * 99 // 100]
+    out: dict[str, dict[str, float]] = {}
+    for model, threshold in (("push", 10**9), ("pull", 0), ("hybrid", top)):
+        ds = DataStore(
+            list(servers.addresses),
+            prefix=f"{prefix}_tl_feeds_{model}",
+            shards=16,
+            changes=True,
+            option_file=servers.option_file,
+            pool_size=threads + 8,
+        )
+        try:
+            out[model] = _feeds_model(ds, graph, threshold, threads, seconds)
+        finally:
+            ds.close()
+        _log(f"  feeds {model} (pulled above {threshold} followers): {out[model]}")
+    out.update(_raw_models(servers, prefix, graph, threads, seconds))
+    return out
+
+
+def _raw_models(
+    servers: Servers, prefix: str, graph: Graph, threads: int, seconds: float
+) -> dict[str, dict[str, float]]:
+    """The post's raw push and pull (its SQL on the first server) on the same graph."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tl = Timeline(servers, TimelineConfig(prefix=prefix), graph)
+    out: dict[str, dict[str, float]] = {}
+    readers = itertools.cycle(random.Random(5).sample(range(graph.users), min(graph.users, 500)))
+    try:
+        tl.create_raw()
+        for model, submit, read, db in (
+            ("raw push", tl.submit_raw_push, tl.raw_push_timeline, tl.db_push),
+            ("raw pull", tl.submit_raw_pull, tl.raw_pull_timeline, tl.db_pull),
+        ):
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(submit, range(graph.messages)))
+            row = {"posts_s": round(time.perf_counter() - t0, 1)}
+            s = run_threads(_with(read, None), readers, 1, seconds).summary()
+            row["timelines_per_s"], row["p50_ms"] = s["throughput"], s["p50_ms"]
+            servers.admin(
+                0,
+                f"ANALYZE TABLE `{db}`.`message`"
+                + (", `{db}`.`mailbox`" if "push" in model else ""),
+            )
+            size = servers.admin(
+                0,
+                "SELECT SUM(data_length + index_length) FROM information_schema.tables"
+                " WHERE table_schema = %s",
+                (db,),
+            )[0][0]
+            row["size_mb"] = round(int(size) / 1e6, 1)
+            out[model] = row
+            _log(f"  {model}: {row}")
+    finally:
+        tl.close()
+    return out
+
+
+def _feeds_model(
+    ds: DataStore, graph: Graph, threshold: int, threads: int, seconds: float
+) -> dict[str, float]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from schemaless import Feeds
+
+    ids = [entity_id(10**9 + u, random.Random(u)) for u in range(graph.users)]
+    feeds = Feeds(ds, "home", pull_threshold=threshold, backfill=0)
+    row: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        pairs = [(ids[u], ids[f]) for u, fs in enumerate(graph.followees) for f in fs]
+        list(pool.map(lambda p: feeds.follow(*p), pairs))
+        row["follows_s"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        messages = map(graph.message, range(graph.messages))
+        list(pool.map(lambda m: feeds.post(ids[m[0]], {"body": m[2]}), messages))
+    row["posts_s"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    feeds.work(once=True)
+    row["fan_out_s"] = round(time.perf_counter() - t0, 1)
+    readers = itertools.cycle(random.Random(5).sample(ids, min(graph.users, 500)))
+    s = run_threads(feeds.home, readers, 1, seconds).summary()
+    row["timelines_per_s"], row["p50_ms"] = s["throughput"], s["p50_ms"]
+    db = ds.cluster.current().owned_db
+    total = 0
+    for server in ds.cluster.servers():
+        names = "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+        tables = ", ".join(f"`{db}`.`{t}`" for (t,) in server.run(names, (db,))[0])
+        server.run(f"/*schemaless:admin*/ ANALYZE TABLE {tables}")
+        rows = server.run(
+            "SELECT COALESCE(SUM(data_length + index_length), 0)"
+            " FROM information_schema.tables WHERE table_schema = %s",
+            (db,),
+        )
+        total += int(rows[0][0][0])
+    row["size_mb"] = round(total / 1e6, 1)
+    return row
+
+
+def feeds_main(argv: Sequence[str] | None = None) -> None:
+    """``python -c 'from bench.timeline import feeds_main; feeds_main()'`` (--scale)."""
+    from .harness import drop_prefix
+
+    p = argparse.ArgumentParser(prog="feeds table")
+    p.add_argument("--scale", type=float, default=0.01)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    a = p.parse_args(argv)
+    servers = start_cluster(a.dir, 2, durable=True)
+    drop_prefix(servers, a.prefix)
+    try:
+        rows = feeds_table(servers, a.prefix, a.scale, a.threads)
+        for model, row in rows.items():
+            print(model, row)
+        for model in ("push", "pull"):
+            ratio = rows[model]["timelines_per_s"] / rows[f"raw {model}"]["timelines_per_s"]
+            print(f"{model}: home() {ratio:.2f}x raw {model}'s timelines/s", end="")
+            print(f", storage {rows[model]['size_mb'] / rows[f'raw {model}']['size_mb']:.1f}x")
+    finally:
+        drop_prefix(servers, a.prefix)

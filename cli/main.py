@@ -9,8 +9,10 @@ from schemaless import __version__
 from .admin import init
 from .data import delete, get, put, query
 from .dump import dump_command, restore_command
+from .edges import edges
 from .expiry import expiry
 from .feed import changes
+from .feeds import feeds
 from .grants import grants
 from .indexes import index
 from .local_cluster import local
@@ -49,3 +51,5 @@ cli.add_command(expiry)
 cli.add_command(changes)
 cli.add_command(dump_command)
 cli.add_command(restore_command)
+cli.add_command(edges)
+cli.add_command(feeds)

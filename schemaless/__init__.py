@@ -13,6 +13,7 @@
 __version__ = "0.1.0"
 
 from .catalog import IndexState
+from .edges import Edges
 from .entity import Entity
 from .errors import (
     CatalogError,
@@ -39,6 +40,7 @@ from .errors import (
     UniqueViolation,
 )
 from .feed import ChangeEvent, FeedExpired
+from .feeds import Feeds
 from .ids import new_id, parse_id
 from .index import Index
 from .query import Page
@@ -52,9 +54,11 @@ __all__ = [
     "CorruptEntity",
     "DataStore",
     "DataStoreClosed",
+    "Edges",
     "Entity",
     "EntityTooLarge",
     "FeedExpired",
+    "Feeds",
     "Index",
     "IndexDefinitionError",
     "IndexDoesNotFit",

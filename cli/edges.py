@@ -1,0 +1,87 @@
+"""``schemaless edges``: an edge type's counts and pages, and its repair."""
+
+from __future__ import annotations
+
+import click
+
+from schemaless.edges import Edges
+from schemaless.errors import InvalidId, SchemalessError
+from schemaless.ids import id_hex, parse_id
+
+from .options import BadOption, Connection, group_connection, pass_connection
+from .output import cell, echo_table, json_line
+
+__all__ = ["edges"]
+
+
+def _id(ctx: click.Context, param: click.Parameter, value: str) -> bytes:
+    try:
+        return parse_id(value)
+    except InvalidId as exc:
+        raise BadOption(str(exc), "ID") from None
+
+
+@click.group()
+@group_connection
+def edges() -> None:
+    """Edge types (schemaless.edges): counts, pages, repair.
+
+    \b
+    Example:
+        schemaless edges count likes 0190f3a4c2e47b3d8a1f5e6d7c8b9a01
+        schemaless edges page liked_by 0190f3a4c2e47b3d8a1f5e6d7c8b9a01 --limit 50
+        schemaless edges repair follows --inverse followers
+    """
+
+
+@edges.command()
+@click.argument("kind", metavar="TYPE")
+@click.argument("node", metavar="ID", callback=_id)
+@pass_connection
+def count(conn: Connection, kind: str, node: bytes) -> None:
+    """How many edges of TYPE leave the entity ID (an inverse type: reach it)."""
+    with conn.store() as ds:
+        try:
+            click.echo(Edges(ds, kind, create=False).count(node))
+        except SchemalessError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@edges.command()
+@click.argument("kind", metavar="TYPE")
+@click.argument("node", metavar="ID", callback=_id)
+@click.option("--limit", default=20, show_default=True, help="Edges on the page.")
+@click.option("--cursor", help="The cursor printed after the previous page.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines (dst, at, data).")
+@pass_connection
+def page(
+    conn: Connection, kind: str, node: bytes, limit: int, cursor: str | None, as_json: bool
+) -> None:
+    """The edges of TYPE leaving the entity ID, newest first."""
+    with conn.store() as ds:
+        try:
+            got = Edges(ds, kind, create=False).page(node, limit, cursor)
+        except SchemalessError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        for e in got:
+            click.echo(json_line({"dst": id_hex(e.dst), "at": e.at, "data": e.data}))
+    else:
+        echo_table(["dst", "at", "data"], [[id_hex(e.dst), str(e.at), cell(e.data)] for e in got])
+    if got.cursor:
+        click.echo(f"next page: --cursor {got.cursor}", err=True)
+
+
+@edges.command()
+@click.argument("kind", metavar="TYPE")
+@click.option("--inverse", required=True, metavar="TYPE", help="The inverse edge type.")
+@click.option("--grace", default=60.0, show_default=True, help="Seconds an orphan is left.")
+@pass_connection
+def repair(conn: Connection, kind: str, inverse: str, grace: float) -> None:
+    """Remove inverse edges whose forward edge is missing (a call cut between them)."""
+    with conn.store() as ds:
+        try:
+            n = Edges(ds, kind, inverse=inverse, create=False).repair(grace)
+        except SchemalessError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"{kind}/{inverse}: {n} orphaned inverse edges removed")

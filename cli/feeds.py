@@ -1,0 +1,48 @@
+"""``schemaless feeds``: the timelines' fan-out worker (schemaless.feeds)."""
+
+from __future__ import annotations
+
+import click
+
+from schemaless.errors import SchemalessError
+from schemaless.feeds import Feeds
+
+from .options import Connection, group_connection, pass_connection
+
+__all__ = ["feeds"]
+
+
+@click.group()
+@group_connection
+def feeds() -> None:
+    """Timelines (schemaless.feeds): the fan-out worker.
+
+    \b
+    Example:
+        schemaless feeds work home
+        schemaless feeds work home --once --pull-threshold 5000
+    """
+
+
+@feeds.command()
+@click.argument("name")
+@click.option("--once", is_flag=True, help="Stop once every post so far is fanned out.")
+@click.option(
+    "--pull-threshold",
+    default=1000,
+    show_default=True,
+    help="Authors with more followers are pulled at read time, not fanned out.",
+)
+@click.option("--poll", default=0.2, show_default=True, help="Seconds between empty rounds.")
+@pass_connection
+def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: float) -> None:
+    """Fan the posts of feed NAME out into followers' timelines, from the change
+    feed (subscription feeds_NAME: a restart resumes where it stopped)."""
+    with conn.store() as ds:
+        try:
+            n = Feeds(ds, name, pull_threshold=pull_threshold).work(once=once, poll=poll)
+        except SchemalessError as exc:
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            return
+    click.echo(f"feed {name!r}: {n} posts fanned out")

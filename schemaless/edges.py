@@ -1,0 +1,510 @@
+"""Edges with counts: a named edge type over a datastore (``likes``, ``follows``).
+
+``Edges(ds, "likes", inverse="liked_by")``: the edge rows of ``src`` and its count row
+live on ``src``'s logical shard, in two tables of the data database of every server
+(owned layout only), so ``add`` and ``remove`` are one round trip per side: the edge
+written, then the count changed by ``ROW_COUNT()`` of that write, in one transaction
+on the server ("non-stored procedures": a hot node's count row is never locked across
+the network).  Both are idempotent.  The inverse (``dst``'s edges back, on ``dst``'s
+shard) is a superset of the forward edges: written first, removed last; ``repair``
+removes the inverse rows an interrupted call left behind (docs/architecture.md,
+"Edges and feeds").
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgpack
+
+from . import failpoints
+from .catalogdb import now_us
+from .errors import CatalogError, InvalidEntity, InvalidQuery, TableMissing
+from .ids import to_id
+from .names import quote
+from .owned import guard_sql, guarded, in_guarded_transaction
+from .query import MAX_LIMIT
+from .scatter import Statement, by_server
+
+if TYPE_CHECKING:
+    from .catalog import Topology
+    from .store import DataStore
+
+__all__ = ["Edge", "EdgePage", "Edges", "check_limit", "check_type", "table_names"]
+
+T = TypeVar("T")
+
+_TYPE = re.compile(r"[a-z](?:_?[a-z0-9]){0,39}\Z")
+_CURSOR = "ec1."
+_MAX_DATA = 65535
+#: Inverse rows untouched this long with no forward edge are orphans (``repair``).
+GRACE = 60.0
+_SCAN = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One edge: ``src`` -> ``dst``, when it was added (microseconds) and its data."""
+
+    src: bytes
+    dst: bytes
+    at: int
+    data: Any = None
+
+
+class EdgePage(list[Edge]):
+    """A page of edges, newest first, with ``cursor`` for the next (None at the end)."""
+
+    def __init__(self, items: list[Edge], cursor: str | None) -> None:
+        super().__init__(items)
+        self.cursor = cursor
+
+
+def check_type(name: object) -> str:
+    """An edge type's name: lower-case letters, digits and single '_' (at most 40)."""
+    if not isinstance(name, str) or not _TYPE.match(name):
+        raise InvalidQuery(
+            f"invalid edge type {name!r}: use lower-case letters, digits and single '_'"
+            " (at most 40, starting with a letter)"
+        )
+    return name
+
+
+def check_limit(limit: object) -> int:
+    """A page size from 1 to ``MAX_LIMIT``."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidQuery(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
+    return limit
+
+
+def tables_sql(db: str, kind: str) -> list[str]:
+    """The edge table and the count table of one edge type, with their guards."""
+    edges, counts = table_names(kind)
+    return [
+        f"CREATE TABLE IF NOT EXISTS {quote(db, edges)} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL,"
+        " `src` BINARY(16) NOT NULL,"
+        " `dst` BINARY(16) NOT NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL,"
+        " `touched` BIGINT UNSIGNED NOT NULL,"
+        " `data` BLOB NULL,"
+        " PRIMARY KEY (`shard`, `src`, `dst`),"
+        " KEY `newest` (`shard`, `src`, `at`, `dst`)"
+        ") ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, counts)} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL,"
+        " `node` BINARY(16) NOT NULL,"
+        " `n` BIGINT NOT NULL,"
+        " PRIMARY KEY (`shard`, `node`)"
+        ") ENGINE=InnoDB",
+        *guard_sql(db, edges),
+        *guard_sql(db, counts),
+    ]
+
+
+def table_names(kind: str) -> tuple[str, str]:
+    return f"edges__{kind}", f"edges__{kind}__n"
+
+
+class _Side:
+    """The SQL of one direction's tables (``edges__T`` and its counts) on one shard."""
+
+    def __init__(self, topo: Topology, kind: str) -> None:
+        db = topo.owned_db
+        assert db is not None
+        self.db, self.kind = db, kind
+        self.edges, self.counts = (quote(db, t) for t in table_names(kind))
+
+    def _count(self, shard: int, delta: str) -> str:
+        return (
+            f"INSERT INTO {self.counts} (`shard`, `node`, `n`) VALUES ({int(shard)}, %s, {delta})"
+            " ON DUPLICATE KEY UPDATE `n` = `n` + VALUES(`n`)"
+        )
+
+    def add(self, shard: int) -> str:
+        """Write the edge (touched again if present), count it if it is new: a row
+        count of 1 is an insert (2: an update of a present edge)."""
+        return in_guarded_transaction(
+            [
+                f"INSERT INTO {self.edges} (`shard`, `src`, `dst`, `at`, `touched`, `data`)"
+                f" VALUES ({int(shard)}, %s, %s, %s, %s, %s)"
+                " ON DUPLICATE KEY UPDATE `touched` = VALUES(`touched`)",
+                self._count(shard, "ROW_COUNT() = 1"),
+            ],
+            self.db,
+            (shard,),
+        )
+
+    def remove(self, shard: int, before: bool = False) -> str:
+        """Delete the edge (``before``: only if untouched since a time), uncount it."""
+        touched = " AND `touched` < %s" if before else ""
+        return in_guarded_transaction(
+            [
+                f"DELETE FROM {self.edges} WHERE `shard` = {int(shard)} AND `src` = %s"
+                f" AND `dst` = %s{touched}",
+                self._count(shard, "-ROW_COUNT()"),
+            ],
+            self.db,
+            (shard,),
+        )
+
+    def count(self, shard: int) -> str:
+        return guarded(
+            [f"SELECT `n` FROM {self.counts} WHERE `shard` = {int(shard)} AND `node` = %s"],
+            self.db,
+            (shard,),
+        )
+
+    def has(self, shard: int) -> str:
+        return guarded(
+            [
+                f"SELECT 1 FROM {self.edges} WHERE `shard` = {int(shard)} AND `src` = %s"
+                " AND `dst` = %s"
+            ],
+            self.db,
+            (shard,),
+        )
+
+    def page(self, shard: int, limit: int, after: bool) -> str:
+        keyset = " AND (`at` < %s OR (`at` = %s AND `dst` < %s))" if after else ""
+        return guarded(
+            [
+                f"SELECT `dst`, `at`, `data` FROM {self.edges} FORCE INDEX (`newest`)"
+                f" WHERE `shard` = {int(shard)} AND `src` = %s{keyset}"
+                f" ORDER BY `at` DESC, `dst` DESC LIMIT {int(limit)}"
+            ],
+            self.db,
+            (shard,),
+        )
+
+
+class Edges:
+    """A named edge type over a datastore in the owned layout (module docstring).
+
+    ``inverse``: the name of the edge type back (``likes`` -> ``liked_by``), kept on
+    ``dst``'s shard.  The tables are created on every server by the first ``Edges``
+    of a type (idempotent DDL) and again by a call that finds them missing (a server
+    added since); with ``create`` False (tools that only read) a type without tables
+    is unknown (``InvalidQuery``).  ``timeout``: each call's deadline (default the
+    datastore's).
+    """
+
+    def __init__(
+        self,
+        ds: DataStore,
+        kind: str,
+        *,
+        inverse: str | None = None,
+        timeout: float | None = None,
+        create: bool = True,
+    ) -> None:
+        self.ds = ds
+        self.kind = check_type(kind)
+        self.inverse = None if inverse is None else check_type(inverse)
+        if self.inverse == self.kind:
+            raise InvalidQuery(f"edge type {kind!r} cannot be its own inverse")
+        self.timeout, self.creates = timeout, create
+        if ds.cluster.refresh().owned_db is None:
+            raise CatalogError(
+                f"edges ({kind!r}) need the owned layout; this datastore has a database per"
+                " logical shard: move it over with `schemaless dump` and `schemaless restore`"
+                " into a new datastore (owned by default)"
+            )
+        if create:
+            self.create()
+
+    def create(self) -> None:
+        """Create this type's tables (and its inverse's) on every server."""
+        kinds = [self.kind] if self.inverse is None else [self.kind, self.inverse]
+        self.ds.cluster._on_dbs(
+            self.ds.cluster.current(), lambda db: [s for k in kinds for s in tables_sql(db, k)]
+        )
+
+    # -- writes -------------------------------------------------------------------------
+
+    def add(self, src: Any, dst: Any, data: Any = None) -> bool:
+        """Add the edge ``src`` -> ``dst``; whether it is new (adding a present edge
+        changes no count, time or data).  ``data``: any msgpack value (at most 64 KiB
+        packed), kept with the edge."""
+        src, dst, packed = to_id(src), to_id(dst), _pack(data)
+        at = now_us()
+        if self.inverse is not None:
+            self._write(self.inverse, "add", dst, src, (at, at, packed))
+            failpoints.hit("edges.between_sides")
+        return self._write(self.kind, "add", src, dst, (at, at, packed)) == 1
+
+    def remove(self, src: Any, dst: Any) -> bool:
+        """Remove the edge (a missing one: nothing changes); whether it was there."""
+        src, dst = to_id(src), to_id(dst)
+        gone = self._write(self.kind, "remove", src, dst, ()) == 1
+        if self.inverse is not None:
+            failpoints.hit("edges.between_sides")
+            self._write(self.inverse, "remove", dst, src, ())
+        return gone
+
+    def _write(self, kind: str, op: str, node: bytes, other: bytes, more: tuple[Any, ...]) -> int:
+        """One side's write on ``node``'s shard; the edge statement's row count."""
+
+        def run(topo: Topology, shard: int) -> int:
+            side = _Side(topo, kind)
+            sql = side.add(shard) if op == "add" else side.remove(shard)
+            counts: list[int] = []
+            self.ds.cluster.server_of_shard(topo, shard).run(
+                sql, (node, other, *more, node), commits=True, counts=counts
+            )
+            return counts[1]  # after START TRANSACTION
+
+        return self._call(node, run)
+
+    # -- reads --------------------------------------------------------------------------
+
+    def has(self, src: Any, dst: Any) -> bool:
+        """Whether the edge ``src`` -> ``dst`` exists."""
+        ids = (to_id(src), to_id(dst))
+        return bool(self._read(self.kind, ids[0], lambda s: s.has, ids))
+
+    def count(self, src: Any) -> int:
+        """How many edges leave ``src``."""
+        return self._count(self.kind, to_id(src))
+
+    def count_inverse(self, dst: Any) -> int:
+        """How many edges reach ``dst`` (the inverse's count)."""
+        return self._count(self._inverse(), to_id(dst))
+
+    def counts_inverse(self, dsts: Iterable[Any]) -> dict[bytes, int]:
+        """How many edges reach each of ``dsts``, one statement per server."""
+        nodes = sorted({to_id(d) for d in dsts})
+        kind = self._inverse()
+
+        def run() -> dict[bytes, int]:
+            topo = self.ds.cluster.current()
+            side = _Side(topo, kind)
+            n_of = self.ds.cluster.shard_of_id
+
+            def build(group: list[bytes]) -> Statement:
+                shards = sorted({n_of(n) for n in group})
+                sql = (
+                    f"SELECT `node`, `n` FROM {side.counts} WHERE `shard` IN"
+                    f" ({', '.join(str(s) for s in shards)})"
+                    f" AND `node` IN ({', '.join(['%s'] * len(group))})"
+                )
+                return guarded([sql], side.db, shards), group
+
+            results = self.ds.cluster.scatter(topo, by_server(topo, nodes, n_of), build).results
+            return {bytes(k): int(n) for rows in results.values() for k, n in rows[0]}
+
+        found = self.ds.calls.call(run, self.timeout) if nodes else {}
+        return {n: found.get(n, 0) for n in nodes}
+
+    def page(self, src: Any, limit: int = 20, cursor: str | None = None) -> EdgePage:
+        """The edges leaving ``src``, newest first, and the next page's cursor."""
+        return self._page(self.kind, to_id(src), check_limit(limit), cursor, forward=True)
+
+    def page_inverse(self, dst: Any, limit: int = 20, cursor: str | None = None) -> EdgePage:
+        """The edges reaching ``dst`` (``Edge.src`` the other end), newest first."""
+        return self._page(self._inverse(), to_id(dst), check_limit(limit), cursor, forward=False)
+
+    def sources(self, dst: Any, chunk: int = 5000) -> Iterator[list[bytes]]:
+        """Every node with an edge reaching ``dst`` (the inverse), newest first, in
+        lists of ``chunk`` (one round trip each): a fan-out's reader."""
+        dst, cursor = to_id(dst), None
+        while True:
+            page = self._page(self._inverse(), dst, chunk, cursor, forward=False)
+            yield [e.src for e in page]
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    def _inverse(self) -> str:
+        if self.inverse is None:
+            raise InvalidQuery(f"edge type {self.kind!r} has no inverse")
+        return self.inverse
+
+    def _count(self, kind: str, node: bytes) -> int:
+        rows = self._read(kind, node, lambda s: s.count, (node,))
+        return int(rows[0][0]) if rows else 0
+
+    def _page(
+        self, kind: str, node: bytes, limit: int, cursor: str | None, *, forward: bool
+    ) -> EdgePage:
+        params: tuple[Any, ...] = (node,)
+        if cursor is not None:
+            at, dst = _decode_cursor(cursor, kind, node)
+            params = (node, at, at, dst)
+        rows = self._read(
+            kind, node, lambda s: lambda sh: s.page(sh, limit + 1, cursor is not None), params
+        )
+        items = [
+            Edge(node, bytes(o), int(a), _unpack(d))
+            if forward
+            else Edge(bytes(o), node, int(a), _unpack(d))
+            for o, a, d in rows[:limit]
+        ]
+        end = rows[limit - 1] if len(rows) > limit else None
+        return EdgePage(items, None if end is None else _cursor(kind, node, end[1], bytes(end[0])))
+
+    def _read(
+        self,
+        kind: str,
+        node: bytes,
+        sql: Callable[[_Side], Callable[[int], str]],
+        params: tuple[Any, ...],
+    ) -> list[Any]:
+        def run(topo: Topology, shard: int) -> list[Any]:
+            stmt = sql(_Side(topo, kind))(shard)
+            return list(self.ds.cluster.server_of_shard(topo, shard).run(stmt, params)[0])
+
+        return self._call(node, run)
+
+    def _call(self, node: bytes, fn: Callable[[Topology, int], T]) -> T:
+        """``fn(topo, shard of node)`` within a call's deadline, following the map; the
+        tables created once if a server has none yet (added since)."""
+
+        def once() -> T:
+            topo = self.ds.cluster.current()
+            return fn(topo, self.ds.cluster.shard_of_id(node))
+
+        try:
+            return self.ds.calls.call(once, self.timeout)
+        except TableMissing as exc:
+            if "doesn't exist" not in str(exc):
+                raise
+            if not self.creates:
+                names = self.kind if self.inverse is None else f"{self.kind}/{self.inverse}"
+                raise InvalidQuery(
+                    f"unknown edge type {names!r}: its tables do not exist"
+                ) from None
+            self.create()
+            return self.ds.calls.call(once, self.timeout)
+
+    # -- repair -------------------------------------------------------------------------
+
+    def repair(self, grace: float = GRACE) -> int:
+        """Remove inverse edges with no forward edge that were not touched for
+        ``grace`` seconds (left by an ``add`` or ``remove`` cut between its sides);
+        how many.  Forward edges are never missing their inverse (the inverse is
+        written first and removed last), and counts change with their rows."""
+        inverse = self._inverse()
+        cutoff = now_us() - int(grace * 1e6)
+        removed = 0
+        for orphans in self._orphans(inverse, cutoff):
+            for node, other in orphans:
+
+                def run(topo: Topology, shard: int, n: bytes = node, o: bytes = other) -> int:
+                    counts: list[int] = []
+                    self.ds.cluster.server_of_shard(topo, shard).run(
+                        _Side(topo, inverse).remove(shard, before=True),
+                        (n, o, cutoff, n),
+                        commits=True,
+                        counts=counts,
+                    )
+                    return counts[1]
+
+                removed += self._call(node, run)
+        return removed
+
+    def _orphans(self, inverse: str, cutoff: int) -> Iterator[list[tuple[bytes, bytes]]]:
+        """Chunks of inverse rows ``(dst, src)`` older than ``cutoff`` whose forward
+        edge ``src`` -> ``dst`` is missing."""
+        for shard in range(self.ds.cluster.current().n_shards):
+            after: tuple[bytes, bytes] | None = None
+            while True:
+                rows = self._scan(inverse, shard, cutoff, after)
+                if not rows:
+                    break
+                after = rows[-1]
+                present = self._present([(o, n) for n, o in rows])
+                yield [(n, o) for n, o in rows if (o, n) not in present]
+
+    def _scan(
+        self, kind: str, shard: int, cutoff: int, after: tuple[bytes, bytes] | None
+    ) -> list[tuple[bytes, bytes]]:
+        keyset = " AND (`src` > %s OR (`src` = %s AND `dst` > %s))" if after else ""
+        params: tuple[Any, ...] = (cutoff,) if after is None else (cutoff, after[0], *after)
+
+        def run(topo: Topology, _: int) -> list[tuple[bytes, bytes]]:
+            side = _Side(topo, kind)
+            sql = guarded(
+                [
+                    f"SELECT `src`, `dst` FROM {side.edges} WHERE `shard` = {int(shard)}"
+                    f" AND `touched` < %s{keyset} ORDER BY `src`, `dst` LIMIT {_SCAN}"
+                ],
+                side.db,
+                (shard,),
+            )
+            rows = self.ds.cluster.server_of_shard(topo, shard).run(sql, params)[0]
+            return [(bytes(s), bytes(d)) for s, d in rows]
+
+        return self.ds.calls.call(lambda: run(self.ds.cluster.current(), shard), self.timeout)
+
+    def _present(self, pairs: list[tuple[bytes, bytes]]) -> set[tuple[bytes, bytes]]:
+        """Which forward edges ``(src, dst)`` exist, one statement per server."""
+
+        def run() -> set[tuple[bytes, bytes]]:
+            topo = self.ds.cluster.current()
+            side = _Side(topo, self.kind)
+            n_of = self.ds.cluster.shard_of_id
+
+            def build(group: list[tuple[bytes, bytes]]) -> Statement:
+                shards = {n_of(s) for s, _ in group}
+                marks = ", ".join(["(%s, %s)"] * len(group))
+                sql = (
+                    f"SELECT `src`, `dst` FROM {side.edges} WHERE `shard` IN"
+                    f" ({', '.join(str(s) for s in sorted(shards))})"
+                    f" AND (`src`, `dst`) IN ({marks})"
+                )
+                return guarded([sql], side.db, shards), [v for p in group for v in p]
+
+            groups = by_server(topo, pairs, lambda p: n_of(p[0]))
+            results = self.ds.cluster.scatter(topo, groups, build).results
+            return {(bytes(s), bytes(d)) for rows in results.values() for s, d in rows[0]}
+
+        return self.ds.calls.call(run, self.timeout) if pairs else set()
+
+
+def _pack(data: Any) -> bytes | None:
+    if data is None:
+        return None
+    try:
+        packed: bytes = msgpack.packb(data, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidEntity(f"edge data must be msgpack-serialisable: {exc}") from None
+    if len(packed) > _MAX_DATA:
+        raise InvalidEntity(f"edge data is {len(packed)} bytes packed, at most {_MAX_DATA}")
+    return packed
+
+
+def _unpack(raw: bytes | None) -> Any:
+    return None if raw is None else msgpack.unpackb(raw, raw=False)
+
+
+def _cursor(kind: str, node: bytes, at: int, last: bytes) -> str:
+    raw = msgpack.packb([kind, node, at, last], use_bin_type=True)
+    return _CURSOR + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: object, kind: str, node: bytes) -> tuple[int, bytes]:
+    """The position of a cursor of this edge type and node; ``InvalidQuery`` for
+    anything else (malformed, or another type's or node's page)."""
+    if not isinstance(cursor, str) or not cursor.startswith(_CURSOR):
+        raise InvalidQuery(f"not an edge page cursor: {str(cursor)[:40]!r}")
+    text = cursor[len(_CURSOR) :]
+    try:
+        got = msgpack.unpackb(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)), raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise InvalidQuery(f"not an edge page cursor: {exc}") from None
+    if not (
+        isinstance(got, list)
+        and len(got) == 4
+        and isinstance(got[2], int)
+        and isinstance(got[3], bytes)
+        and len(got[3]) == 16
+    ):
+        raise InvalidQuery("not an edge page cursor: bad fields")
+    if got[0] != kind or got[1] != node:
+        raise InvalidQuery(f"this cursor pages another node's or edge type's edges, not {kind!r}")
+    return got[2], got[3]

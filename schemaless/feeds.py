@@ -1,0 +1,487 @@
+"""Timelines over a datastore: follow, post, home pages (Oku's push and pull, merged).
+
+``Feeds(ds, "home", pull_threshold=1000)``.  The follow graph is ``Edges`` (type
+``<name>_follows``, inverse ``<name>_followers``).  A post is an entity stored with
+its ``author`` and ``feed`` and indexed in its author's ``posts`` rows (author's
+shard).  A worker (``work``; ``schemaless feeds work``) consumes the change feed under
+the subscription ``feeds_<name>`` and fans each post out into narrow ``inbox`` rows
+(reader, time, post, author: no body) on each follower's shard; an author with more
+than ``pull_threshold`` followers is *pulled* instead: one row on every server's
+``pulled`` list, and ``home`` reads such followees' ``posts`` rows at read time.
+Inbox rows are keyed by (reader, post), so a post fanned out again after a crash is
+never doubled.  ``home`` joins the inbox with the reader's follow edges, so after
+``unfollow`` nothing of the followee shows, whatever a fan-out in flight still writes;
+deleted and expired posts are dropped when the page is hydrated.  docs/feeds.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from .catalogdb import now_us
+from .edges import Edges, check_limit, check_type, table_names
+from .entity import Entity
+from .errors import InvalidQuery, SchemalessError
+from .feed import ChangeEvent, ChangeFeed, enable_changes, encode_cursor
+from .ids import to_id
+from .names import quote
+from .owned import admin, guard_sql, guarded, in_guarded_transaction
+from .query import Page
+from .scatter import Statement, by_server
+
+if TYPE_CHECKING:
+    from .catalog import Topology
+    from .store import DataStore
+
+__all__ = ["Feeds"]
+
+_CURSOR = "fc1."
+_FAN = 5000  # followers read, and inbox rows written, per round trip
+_Row = tuple[int, bytes, bytes]  # (at, post, author)
+
+
+def tables_sql(db: str, name: str) -> list[str]:
+    """A feed's inbox and posts tables (guarded) and its server-wide pulled list.  An
+    inbox is clustered in reading order (a page is one range, no lookups) and holds a
+    post once per reader (``once``: a fan-out done again adds nothing)."""
+    inbox, posts, pulled = _tables(name)
+    return [
+        f"CREATE TABLE IF NOT EXISTS {quote(db, inbox)} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
+        " `author` BINARY(16) NOT NULL,"
+        " PRIMARY KEY (`shard`, `user`, `at`, `post`), UNIQUE KEY `once` (`shard`, `user`, `post`)"
+        ") ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, posts)} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL, `author` BINARY(16) NOT NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
+        " PRIMARY KEY (`shard`, `author`, `at`, `post`),"
+        " UNIQUE KEY `once` (`shard`, `author`, `post`)) ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, pulled)} ("
+        " `author` BINARY(16) NOT NULL PRIMARY KEY, `since` BIGINT UNSIGNED NOT NULL"
+        ") ENGINE=InnoDB",
+        *guard_sql(db, inbox),
+        *guard_sql(db, posts),
+    ]
+
+
+def _tables(name: str) -> tuple[str, str, str]:
+    return f"feed__{name}__inbox", f"feed__{name}__posts", f"feed__{name}__pulled"
+
+
+def _keyset(alias: str, after: bool) -> str:
+    a = alias
+    return f" AND ({a}`at` < %s OR ({a}`at` = %s AND {a}`post` < %s))" if after else ""
+
+
+class Feeds:
+    """Home timelines of one feed ``name`` over a datastore (module docstring).
+
+    ``pull_threshold``: authors with more followers are pulled at read time (the
+    worker's decision, sticky).  ``backfill``: how many of a followee's newest posts
+    ``follow`` copies into the follower's timeline.  The change feed is turned on if
+    it is off (the worker reads it).
+    """
+
+    def __init__(
+        self,
+        ds: DataStore,
+        name: str = "home",
+        *,
+        pull_threshold: int = 1000,
+        backfill: int = 200,
+        timeout: float | None = None,
+    ) -> None:
+        if len(check_type(name)) > 30:
+            raise InvalidQuery(f"feed name {name!r} is longer than 30")
+        for value, what in ((pull_threshold, "pull_threshold"), (backfill, "backfill")):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidQuery(f"{what} must be an int >= 0, got {value!r}")
+        self.ds, self.name, self.timeout = ds, name, timeout
+        self.pull_threshold, self.backfill = pull_threshold, backfill
+        self.graph = Edges(ds, f"{name}_follows", inverse=f"{name}_followers", timeout=timeout)
+        self.subscription = f"feeds_{name}"
+        self.inbox, self.posts_table, self.pulled = _tables(name)
+        enable_changes(ds.cluster)
+        ds.cluster._on_dbs(ds.cluster.current(), lambda db: tables_sql(db, name))
+        self._pulled: set[bytes] = set()  # authors known to be pulled (the worker's)
+
+    # -- the graph ----------------------------------------------------------------------
+
+    def follow(self, user: Any, author: Any) -> bool:
+        """``user`` follows ``author`` (whether new); the author's newest posts are
+        copied into the user's timeline.  Following oneself is refused: one's own
+        posts are always in one's home."""
+        user, author = self._pair(user, author)
+        new = self.graph.add(user, author)
+        rows = self._posts_rows(author, self.backfill, None) if self.backfill else []
+        if rows:
+            self._insert_inbox({user: rows})
+        return new
+
+    def unfollow(self, user: Any, author: Any) -> bool:
+        """``user`` no longer follows ``author`` (whether it did): the edge goes, and
+        the author's posts with it from the user's timeline."""
+        user, author = self._pair(user, author)
+        gone = self.graph.remove(user, author)
+
+        def run(topo: Topology, shard: int) -> None:
+            sql = in_guarded_transaction(
+                [
+                    f"DELETE FROM {self._q(topo, self.inbox)} WHERE `shard` = {int(shard)}"
+                    " AND `user` = %s AND `author` = %s"
+                ],
+                topo.owned_db,
+                (shard,),
+            )
+            self._server(topo, shard).run(sql, (user, author), commits=True)
+
+        self._on(user, run)
+        return gone
+
+    def _pair(self, user: Any, author: Any) -> tuple[bytes, bytes]:
+        user, author = to_id(user), to_id(author)
+        if user == author:
+            raise InvalidQuery("a user cannot follow themselves (own posts are always at home)")
+        return user, author
+
+    # -- posts --------------------------------------------------------------------------
+
+    def post(self, author: Any, entity: Mapping[str, Any]) -> int:
+        """Store ``entity`` as a post of ``author`` (its ``author`` and ``feed`` set;
+        an ``id`` given is kept, else a new one is written into the dict); its version.
+        Followers see it once the worker has fanned it out (``settle``)."""
+        author = to_id(author)
+        if not isinstance(entity, Mapping):
+            raise InvalidQuery(f"a post is a mapping, got {type(entity).__name__}")
+        body = {**entity, "author": author, "feed": self.name}
+        version = self.ds.put(body, timeout=self.timeout)
+        if isinstance(entity, dict):
+            entity.setdefault("id", body["id"])
+        self._write_posts([(author, version, to_id(body["id"]))])
+        return version
+
+    def home(self, user: Any, limit: int = 20, cursor: str | None = None) -> Page:
+        """The newest posts of ``user`` and of everyone ``user`` follows (hydrated
+        entities, newest first) and the next page's cursor."""
+        user = to_id(user)
+        return self._hydrated(user, "home", limit, cursor, self._home_rows)
+
+    def posts(self, author: Any, limit: int = 20, cursor: str | None = None) -> Page:
+        """The newest posts of ``author`` and the next page's cursor."""
+        author = to_id(author)
+        return self._hydrated(author, "posts", limit, cursor, self._posts_rows)
+
+    def _hydrated(
+        self,
+        node: bytes,
+        kind: str,
+        limit: int,
+        cursor: str | None,
+        rows: Callable[[bytes, int, tuple[int, bytes] | None], list[_Row]],
+    ) -> Page:
+        """Pages of rows hydrated until ``limit`` live posts (a deleted or expired
+        one is skipped); the cursor after the last row taken."""
+        check_limit(limit)
+        after = None if cursor is None else _decode_cursor(cursor, self.name, kind, node)
+        out: list[Entity] = []
+        while True:
+            want = limit - len(out)
+            got = rows(node, want + 1, after)
+            found = self.ds.get_many([post for _, post, _ in got[:want]], timeout=self.timeout)
+            for (at, post, author), entity in zip(got[:want], found, strict=False):
+                after = (at, post)
+                if entity is not None and entity.get("author") == author:
+                    out.append(entity)
+            if len(got) <= want:
+                return Page(out, None)
+            if len(out) == limit:
+                assert after is not None
+                return Page(out, _cursor(self.name, kind, node, after))
+
+    def _home_rows(self, user: bytes, n: int, after: tuple[int, bytes] | None) -> list[_Row]:
+        """The newest ``n`` (at, post, author) of the user's home: the inbox rows of
+        authors still followed, the user's own posts, and the pulled followees' posts,
+        merged."""
+        keys = () if after is None else (after[0], after[0], after[1])
+
+        def run(topo: Topology, shard: int) -> tuple[list[_Row], list[bytes]]:
+            inbox, posts = self._q(topo, self.inbox), self._q(topo, self.posts_table)
+            follows, pulled = (
+                self._q(topo, table_names(self.graph.kind)[0]),
+                self._q(topo, self.pulled),
+            )
+            s = int(shard)
+            sql = guarded(
+                [
+                    "SELECT STRAIGHT_JOIN i.`at`, i.`post`, i.`author`"
+                    f" FROM {inbox} i JOIN {follows} f"
+                    f" ON f.`shard` = {s} AND f.`src` = i.`user` AND f.`dst` = i.`author`"
+                    f" WHERE i.`shard` = {s} AND i.`user` = %s{_keyset('i.', bool(keys))}"
+                    f" ORDER BY i.`at` DESC, i.`post` DESC LIMIT {int(n)}",
+                    f"SELECT `at`, `post`, `author` FROM {posts} WHERE `shard` = {s}"
+                    f" AND `author` = %s{_keyset('', bool(keys))}"
+                    f" ORDER BY `at` DESC, `post` DESC LIMIT {int(n)}",
+                    f"SELECT p.`author` FROM {pulled} p JOIN {follows} f ON f.`shard` = {s}"
+                    " AND f.`src` = %s AND f.`dst` = p.`author`",
+                ],
+                topo.owned_db,
+                (shard,),
+            )
+            sets = self._server(topo, shard).run(sql, (user, *keys, user, *keys, user))
+            return [_row(r) for r in (*sets[0], *sets[1])], [bytes(r[0]) for r in sets[2]]
+
+        rows, pulled_authors = self._on(user, run)
+        if pulled_authors:
+            rows += self._pulled_rows(pulled_authors, n, keys)
+        return _newest(rows, n)
+
+    def _posts_rows(self, author: bytes, n: int, after: tuple[int, bytes] | None) -> list[_Row]:
+        return self._pulled_rows([author], n, () if after is None else (after[0], *after))
+
+    def _pulled_rows(self, authors: list[bytes], n: int, keys: tuple[Any, ...]) -> list[_Row]:
+        """The newest ``n`` posts rows of some authors, one statement per server."""
+
+        def run() -> list[_Row]:
+            topo = self.ds.cluster.current()
+            posts = self._q(topo, self.posts_table)
+            shard = self.ds.cluster.shard_of_id
+
+            def build(group: list[bytes]) -> Statement:
+                parts = [
+                    f"(SELECT `at`, `post`, `author` FROM {posts} WHERE `shard` = {shard(a)}"
+                    f" AND `author` = %s{_keyset('', bool(keys))}"
+                    f" ORDER BY `at` DESC, `post` DESC LIMIT {int(n)})"
+                    for a in group
+                ]
+                sql = guarded([" UNION ALL ".join(parts)], topo.owned_db, map(shard, group))
+                return sql, [v for a in group for v in (a, *keys)]
+
+            results = self.ds.cluster.scatter(topo, by_server(topo, authors, shard), build)
+            return [_row(r) for rows in results.results.values() for r in rows[0]]
+
+        return _newest(self.ds.calls.call(run, self.timeout), n)
+
+    def _write_posts(self, posts: list[tuple[bytes, int, bytes]]) -> None:
+        """The posts rows ``(author, at, post)``, one transaction per server."""
+
+        def run() -> None:
+            topo = self.ds.cluster.current()
+            table = self._q(topo, self.posts_table)
+            shard = self.ds.cluster.shard_of_id
+
+            def build(group: list[tuple[bytes, int, bytes]]) -> Statement:
+                values = ", ".join(f"({shard(a)}, %s, %s, %s)" for a, _, _ in group)
+                sql = in_guarded_transaction(
+                    [
+                        f"INSERT IGNORE INTO {table} (`shard`, `author`, `at`, `post`)"
+                        f" VALUES {values}"
+                    ],
+                    topo.owned_db,
+                    [shard(a) for a, _, _ in group],
+                )
+                return sql, [v for p in group for v in p]
+
+            self.ds.cluster.scatter(topo, by_server(topo, posts, lambda p: shard(p[0])), build)
+
+        self.ds.calls.call(run, self.timeout)
+
+    def _insert_inbox(self, rows: Mapping[bytes, Iterable[_Row]]) -> None:
+        """Inbox rows by reader, one transaction per server (a row present: kept)."""
+        flat = [(user, r) for user, rs in rows.items() for r in rs]
+        for start in range(0, len(flat), _FAN):
+            part = flat[start : start + _FAN]
+            self.ds.calls.call(functools.partial(self._inbox_batch, part), self.timeout)
+
+    def _inbox_batch(self, part: list[tuple[bytes, _Row]]) -> None:
+        topo = self.ds.cluster.current()
+        table = self._q(topo, self.inbox)
+        shard = self.ds.cluster.shard_of_id
+
+        def build(group: list[tuple[bytes, _Row]]) -> Statement:
+            values = ", ".join(f"({shard(u)}, %s, %s, %s, %s)" for u, _ in group)
+            sql = in_guarded_transaction(
+                [
+                    f"INSERT IGNORE INTO {table} (`shard`, `user`, `at`, `post`, `author`)"
+                    f" VALUES {values}"
+                ],
+                topo.owned_db,
+                [shard(u) for u, _ in group],
+            )
+            return sql, [v for u, (at, post, author) in group for v in (u, at, post, author)]
+
+        self.ds.cluster.scatter(topo, by_server(topo, part, lambda p: shard(p[0])), build)
+
+    # -- the fan-out worker -------------------------------------------------------------
+
+    def work(
+        self, once: bool = False, poll: float = 0.2, stop: Callable[[], bool] | None = None
+    ) -> int:
+        """Fan posts out from the change feed under the subscription ``feeds_<name>``,
+        acknowledging after each round's fan-out (a crash repeats a round: inbox rows
+        are never doubled); ``once``: until caught up.  How many posts were handled."""
+        sub = self.ds.subscribe(self.subscription)
+        self._pulled |= self._pulled_list()
+        feed = ChangeFeed(self.ds.reader, sub.positions, sub.shards)
+        feed.check_on()
+        handled = 0
+        while True:
+            events, more = feed.next_round()
+            handled += self.fan_out(events)
+            if events:
+                sub.ack(encode_cursor(feed.positions))
+            if not events and not more:
+                if once:
+                    break
+                time.sleep(poll)
+        return handled
+
+    def fan_out(self, events: Iterable[ChangeEvent]) -> int:
+        """Fan out the posts among ``events`` (deletes and other entities are left);
+        how many posts."""
+        posts = [
+            (to_id(e.entity["author"]), e.version, e.id)
+            for e in events
+            if e.entity is not None and e.entity.get("feed") == self.name and _is_id(e.entity)
+        ]
+        if not posts:
+            return 0
+        self._write_posts(posts)
+        counts = self.graph.counts_inverse({a for a, _, _ in posts} - self._pulled)
+        for author, n in counts.items():
+            if n > self.pull_threshold:
+                self._pull(author)
+        by_author: dict[bytes, list[_Row]] = {}
+        for author, at, post in posts:
+            if author not in self._pulled:
+                by_author.setdefault(author, []).append((at, post, author))
+        inbox: dict[bytes, list[_Row]] = {}
+        for author, rows in by_author.items():
+            for chunk in self.graph.sources(author, _FAN):
+                for follower in chunk:
+                    inbox.setdefault(follower, []).extend(rows)
+        self._insert_inbox(inbox)
+        return len(posts)
+
+    def _pull(self, author: bytes) -> None:
+        """Put an author on every server's pulled list (server-wide rows of no
+        logical shard: an administrative batch, as DDL)."""
+        if author in self._pulled:
+            return
+
+        def build(dbs: list[str]) -> Statement:
+            stmts = [
+                f"INSERT IGNORE INTO {quote(db, self.pulled)} (`author`, `since`) VALUES (%s, %s)"
+                for db in dbs
+            ]
+            return admin(stmts), [v for _ in dbs for v in (author, now_us())]
+
+        topo = self.ds.cluster.current()
+        self.ds.cluster.scatter(topo, {sid: [topo.owned_db or ""] for sid in topo.servers}, build)
+        self._pulled.add(author)
+
+    def _pulled_list(self) -> set[bytes]:
+        """The authors on the pulled list (the copy of logical shard 0's server)."""
+
+        def run() -> set[bytes]:
+            topo = self.ds.cluster.current()
+            sql = f"SELECT `author` FROM {self._q(topo, self.pulled)}"
+            rows = self._server(topo, 0).run(guarded([sql], topo.owned_db, [0]))[0]
+            return {bytes(r[0]) for r in rows}
+
+        return set(self.ds.calls.call(run, self.timeout))
+
+    def settle(self, timeout: float = 30.0) -> bool:
+        """Wait until the worker has acknowledged every change made before this call
+        (every acknowledged post fanned out); False after ``timeout`` seconds."""
+        heads = self._heads()
+        until = time.monotonic() + timeout
+        while True:
+            done = self.ds.subscribe(self.subscription).positions
+            if all(isinstance(p, int) and p >= heads.get(s, 0) for s, p in done.items()):
+                return True
+            if time.monotonic() >= until:
+                return False
+            time.sleep(0.05)
+
+    def _heads(self) -> dict[int, int]:
+        """Each logical shard's change feed head (its newest change number)."""
+
+        def run() -> dict[int, int]:
+            topo = self.ds.cluster.current()
+
+            def build(sid: int) -> Statement:
+                shards = topo.shards_of(sid)
+                head = self._q(topo, "changes_head")
+                marks = ", ".join(str(int(s)) for s in shards)
+                sql = f"SELECT `shard`, `seq` FROM {head} WHERE `shard` IN ({marks})"
+                return guarded([sql], topo.owned_db, shards), ()
+
+            groups = {sid: sid for sid in topo.servers if topo.shards_of(sid)}
+            results = self.ds.cluster.scatter(topo, groups, build).results
+            return {int(s): int(q) for rows in results.values() for s, q in rows[0]}
+
+        return self.ds.calls.call(run, self.timeout)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _q(self, topo: Topology, table: str) -> str:
+        assert topo.owned_db is not None
+        return quote(topo.owned_db, table)
+
+    def _server(self, topo: Topology, shard: int) -> Any:
+        return self.ds.cluster.server_of_shard(topo, shard)
+
+    def _on(self, node: bytes, fn: Callable[[Topology, int], Any]) -> Any:
+        return self.ds.calls.call(
+            lambda: fn(self.ds.cluster.current(), self.ds.cluster.shard_of_id(node)),
+            self.timeout,
+        )
+
+
+def _is_id(entity: Mapping[str, Any]) -> bool:
+    try:
+        to_id(entity.get("author"))
+    except SchemalessError:
+        return False
+    return True
+
+
+def _row(r: Any) -> _Row:
+    return int(r[0]), bytes(r[1]), bytes(r[2])
+
+
+def _newest(rows: list[_Row], n: int) -> list[_Row]:
+    """The ``n`` newest rows, each post once."""
+    seen: dict[bytes, _Row] = {}
+    for row in rows:
+        seen.setdefault(row[1], row)
+    return sorted(seen.values(), key=lambda r: (r[0], r[1]), reverse=True)[:n]
+
+
+def _cursor(name: str, kind: str, node: bytes, after: tuple[int, bytes]) -> str:
+    raw = msgpack.packb([name, kind, node, after[0], after[1]], use_bin_type=True)
+    return _CURSOR + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: object, name: str, kind: str, node: bytes) -> tuple[int, bytes]:
+    """A cursor of this feed's ``kind`` page of ``node``; ``InvalidQuery`` otherwise
+    (malformed, or another user's timeline)."""
+    if not isinstance(cursor, str) or not cursor.startswith(_CURSOR):
+        raise InvalidQuery(f"not a timeline cursor: {str(cursor)[:40]!r}")
+    text = cursor[len(_CURSOR) :]
+    try:
+        got = msgpack.unpackb(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)), raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise InvalidQuery(f"not a timeline cursor: {exc}") from None
+    if not (isinstance(got, list) and len(got) == 5 and isinstance(got[3], int)):
+        raise InvalidQuery("not a timeline cursor: bad fields")
+    if got[:3] != [name, kind, node] or not isinstance(got[4], bytes):
+        raise InvalidQuery(f"this cursor pages another timeline, not this {kind} of {name!r}")
+    return got[3], got[4]

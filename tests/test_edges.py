@@ -1,0 +1,173 @@
+"""Edges with counts (schemaless.edges) on real servers: one round trip per side,
+idempotent, exact counts, keyset pages, the inverse a superset repaired after a cut."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import shard_rows
+from test_cli import Cli, cluster_env
+
+from schemaless import DataStore, Edges, Feeds, new_id
+from schemaless import failpoints as fp
+from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery
+from schemaless.failpoints import FailpointError
+from schemaless.local import LocalCluster
+
+
+@pytest.fixture
+def ds(make_store: Callable[..., DataStore]) -> DataStore:
+    return make_store()
+
+
+def test_add_remove_count_idempotent_in_one_round_trip(ds: DataStore) -> None:
+    likes = Edges(ds, "likes", inverse="liked_by")
+    user, entry, other = new_id(), new_id(), new_id()
+    sent: list[str] = []
+    for server in ds.cluster.servers():
+        server.tracer = lambda name, sql, s: sent.append(sql)
+    assert likes.add(user, entry) is True
+    sent = [sql for sql in sent if "edges__" in sql]  # not the catalog's refreshes
+    assert len(sent) == 2  # the inverse, then the edge: one batch each
+    assert "edges__liked_by" in sent[0] and "edges__likes" in sent[1]
+    assert sent[0].startswith("START TRANSACTION") and sent[0].endswith("COMMIT")
+    assert likes.add(user, entry) is False
+    likes.add(user, other, data={"stars": 5})
+    likes.add(new_id(), entry)
+    assert (likes.count(user), likes.count_inverse(entry), likes.count_inverse(other)) == (2, 2, 1)
+    assert likes.has(user, entry) and not likes.has(entry, user)
+    assert likes.remove(user, entry) is True
+    assert likes.remove(user, entry) is False
+    assert likes.remove(new_id(), new_id()) is False
+    assert (likes.count(user), likes.count_inverse(entry)) == (1, 1)
+    assert not likes.has(user, entry)
+    assert [e.data for e in likes.page(user)] == [{"stars": 5}]
+    assert likes.count(new_id()) == 0
+
+
+def test_pages_newest_first_with_a_keyset_cursor(ds: DataStore) -> None:
+    follows = Edges(ds, "follows", inverse="followed_by")
+    me = new_id()
+    them = [new_id() for _ in range(7)]
+    for t in them:
+        follows.add(me, t)
+        follows.add(t, me)
+    got, cursor, pages = [], None, 0
+    while True:
+        page = follows.page(me, limit=3, cursor=cursor)
+        got += [e.dst for e in page]
+        pages += 1
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert got == them[::-1] and pages == 3
+    back = follows.page_inverse(me, limit=7)
+    assert [e.src for e in back] == them[::-1] and back.cursor is None
+    assert all(e.dst == me for e in back)
+    chunks = list(follows.sources(me, chunk=3))
+    assert [len(c) for c in chunks] == [3, 3, 1]
+    assert [s for c in chunks for s in c] == them[::-1]
+    with pytest.raises(InvalidQuery, match="another node"):
+        follows.page(them[0], cursor=follows.page(me, limit=1).cursor)
+    with pytest.raises(InvalidQuery, match="another node"):
+        follows.page_inverse(me, cursor=follows.page(me, limit=1).cursor)
+
+
+def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:
+    with pytest.raises(InvalidQuery, match="invalid edge type"):
+        Edges(ds, "Likes; DROP")
+    with pytest.raises(InvalidQuery, match="invalid edge type"):
+        Edges(ds, "a__n")
+    with pytest.raises(InvalidQuery, match="own inverse"):
+        Edges(ds, "likes", inverse="likes")
+    likes = Edges(ds, "likes")
+    user = new_id()
+    with pytest.raises(InvalidId):
+        likes.add(user, "not an id")
+    with pytest.raises(InvalidEntity, match="msgpack"):
+        likes.add(user, new_id(), data={"x": object()})
+    with pytest.raises(InvalidEntity, match="at most"):
+        likes.add(user, new_id(), data=b"x" * 70000)
+    for limit in (0, 1001, "5", True):
+        with pytest.raises(InvalidQuery, match="limit"):
+            likes.page(user, limit=limit)  # type: ignore[arg-type]
+    for cursor in ("nope", "ec1.!!!", "ec1.kw"):
+        with pytest.raises(InvalidQuery, match="cursor"):
+            likes.page(user, cursor=cursor)
+    with pytest.raises(InvalidQuery, match="no inverse"):
+        likes.count_inverse(user)
+    assert likes.count(user) == 0 and likes.page(user) == []
+
+
+def test_the_old_layout_is_told_the_way_over(make_store: Callable[..., DataStore]) -> None:
+    old = make_store(layout="databases")
+    with pytest.raises(CatalogError, match=r"dump.*restore"):
+        Edges(old, "likes")
+    with pytest.raises(CatalogError, match=r"dump.*restore"):
+        Feeds(old, "home")
+    assert not old.cluster.refresh().changes  # refused before turning the feed on
+
+
+def test_a_cut_between_the_sides_leaves_the_inverse_a_superset_that_repair_clears(
+    ds: DataStore,
+) -> None:
+    follows = Edges(ds, "follows", inverse="followers")
+    a, b, c = new_id(), new_id(), new_id()
+    follows.add(a, c)
+    fp.set("edges.between_sides", "raise")
+    with pytest.raises(FailpointError):
+        follows.add(a, b)  # the inverse written, the edge not
+    assert [e.src for e in follows.page_inverse(b)] == [a] and not follows.has(a, b)
+    with pytest.raises(FailpointError):
+        follows.remove(a, c)  # the edge removed, the inverse not
+    fp.clear()
+    assert not follows.has(a, c) and follows.count_inverse(c) == 1
+    assert follows.repair() == 0  # within the grace: may be an add in flight
+    assert follows.repair(grace=0) == 2
+    assert (follows.count_inverse(b), follows.count_inverse(c), follows.count(a)) == (0, 0, 0)
+    follows.add(a, b)  # a retried add completes both sides
+    assert follows.has(a, b) and follows.count_inverse(b) == 1
+    assert follows.repair(grace=0) == 0 and follows.count_inverse(b) == 1
+
+
+def test_counts_stay_exact_under_concurrent_adds_of_a_hot_node(ds: DataStore) -> None:
+    likes = Edges(ds, "likes", inverse="liked_by")
+    entry = new_id()
+    users = [new_id() for _ in range(40)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda u: likes.add(u, entry), users + users))
+        list(pool.map(lambda u: likes.remove(u, entry), users[:10] * 2))
+    assert likes.count_inverse(entry) == 30
+    assert likes.counts_inverse([entry, users[0], entry]) == {entry: 30, users[0]: 0}
+    shard = ds.cluster.shard_of_id(entry)
+    rows = shard_rows(ds, shard, "edges__liked_by", "COUNT(*)", "`src` = %s", (entry,))
+    assert rows[0][0] == 30
+
+
+def test_a_server_without_the_tables_gets_them_on_first_use(ds: DataStore) -> None:
+    likes = Edges(ds, "likes")
+    db = ds.cluster.topology.owned_db
+    assert db is not None
+    for server in ds.cluster.servers():
+        server.run(f"/*schemaless:admin*/ DROP TABLE `{db}`.`edges__likes`")
+    assert likes.add(new_id(), new_id()) is True
+
+
+def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> None:
+    likes = Edges(ds, "likes", inverse="liked_by")
+    user, entry = new_id(), new_id()
+    likes.add(user, entry, data={"n": 1})
+    run = Cli(cluster_env(local_cluster, ds.cluster.topology.prefix))
+    assert run.ok("edges", "count", "likes", user.hex()).output.strip() == "1"
+    out = run.ok("edges", "page", "liked_by", entry.hex()).output
+    assert user.hex() in out
+    out = run.ok("edges", "page", "likes", user.hex(), "--json").output
+    assert json.loads(out.splitlines()[0])["dst"] == entry.hex()
+    assert "invalid edge type" in run.fails("edges", "count", "Bad!", user.hex())
+    assert "unknown edge type 'likez'" in run.fails("edges", "page", "likez", user.hex())
+    with pytest.raises(InvalidQuery, match="unknown edge type"):
+        Edges(ds, "likez", create=False).count(user)
+    assert "ID" in run.fails("edges", "count", "likes", "xyz")

@@ -53,7 +53,7 @@ from schemaless.unique import Violation
 from .access import read_entities, read_own, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
 from .defer import Redo, on, only
-from .estimate import added_ranges
+from .estimate import Span, added_ranges
 from .repair import Repairer
 from .runtime import Runtime, ShardPending, Stopped, log
 from .scan import EntityRow, entity_batches
@@ -139,14 +139,16 @@ def _next_epoch(rt: Runtime, name: str) -> bool:
     return cluster.catalog.reopen_index(name, topo.index_epoch)
 
 
+_UNMEASURED = Span(0, 0, 1.0)  # a shard on a server unavailable when measured: none left
+
+
 @dataclass
 class _Shard:
     shard: int
     position: int
     done: bool
     rows: int
-    start: int = 0  # MIN(added_id) - 1 when the backfill started: for the estimate
-    end: int = 0  # MAX(added_id) then
+    span: Span = _UNMEASURED  # its added_id range when measured: for the estimate
 
 
 class _Pacer:
@@ -337,9 +339,8 @@ class Backfill:
         """Each unfinished shard's end, for the estimate (of reachable servers only)."""
         topo = self.rt.store.cluster.current()
         undone = [s.shard for s in self._shards.values() if not s.done]
-        for shard, (before, end) in added_ranges(self.rt.store, topo, undone, partial=True).items():
-            state = self._shards[shard]
-            state.start, state.end = before, end
+        for shard, span in added_ranges(self.rt.store, topo, undone, partial=True).items():
+            self._shards[shard].span = span
 
     def _run_rounds(self, topo: Topology, index: Index) -> None:
         """Run the lanes, then write the deferred rows whose servers answer, until no
@@ -679,7 +680,7 @@ class Backfill:
         with self._lock:
             shards = list(self._shards.values())
         done = sum(s.rows for s in shards)
-        left = sum(max(0, s.end - max(s.start, s.position)) for s in shards if not s.done)
+        left = sum(s.span.left(s.position, s.rows) for s in shards if not s.done)
         finished = sum(s.done for s in shards)
         self.rt.progress.update(self.name, done, done + left, finished, len(shards), force=force)
         if self._started is not None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from schemaless.catalog import Topology
 from schemaless.errors import CorruptEntity
@@ -28,7 +29,7 @@ from schemaless.store import DataStore
 from .scan import EntityRow, entity_batches
 from .sql import added_ranges_sql
 
-__all__ = ["Estimate", "added_ranges", "estimate"]
+__all__ = ["Estimate", "Span", "added_ranges", "estimate"]
 
 #: Entity rows read at most, over all shards (at least ``_PER_SHARD`` per shard).
 SAMPLE = 20_000
@@ -116,13 +117,30 @@ class Estimate:
         }
 
 
+class Span(NamedTuple):
+    """A logical shard's ``added_id`` range when measured: its rows lie in ``(before,
+    top]``; ``share`` is the part of that range expected to be its rows (1 where
+    ``added_id`` counts the shard's rows; in the owned layout it counts a server's, so
+    1/k with k shards on the server) until a scan has seen how dense it is."""
+
+    before: int
+    top: int
+    share: float
+
+    def left(self, position: int, rows: int) -> int:
+        """Rows still to scan after ``added_id`` ``position``, ``rows`` read up to it:
+        the range left times the density seen (``share`` before any row)."""
+        seen = position - self.before
+        density = rows / seen if rows and seen > 0 else self.share
+        return round(max(0, self.top - max(self.before, position)) * min(1.0, density))
+
+
 def added_ranges(
     store: DataStore, topo: Topology, shards: Iterable[int] | None = None, *, partial: bool = False
-) -> dict[int, tuple[int, int]]:
-    """``shard -> (MIN(added_id) - 1, MAX(added_id))`` (``(0, 0)`` for an empty shard)
-    of ``shards`` (default all): the ``added_id`` range a scan of the shard covers (in
-    the owned layout ``added_id`` counts a server's rows, not a shard's), one statement
-    per server; ``partial``: without the shards of unavailable servers."""
+) -> dict[int, Span]:
+    """Each logical shard's ``Span`` (``(0, 0)`` for an empty shard) of ``shards``
+    (default all), one statement per server; ``partial``: without the shards of
+    unavailable servers."""
     groups = by_server(topo, range(topo.n_shards) if shards is None else shards, int)
     found = store.cluster.scatter(
         topo,
@@ -131,8 +149,10 @@ def added_ranges(
         partial=partial,
     )
     unreachable_only(found.errors)
+    held = Counter(topo.shard_servers)
+    share = [1.0 if topo.owned_db is None else 1 / held[sid] for sid in topo.shard_servers]
     return {
-        int(s): (int(before), int(top))
+        int(s): Span(int(before), int(top), share[int(s)])
         for rows in found.results.values()
         for s, before, top in rows[0]
     }
@@ -144,7 +164,7 @@ def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:
     # the backfill's grace period (``backfill.grace_deadline``), from the declaration
     out = Estimate(index, topo.n_shards, grace=2 * topo.refresh_interval + 1.0)
     budget = max(_PER_SHARD, sample // max(1, topo.n_shards))
-    for shard, (before, top) in sorted(added_ranges(store, topo).items()):
+    for shard, (before, top, _) in sorted(added_ranges(store, topo).items()):
         if not top:
             continue
         started = time.perf_counter()

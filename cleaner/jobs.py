@@ -30,7 +30,7 @@ from schemaless.store import DataStore
 
 from .backfill import reopen
 from .daemon import backfill_name
-from .estimate import added_ranges
+from .estimate import Span, added_ranges
 from .metrics import HELD, held_text
 from .progress import Progress
 from .runtime import Runtime, Shutdown
@@ -125,7 +125,7 @@ class Supervisor:
         self.poll = poll
         self.workers = [_Worker(k) for k in range(jobs)]
         self.state: IndexState | None = None
-        self._ranges: dict[int, tuple[int, int]] = {}  # shard -> its added_id range at the start
+        self._spans: dict[int, Span] = {}  # shard -> its added_id range at the start
         self._shards = 0  # logical shards
         self._started = time.monotonic()
         self._stopping = False
@@ -151,7 +151,7 @@ class Supervisor:
         reopen(Runtime(self.store, shutdown=self.shutdown), self.index)  # before any part
         self._shards = topo.n_shards
         # an unavailable server's shards are left out (their part's worker waits)
-        self._ranges = added_ranges(self.store, topo, partial=True)
+        self._spans = added_ranges(self.store, topo, partial=True)
         try:
             while self._step():
                 time.sleep(self.poll)
@@ -283,11 +283,11 @@ class Supervisor:
             return
         rows = left = finished = 0
         for shard in range(self._shards):
-            before, top = self._ranges.get(shard, (0, 0))
             position, done, n = saved.get(shard, (0, False, 0))
             rows += n
             finished += done
-            left += 0 if done else max(0, top - max(before, position))
+            if not done and shard in self._spans:
+                left += self._spans[shard].left(position, n)
         self._seen = (rows, finished)
         self.progress.update(self.index, rows, rows + left, finished, self._shards)
 

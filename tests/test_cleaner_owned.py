@@ -23,6 +23,7 @@ from schemaless.catalog import Topology
 from schemaless.cleaner import Cleaner, diff_indexes
 from schemaless.cleaner import sql as cleaner_sql
 from schemaless.cleaner.access import delete_rows, read_rows, upsert_rows
+from schemaless.cleaner.estimate import Span
 from schemaless.cleaner.scan import entity_batches, index_batch
 from schemaless.errors import TableMissing
 from schemaless.hashing import shard_of
@@ -276,3 +277,34 @@ def test_the_feed_trim_and_the_purge_per_shard(make_store: Any) -> None:
     tombstones = [shard_rows(store, s, "entities", "COUNT(*)", "body IS NULL") for s in range(4)]
     assert tombstones == [[(0,)]] * 4
     assert sum(int(shard_rows(store, s, "entities", "COUNT(*)")[0][0]) for s in range(4)) == 7
+
+
+def test_rows_left_from_a_span_and_the_density_seen() -> None:
+    owned = Span(100, 1100, 0.25)  # 4 shards on the server: a quarter of the range
+    assert owned.left(0, 0) == 250  # nothing read yet: the share
+    assert owned.left(600, 125) == 125  # a quarter seen: a quarter of the 500 left
+    assert owned.left(500, 400) == 600  # every added_id so far was the shard's
+    assert Span(0, 1000, 1.0).left(0, 0) == 1000 and Span(0, 1000, 1.0).left(1000, 990) == 0
+
+
+def test_the_backfill_estimates_its_rows_where_shards_share_added_ids(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written one by one, the entities of a server's shards interleave in its
+    ``added_id``: the progress's total stays near the real count from the start."""
+    store = make_store()
+    for i in range(400):
+        store.put({"link": f"http://one.by.one/{i}", "n": i})
+    store.declare_index(BY_LINK)
+    cleaner = Cleaner(store, batch=30)
+    totals: list[int] = []
+    update = cleaner.rt.progress.update
+
+    def recorded(name: str, done: int, total: int | None, *args: Any, **kwargs: Any) -> None:
+        totals.append(total or 0)
+        update(name, done, total, *args, **kwargs)
+
+    monkeypatch.setattr(cleaner.rt.progress, "update", recorded)
+    assert cleaner.backfill("by_link") == "ready"
+    assert totals and all(0.6 * 400 <= t <= 1.5 * 400 for t in totals), totals
+    assert totals[-1] == 400

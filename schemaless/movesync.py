@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .batch import Batch, gather
 from .connection import Server
 from .errors import CatalogError
 from .index import Index
@@ -217,33 +218,25 @@ class Syncer:
         return len(rows)
 
     def verify(self, src: Side, dst: Side, tables: Sequence[Table]) -> dict[str, tuple[int, int]]:
-        """Row counts and digests must agree on both sides: ``CHECKSUM TABLE`` of a
-        database per shard; the ``BIT_XOR`` of each row's ``CRC32`` in the owned layout
-        (a table holds every shard of its server)."""
+        """Row counts and digests must agree on both sides (read in parallel):
+        ``CHECKSUM TABLE`` of a database per shard; the ``BIT_XOR`` of each row's
+        ``CRC32`` in the owned layout (a table holds every shard of its server)."""
         present = self.present(src)
-        out = {}
-        for table in tables:
-            if table.name not in present:
-                continue
-            sums = [self._digest(side, table) for side in (src, dst)]
-            if sums[0] != sums[1]:
-                raise CatalogError(
-                    f"verification failed for {table.name}: source {sums[0]} != target {sums[1]}"
-                )
-            out[table.name] = sums[0]
-        return out
-
-    @staticmethod
-    def _digest(side: Side, table: Table) -> tuple[int, int]:
-        t = quote(side.db, table.name)
-        if side.shard is None:
-            got = side.server.run(admin([f"SELECT COUNT(*) FROM {t}", f"CHECKSUM TABLE {t}"]))
-            return int(scalar(got[0])), int(got[1][0][1] or 0)
-        row = f"CONCAT_WS('|', {', '.join(table.light)})"
-        rows = side.read(
-            f"SELECT COUNT(*), COALESCE(BIT_XOR(CRC32({row})), 0) FROM {t} WHERE {side.where}TRUE"
+        names = [t for t in tables if t.name in present]
+        sides = {"source": src, "target": dst}
+        got = gather(
+            {
+                k: Batch(side.server, admin([q for t in names for q in _digest_sql(side, t)]))
+                for k, side in sides.items()
+            }
         )
-        return int(rows[0][0]), int(rows[0][1])
+        sums = {k: _digests(side, got[k]) for k, side in sides.items()}
+        for table, ours, theirs in zip(names, sums["source"], sums["target"], strict=True):
+            if ours != theirs:
+                raise CatalogError(
+                    f"verification failed for {table.name}: source {ours} != target {theirs}"
+                )
+        return {t.name: n for t, n in zip(names, sums["source"], strict=True)}
 
     def delete(self, side: Side, tables: Sequence[Table], pause: float) -> int:
         """Delete a side's rows of its shard (owned layout: ``side.shard`` given),
@@ -268,6 +261,22 @@ class Syncer:
                     break
                 time.sleep(pause)
         return total
+
+
+def _digest_sql(side: Side, table: Table) -> list[str]:
+    t = quote(side.db, table.name)
+    if side.shard is None:
+        return [f"SELECT COUNT(*) FROM {t}", f"CHECKSUM TABLE {t}"]
+    row = f"CONCAT_WS('|', {', '.join(table.light)})"
+    return [f"SELECT COUNT(*), COALESCE(BIT_XOR(CRC32({row})), 0) FROM {t} WHERE {side.where}TRUE"]
+
+
+def _digests(side: Side, results: Sequence[Any]) -> list[tuple[int, int]]:
+    """(rows, digest) of each table from the results of its ``_digest_sql``."""
+    if side.shard is None:
+        pairs = zip(results[0::2], results[1::2], strict=True)
+        return [(int(scalar(n)), int(c[0][1] or 0)) for n, c in pairs]
+    return [(int(r[0][0]), int(r[0][1])) for r in results]
 
 
 def _after(keys: list[str], last: tuple[Any, ...] | None) -> tuple[str, list[Any]]:

@@ -1,11 +1,17 @@
 """The owned layout's fence with the library's own writes and reads (issue 39, step 3):
 a put stopped between step 2's statements holds its shard's ``owned`` row and delays
 the fence (``DELETE FROM owned WHERE shard = s``, as a move sends it) until it commits,
-and delays no other shard's writes; after the fence every call on that shard with the
-old map fails with ``TableMissing`` from the server, never returns what was left."""
+and delays no other shard's writes; a writer process frozen meanwhile holds it no
+longer than its batch runs in the server; after the fence every call on that shard
+with the old map fails with ``TableMissing`` from the server, never returns what was
+left."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +31,18 @@ from schemaless.tables import by_id_sql
 BY_N = Index("by_n", {"n": "int"})
 WAIT = 0.3  # seconds a blocked statement is watched before it is judged blocked
 UNDELAYED = 2.0  # seconds within which a write that waits for nothing returns, loaded
+
+#: A writer process: put_many of two entities (ids in hex) with ``n`` and ``n + 1``,
+#: then its versions on stdout.
+WRITER = """
+import os, sys
+from schemaless import DataStore
+addrs, option_file, prefix, first, second, n = sys.argv[1:]
+ds = DataStore(addrs.split(","), prefix=prefix, option_file=option_file, create=False)
+keys = [bytes.fromhex(first), bytes.fromhex(second)]
+print(ds.put_many([{"id": k, "n": int(n) + i} for i, k in enumerate(keys)]), flush=True)
+os._exit(0)
+"""
 
 
 def _ids(store: DataStore, shard: int, n: int) -> list[bytes]:
@@ -174,3 +192,41 @@ def test_after_the_fence_every_call_on_the_shard_fails(store: DataStore) -> None
     assert store.cluster.refresh().map_version == version  # the catalog never changed
     assert store.get(other) == {"id": other, "n": n_b}
     assert [e.id for e in store.query(BY_N, n=n_b)] == [other]
+
+
+def test_a_stopped_writer_holds_the_fence_no_longer_than_its_batch_runs(
+    store: DataStore, locker: Any, local_cluster: LocalCluster
+) -> None:
+    """A writer process frozen (SIGSTOP) while its step 2 waits inside the server: the
+    batch goes on without it (one round trip: the server never waits for the client
+    inside a transaction), commits once the test lets its row lock go, and the fence
+    follows at once; woken, the writer is told its versions, which are what is stored."""
+    topo = store.cluster.topology
+    a = topo.shards_of(0)[0]
+    first, second = _ids(store, a, 2)
+    n = _value(store, a)
+    store.put({"id": second, "n": n})
+    cur = locker.cursor()
+    cur.execute("START TRANSACTION")
+    db = quote(topo.dbs[a], "entities")
+    cur.execute(f"SELECT `id` FROM {db} WHERE `id` = %s FOR UPDATE", (second,))
+    args = [",".join(local_cluster.addresses), str(local_cluster.option_file), topo.prefix]
+    args += [first.hex(), second.hex(), str(n)]
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, *args], stdout=subprocess.PIPE)
+    try:
+        _wait_for(lambda: _lock_waits(store, 0) == 1)
+        os.kill(proc.pid, signal.SIGSTOP)
+        fencer, fenced = _in_thread(lambda: _fence(store, a))
+        _wait_for(lambda: _lock_waits(store, 0) == 2)
+        cur.execute("ROLLBACK")
+        fencer.join(UNDELAYED)
+        assert not fencer.is_alive() and "error" not in fenced, fenced
+        rows = shard_rows(store, a, "entities", "`id`, `version`", "`body` IS NOT NULL")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)  # (on a failure, it ends when the lock goes)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    versions = [int(v) for v in out.decode().strip(" []\n").split(",")]
+    assert {bytes(r[0]): int(r[1]) for r in rows} == dict(
+        zip([first, second], versions, strict=True)
+    )

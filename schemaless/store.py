@@ -94,8 +94,7 @@ class DataStore:
         force_indexes: bool = False,
         layout: str = OWNED,
     ) -> None:
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        deadline = _call_timeout(timeout, read_timeout)
         addresses, creds = _servers(mysql_shards, Credentials.resolve(user, password, option_file))
         options = ConnectOptions(
             credentials=creds,
@@ -119,8 +118,7 @@ class DataStore:
             layout=layout,
         )
         self.codec, self.clock = self.cluster.codec, VersionClock()
-        #: The deadline of each call (by default read_timeout) and the map it follows.
-        self.calls = Calls(self.cluster, read_timeout if timeout is None else timeout, move_wait)
+        self.calls = Calls(self.cluster, deadline, move_wait)  # each call's deadline and map
         self.reader = Reader(self.cluster, self.codec, self.calls)
         self._writer = Writer(self.cluster, self.codec, self.clock, self.reader.decode)
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
@@ -624,6 +622,14 @@ class DataStore:
             consistency=consistency,
         )
         return self._query.iterate(q, timeout)
+
+
+def _call_timeout(timeout: float | None, read_timeout: float) -> float:
+    """Seconds within which every call returns or raises: ``timeout``, by default
+    ``read_timeout``."""
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    return read_timeout if timeout is None else timeout
 
 
 def _servers(specs: Sequence[str] | str, creds: Credentials) -> tuple[list[Address], Credentials]:

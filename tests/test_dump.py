@@ -20,6 +20,7 @@ from schemaless import (
     CorruptEntity,
     DataStore,
     Index,
+    ServerError,
     TableMissing,
     UniqueViolation,
     new_id,
@@ -171,7 +172,8 @@ def test_native_dump_with_a_codec_dictionary(make_store: Any, tmp_path: Path) ->
 def test_a_restore_writes_only_shards_the_target_owns(make_store: Any, tmp_path: Path) -> None:
     """Restored rows carry their shard through the owned layout's guard: a server that
     does not own a shard (its ``owned`` row gone, as after a move's fence) refuses the
-    batch and keeps nothing of it; with the row back, the restore resumes."""
+    batch and keeps nothing of it; with the row back, the restore resumes.  A dump of
+    such a shard fails too (its snapshot's check), rather than write an empty file."""
     src = make_store(shards=2)
     items = load(src, 40)
     dumping.dump(src, tmp_path / "d")
@@ -186,6 +188,14 @@ def test_a_restore_writes_only_shards_the_target_owns(make_store: Any, tmp_path:
     server.run(admin([f"INSERT INTO {owned_rows} (`shard`) VALUES (1)"]))
     dumping.restore(target, tmp_path / "d")
     assert live(target) == live(src) and len(live(target)) == len(items)
+    # a dump of a shard its server no longer owns fails, never an empty file
+    owned_rows = quote(src.cluster.topology.dbs[0], "owned")
+    server = src.cluster.server_of_shard(src.cluster.topology, 0)
+    server.run(admin([f"DELETE FROM {owned_rows} WHERE `shard` = 0"]))
+    with pytest.raises(ServerError, match=r"dumping logical shard 0: .*not on this server"):
+        dumping.dump(src, tmp_path / "e", workers=1)
+    assert not (tmp_path / "e" / dumping.MANIFEST).exists()
+    assert not (tmp_path / "e" / "shard-0000.jsonl").exists()
 
 
 def test_bad_directories(make_store: Any, tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ def test_native_dump_with_a_codec_dictionary(make_store: Any, tmp_path: Path) ->
     restored(target, live(src))
 
 
-def test_a_restore_writes_only_shards_the_target_owns(make_store: Any, tmp_path: Path) -> None:
+def test_dump_and_restore_touch_only_shards_a_server_owns(make_store: Any, tmp_path: Path) -> None:
     """Restored rows carry their shard through the owned layout's guard: a server that
     does not own a shard (its ``owned`` row gone, as after a move's fence) refuses the
     batch and keeps nothing of it; with the row back, the restore resumes.  A dump of

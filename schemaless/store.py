@@ -94,7 +94,8 @@ class DataStore:
         force_indexes: bool = False,
         layout: str = OWNED,
     ) -> None:
-        deadline = _call_timeout(timeout, read_timeout)
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         addresses, creds = _servers(mysql_shards, Credentials.resolve(user, password, option_file))
         options = ConnectOptions(
             credentials=creds,
@@ -117,14 +118,19 @@ class DataStore:
             max_replica_lag=max_replica_lag,
             layout=layout,
         )
+        self._assemble(read_timeout if timeout is None else timeout, move_wait, claim_wait)
+        self._record(expire_on, changes, indexes, force_indexes)
+
+    def _assemble(self, deadline: float, move_wait: float, claim_wait: float) -> None:
+        """The facade's parts over its cluster: each call's deadline (``timeout``, by
+        default ``read_timeout``) and the map it follows, reads, writes, queries."""
         self.codec, self.clock = self.cluster.codec, VersionClock()
-        self.calls = Calls(self.cluster, deadline, move_wait)  # each call's deadline and map
+        self.calls = Calls(self.cluster, deadline, move_wait)
         self.reader = Reader(self.cluster, self.codec, self.calls)
         self._writer = Writer(self.cluster, self.codec, self.clock, self.reader.decode)
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
         self.claims.wait = claim_wait
         self._query = QueryEngine(self.cluster, self.reader, self.calls)
-        self._record(expire_on, changes, indexes, force_indexes)
 
     @classmethod
     def from_env(
@@ -622,14 +628,6 @@ class DataStore:
             consistency=consistency,
         )
         return self._query.iterate(q, timeout)
-
-
-def _call_timeout(timeout: float | None, read_timeout: float) -> float:
-    """Seconds within which every call returns or raises: ``timeout``, by default
-    ``read_timeout``."""
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-    return read_timeout if timeout is None else timeout
 
 
 def _servers(specs: Sequence[str] | str, creds: Credentials) -> tuple[list[Address], Credentials]:

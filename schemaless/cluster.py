@@ -113,15 +113,20 @@ class Cluster:
                 f"datastore {prefix!r} has {self.topology.n_shards} logical shards; "
                 f"refusing to change it to {n_shards}"
             )
+        self._check_servers(addresses)
+        self._sync_codec(self.topology)
+
+    def _check_servers(self, addresses: Sequence[Address]) -> None:
+        """Refuse servers given that are not the datastore's."""
         known = set(self.topology.servers.values())
         # The first address is where the catalog was found, however it was spelt.
         unknown = [str(a) for a in addresses[1:] if a not in known]
         if unknown:
             raise CatalogError(
-                f"servers {', '.join(unknown)} are not part of datastore {prefix!r} "
-                f"(its servers: {', '.join(sorted(str(a) for a in known))})"
+                f"servers {', '.join(unknown)} are not part of datastore "
+                f"{self.topology.prefix!r} (its servers: "
+                f"{', '.join(sorted(str(a) for a in known))})"
             )
-        self._sync_codec(self.topology)
 
     def _guard(self, topo: Topology) -> None:
         """In the owned layout, every server refuses a batch that names the data

@@ -120,15 +120,19 @@ class DataStore:
             max_replica_lag=max_replica_lag,
             layout=layout,
         )
+        self._assemble(read_timeout if timeout is None else timeout, move_wait, claim_wait)
+        self._record(expire_on, changes, indexes, force_indexes)
+
+    def _assemble(self, deadline: float, move_wait: float, claim_wait: float) -> None:
+        """The facade's parts over its cluster: each call's deadline (``timeout``, by
+        default ``read_timeout``) and the map it follows, reads, writes, queries."""
         self.codec, self.clock = self.cluster.codec, VersionClock()
-        #: The deadline of each call (by default read_timeout) and the map it follows.
-        self.calls = Calls(self.cluster, read_timeout if timeout is None else timeout, move_wait)
+        self.calls = Calls(self.cluster, deadline, move_wait)
         self.reader = Reader(self.cluster, self.codec, self.calls)
         self._writer = Writer(self.cluster, self.codec, self.clock, self.reader.decode)
         self.claims = self._writer.claims  # internal: the Cleaner's backfill claims too
         self.claims.wait = claim_wait
         self._query = QueryEngine(self.cluster, self.reader, self.calls)
-        self._record(expire_on, changes, indexes, force_indexes)
 
     @classmethod
     def from_env(

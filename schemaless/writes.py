@@ -272,21 +272,15 @@ def entity_batch_sql(
     trip; return the SQL, its parameters and the position of the first write among the
     statements without a result set (whose affected-row counts say what applied).
 
-    ``rows``: index rows of these entities that live on the same server; they are
-    upserted first in the same transaction (committed with their entity, never after).
-    When indexes need the old body, each write is preceded by a plain read of the body
-    before (NULL for a tombstone: a hint of which rows step 3 removes).
-    Several statements share one transaction (one commit), entities in id order so
-    concurrent batches cannot deadlock.
+    ``rows``: index rows of these entities on the same server, upserted first in the
+    same transaction (committed with their entity, never after).  With indexes, each
+    write is preceded by a read of the old body (NULL for a tombstone: a hint of which
+    rows step 3 removes).  Entities go in id order: concurrent batches cannot deadlock.
 
-    ``fence``: the fence table of the writer's index epoch.  The first write of a body
-    on each logical shard reads it (its version plus the empty table's ``COUNT(*)``),
-    which holds the table until the transaction ends: a declaration that drops it
-    waits for this write, and a write from an older map fails (``TableMissing``).
-    Tombstones need no fence (they produce no index rows).
-
-    ``changes``: the change feed is on; the shards' head rows are locked first and a
-    change row follows each write that applied (``schemaless.feed``, ``feed_sql``).
+    ``fence``: the writer's index epoch's fence table, read by the first write of a body
+    on each shard (version + its ``COUNT(*)``, 0) and held until the commit: dropping it
+    waits for the write, and one from an older map fails (``TableMissing``).
+    ``changes``: the feed is on: head rows locked first, a change row per applied write.
 
     ``owned``: the owned layout's data database: rows carry their shard, and the
     batch is one transaction with the ownership check before its commit.

@@ -15,12 +15,23 @@ import pytest
 from conftest import assert_clean, shard_rows
 from test_cli import Cli, cluster_env, drop_prefix
 
-from schemaless import CatalogError, CorruptEntity, DataStore, Index, UniqueViolation, new_id
+from schemaless import (
+    CatalogError,
+    CorruptEntity,
+    DataStore,
+    Index,
+    ServerError,
+    TableMissing,
+    UniqueViolation,
+    new_id,
+)
 from schemaless import dump as dumping
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.connect import open_store
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
+from schemaless.names import quote
+from schemaless.owned import admin
 
 INDEXES = [
     Index("by_user", ["user_id", "n"], shard_on="user_id"),
@@ -156,6 +167,35 @@ def test_native_dump_with_a_codec_dictionary(make_store: Any, tmp_path: Path) ->
     target = make_store(shards=4, refresh_interval=0.1, layout="databases")
     backfill(target, dumping.restore(target, tmp_path / "d"))
     restored(target, live(src))
+
+
+def test_dump_and_restore_touch_only_shards_a_server_owns(make_store: Any, tmp_path: Path) -> None:
+    """Restored rows carry their shard through the owned layout's guard: a server that
+    does not own a shard (its ``owned`` row gone, as after a move's fence) refuses the
+    batch and keeps nothing of it; with the row back, the restore resumes.  A dump of
+    such a shard fails too (its snapshot's check), rather than write an empty file."""
+    src = make_store(shards=2)
+    items = load(src, 40)
+    dumping.dump(src, tmp_path / "d")
+    target = make_store(shards=2, refresh_interval=0.1)
+    topo = target.cluster.refresh()
+    owned_rows = quote(topo.dbs[1], "owned")
+    server = target.cluster.server_of_shard(topo, 1)
+    server.run(admin([f"DELETE FROM {owned_rows} WHERE `shard` = 1"]))
+    with pytest.raises(TableMissing, match="not on this server"):
+        dumping.restore(target, tmp_path / "d", workers=1)
+    assert shard_rows(target, 1, "entities", "COUNT(*)") == [(0,)]
+    server.run(admin([f"INSERT INTO {owned_rows} (`shard`) VALUES (1)"]))
+    dumping.restore(target, tmp_path / "d")
+    assert live(target) == live(src) and len(live(target)) == len(items)
+    # a dump of a shard its server no longer owns fails, never an empty file
+    owned_rows = quote(src.cluster.topology.dbs[0], "owned")
+    server = src.cluster.server_of_shard(src.cluster.topology, 0)
+    server.run(admin([f"DELETE FROM {owned_rows} WHERE `shard` = 0"]))
+    with pytest.raises(ServerError, match=r"dumping logical shard 0: .*not on this server"):
+        dumping.dump(src, tmp_path / "e", workers=1)
+    assert not (tmp_path / "e" / dumping.MANIFEST).exists()
+    assert not (tmp_path / "e" / "shard-0000.jsonl").exists()
 
 
 def test_bad_directories(make_store: Any, tmp_path: Path) -> None:

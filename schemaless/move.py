@@ -40,7 +40,16 @@ from .catalog import Topology
 from .connection import Server
 from .dsn import Address
 from .errors import CatalogError, SchemalessError
-from .movesync import Side, Syncer, Table, shard_tables, table_names
+from .movesync import (
+    Side,
+    Syncer,
+    Table,
+    copy_wide,
+    create_missing,
+    discovered,
+    shard_tables,
+    table_names,
+)
 from .names import check_identifier, escape_wildcards, quote
 from .owned import admin
 from .results import scalar
@@ -184,9 +193,12 @@ class ShardMover:
         db = str(topo.owned_db)
         here, there = Side(src, db, shard), Side(dst, db, shard)
         self._prepare(dst, topo)
+        extra, wide = discovered(src, db, {t.name for t in shard_tables(topo)})
+        create_missing(src, dst, db, extra)
+        copy_wide(src, dst, db, wide)
         if self._owns(src, db, shard):
             catalog.record_move(shard, *servers, "copying")
-            self._copy_rounds(shard, here, there, shard_tables(topo), report)
+            self._copy_rounds(shard, here, there, self._tables(topo, src), report)
             failpoints.hit("move.after_copy")
             self._wait_replicas(topo, servers[1], self.replica_wait)
         paused = time.monotonic()
@@ -218,7 +230,7 @@ class ShardMover:
         (owned layout: before its replicas are waited for, which must have it too),
         then the map flips; anything failing rolls the move back."""
         try:
-            self._final_sync(src, dst, shard_tables(topo), report)
+            self._final_sync(src, dst, self._tables(topo, src.server), report)
             if topo.owned_db is not None:
                 dst.server.run(admin(owned.owned_rows_sql(dst.db, [shard], changes=False)))
                 failpoints.hit("move.after_owned")
@@ -308,7 +320,7 @@ class ShardMover:
         src.run(admin(owned.owned_rows_sql(db, [shard], changes=False)))
         failpoints.hit("move.rollback.after_owned")
         if there:
-            self._syncer().delete(Side(dst, db, shard), shard_tables(topo), self.pause)
+            self._syncer().delete(Side(dst, db, shard), self._tables(topo, dst), self.pause)
 
     def drop_old_copies(self) -> list[str]:
         """Remove the old copies that finished (or rolled back) moves left: the owned
@@ -335,9 +347,9 @@ class ShardMover:
     def _drop_old_rows(self, topo: Topology, db: str) -> list[str]:
         """Delete each server's rows of the shards it does not hold and no move names,
         a shard at a time under its move lock (a move of it waits meanwhile)."""
-        tables = shard_tables(topo)
         dropped = []
         for sid, server in self.cluster.all_servers(topo).items():
+            tables = self._tables(topo, server)
             for shard in sorted(self._held(server, db, tables) - set(topo.shards_of(sid))):
                 if shard in topo.moves:
                     continue
@@ -349,6 +361,16 @@ class ShardMover:
                     failpoints.hit("move.after_drop")
                 dropped.append(f"{server.name}/{db} shard {shard} ({rows:,} rows)")
         return dropped
+
+    @staticmethod
+    def _tables(topo: Topology, server: Server) -> list[Table]:
+        """The tables a move copies: the library's (``shard_tables``) and, in the owned
+        layout, the data database's other shard tables (made on first use by
+        ``schemaless.edges`` and ``schemaless.feeds``), as the server has them."""
+        tables = shard_tables(topo)
+        if topo.owned_db is not None:
+            tables += discovered(server, topo.owned_db, {t.name for t in tables})[0]
+        return tables
 
     @staticmethod
     def _held(server: Server, db: str, tables: Sequence[Table]) -> set[int]:

@@ -20,12 +20,21 @@ from .connection import Server
 from .errors import CatalogError
 from .index import Index
 from .names import quote
-from .owned import COPYING, admin
+from .owned import COPYING, admin, guard_sql
 from .results import scalar
 from .scatter import chunks, sql_bytes
 from .topology import Topology
 
-__all__ = ["Side", "Syncer", "Table", "shard_tables", "table_names"]
+__all__ = [
+    "Side",
+    "Syncer",
+    "Table",
+    "copy_wide",
+    "create_missing",
+    "discovered",
+    "shard_tables",
+    "table_names",
+]
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,78 @@ def shard_tables(topo: Topology) -> list[Table]:
     fence = [_fence_table(topo.fence)] if topo.fence else []
     feed = [_CHANGES, _CHANGES_HEAD] if topo.changes else []
     return [_ENTITIES, *indexes, *feed, *fence]
+
+
+def discovered(server: Server, db: str, known: set[str]) -> tuple[list[Table], list[str]]:
+    """The owned layout's other tables in ``db`` (those a module makes on first use:
+    ``schemaless.edges``, ``schemaless.feeds``): with a ``shard`` column, compared and
+    copied by the shard's rows like the library's, by their primary key; without one,
+    the server-wide tables (copied whole, ``copy_wide``).  ``owned`` and fences never."""
+    cols = server.run(
+        "SELECT c.table_name, c.column_name, k.ordinal_position FROM information_schema.columns c"
+        " LEFT JOIN information_schema.key_column_usage k ON k.table_schema = c.table_schema"
+        " AND k.table_name = c.table_name AND k.column_name = c.column_name"
+        " AND k.constraint_name = 'PRIMARY' WHERE c.table_schema = %s"
+        " ORDER BY c.table_name, c.ordinal_position",
+        (db,),
+    )[0]
+    found: dict[str, list[tuple[str, int | None]]] = {}
+    for table, column, key in cols:
+        if (
+            str(table) not in known
+            and str(table) != "owned"
+            and not str(table).startswith("fence_")
+        ):
+            found.setdefault(str(table), []).append((str(column), key))
+    sharded, wide = [], []
+    for name, columns in sorted(found.items()):
+        names = tuple(c for c, _ in columns)
+        if "shard" not in names:
+            wide.append(name)
+            continue
+        key = tuple(c for c, k in sorted((x for x in columns if x[1]), key=lambda x: x[1] or 0))
+        hint = " FORCE INDEX (PRIMARY)" if key[:1] == ("shard",) else ""
+        sharded.append(Table(name, key, names, tuple(quote(c) for c in names), hint))
+    return sharded, wide
+
+
+def copy_wide(src: Server, dst: Server, db: str, tables: Sequence[str]) -> None:
+    """Give the target each server-wide table of the source, and the source's rows
+    (a list every server keeps whole, e.g. a feed's pulled authors: ``INSERT IGNORE``)."""
+    present = table_names(dst, db)
+    for name in tables:
+        table = quote(db, name)
+        if name not in present:
+            dst.run(
+                admin(
+                    [
+                        str(src.run(admin([f"SHOW CREATE TABLE {table}"]))[0][0][1]).replace(
+                            f"CREATE TABLE {quote(name)}", f"CREATE TABLE IF NOT EXISTS {table}", 1
+                        )
+                    ]
+                )
+            )
+        rows = src.run(admin([f"SELECT * FROM {table}"]))[0]
+        if rows:
+            marks = ", ".join(["(" + ", ".join(["%s"] * len(rows[0])) + ")"] * len(rows))
+            dst.run(
+                admin([f"INSERT IGNORE INTO {table} VALUES {marks}"]), [v for r in rows for v in r]
+            )
+
+
+def create_missing(src: Server, dst: Server, db: str, tables: Sequence[Table]) -> None:
+    """Create on the target the discovered shard tables it lacks, from the source's
+    definitions, with the guard's triggers."""
+    present = table_names(dst, db)
+    for t in tables:
+        if t.name not in present:
+            made = str(src.run(admin([f"SHOW CREATE TABLE {quote(db, t.name)}"]))[0][0][1])
+            made = made.replace(
+                f"CREATE TABLE {quote(t.name)}",
+                f"CREATE TABLE IF NOT EXISTS {quote(db, t.name)}",
+                1,
+            )
+            dst.run(admin([made, *guard_sql(db, t.name)]))
 
 
 def table_names(server: Server, db: str) -> set[str]:

@@ -316,3 +316,41 @@ def test_the_feeds_rows_and_head_travel_with_the_shard(make_store: Any) -> None:
     assert feed(1 - here) == before
     store.put({**entities[0], "n": -1})
     assert feed(1 - here) == (13, before[1] + 1, before[1] + 1)
+
+
+def test_edges_and_a_feeds_pulled_list_move_with_their_shard(make_store: Any) -> None:
+    """Tables a module makes on first use (schemaless.edges, schemaless.feeds) move with
+    the shard's rows (and a server-wide list whole), and drop-old clears the source."""
+    from schemaless import Edges
+
+    store = make_store(shards=4)
+    likes = Edges(store, "likes", inverse="liked_by")
+    users = [new_id() for _ in range(12)]
+    entry = new_id()
+    for u in users:
+        likes.add(u, entry)
+    topo = store.cluster.topology
+    shard = store.cluster.shard_of_id(users[0])
+    here = topo.shard_servers[shard]
+    there = next(sid for sid in topo.servers if sid != here)
+    db = topo.owned_db
+    assert db is not None
+    wide = f"`{db}`.`feed__x__pulled`"  # as a feed's pulled list: no shard, on every server
+    src = store.cluster.server_of_shard(topo, shard)
+    src.run(admin([f"CREATE TABLE {wide} (`author` BINARY(16) NOT NULL PRIMARY KEY)"]))
+    src.run(admin([f"INSERT INTO {wide} VALUES (%s)"]), [entry])
+    moved = [u for u in users if store.cluster.shard_of_id(u) == shard]
+    ShardMover(store).move(shard, there)
+    store.cluster.refresh()
+    for u in moved:
+        assert likes.has(u, entry) and likes.count(u) == 1
+    assert likes.count_inverse(entry) == len(users)
+    dst = store.cluster.server_of_shard(store.cluster.refresh(), shard)
+    assert dst.run(admin([f"SELECT COUNT(*) FROM {wide}"]))[0][0][0] == 1
+    ShardMover(store).drop_old_copies()
+    left = src.run(admin([f"SELECT COUNT(*) FROM `{db}`.`edges__likes` WHERE `shard` = {shard}"]))[
+        0
+    ][0][0]
+    assert left == 0
+    likes.add(moved[0], new_id())  # the moved shard takes writes on its new server
+    assert likes.count(moved[0]) == 2

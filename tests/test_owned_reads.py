@@ -87,9 +87,11 @@ def test_rows_copied_in_before_a_flip_are_never_read(make_store: Any) -> None:
     assert store.get_many([entity["id"], ghost["id"]]) == [entity, None]
     assert store.get(ghost["id"]) is None
     assert [e["id"] for e in store.query(BY_N, n=v)] == [entity["id"]]
+    committed = sorted(e["id"] for e in [entity, *rest])
     for order in ("asc", "desc"):  # a scatter: every shard of both servers
         everything = list(store.iter(BY_N, n__gte=0, order=order, page_size=3))
-        assert sorted(e["id"] for e in everything) == sorted(e["id"] for e in [entity, *rest])
+        assert sorted(e["id"] for e in everything) == committed
+    assert sorted(e["id"] for e in store.reader.newest(1000)) == committed  # the samples'
 
 
 def test_rows_left_behind_after_a_fence_fail_the_read(make_store: Any) -> None:
@@ -124,6 +126,7 @@ def test_reads_in_the_layout_of_a_database_per_shard(make_store: Any) -> None:
     store.put_many(entities)
     ids = [e["id"] for e in entities]
     assert store.get_many([*ids, new_id()]) == [*entities, None]
+    assert sorted(e["id"] for e in store.reader.newest(1000)) == sorted(ids)
     assert {e["id"] for e in store.query(BY_N, n=3)} == {e["id"] for e in entities if e["n"] == 3}
     paged = list(store.iter(BY_N, n__gte=2, order="desc", page_size=4))
     assert [e["n"] for e in paged] == sorted(

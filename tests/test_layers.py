@@ -38,8 +38,8 @@ LAYERS: list[set[str]] = [
     {"scatter", "stale", "deferrals"},  # one batch per server; the catalog's deferrals
     {"cluster"},  # routing
     {"follow"},  # a call's deadline, following the map
-    {"reader", "unique", "feed", "fit"},
-    {"query", "protocol", "subscriptions"},
+    {"reader", "unique", "feed"},
+    {"query", "protocol", "subscriptions", "fit"},  # fit: reader's newest entities
     {"store"},  # DataStore, the facade
     {"aio", "connect", "dump", "grants", "move", "hooks"},
     {"demo", "__init__", "cleaner", "metrics", "tracing"},

@@ -355,7 +355,7 @@ class QueryEngine:
         # The same for every value of an __in list, but for its values that follow the
         # cursor's prefix: those still owe the rows that tie with the cursor's.
         where, rest = self._where(q, after)
-        tails = [f" WHERE {w} ORDER BY {order} LIMIT {int(n)}" for w in where]
+        tails = [f"{w} ORDER BY {order} LIMIT {int(n)}" for w in where]
         table = q.index.table
         tail = f" ORDER BY {merged} LIMIT {int(n)}"
 
@@ -365,13 +365,13 @@ class QueryEngine:
             for shards, eq in _parts(group, owned is not None):
                 end = tails[after is not None and len(q.eqs) > 1 and q.follows(eq, after)]
                 if owned is None:
-                    parts.append(
-                        f"SELECT {cols}, `entity_id` FROM {quote(dbs[shards[0]], table)}{end}"
-                    )
+                    source = f"{quote(dbs[shards[0]], table)} WHERE"
                 else:  # the key's order, never the shard key's (a merge over shards)
-                    source = f"{quote(owned, table)} FORCE INDEX (PRIMARY)"
-                    where = f" WHERE {_owned_rows(owned, shards)} AND"
-                    parts.append(f"SELECT {cols}, `entity_id` FROM {source}{where}{end[6:]}")
+                    source = (
+                        f"{quote(owned, table)} FORCE INDEX (PRIMARY)"
+                        f" WHERE {_owned_rows(owned, shards)} AND"
+                    )
+                parts.append(f"SELECT {cols}, `entity_id` FROM {source} {end}")
                 params += eq
                 params += rest
             # bare: in parentheses it costs the server about 7 µs more

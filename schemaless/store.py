@@ -94,11 +94,7 @@ class DataStore:
         force_indexes: bool = False,
         layout: str = OWNED,
     ) -> None:
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        if layout not in LAYOUTS:  # before any server is touched
-            raise CatalogError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        addresses, creds = _servers(mysql_shards, Credentials.resolve(user, password, option_file))
+        addresses, creds = _checked(mysql_shards, user, password, option_file, timeout, layout)
         options = ConnectOptions(
             credentials=creds,
             connect_timeout=connect_timeout,
@@ -633,6 +629,23 @@ class DataStore:
             consistency=consistency,
         )
         return self._query.iterate(q, timeout)
+
+
+def _checked(
+    specs: Sequence[str] | str,
+    user: str | None,
+    password: str | None,
+    option_file: str | None,
+    timeout: float | None,
+    layout: str,
+) -> tuple[list[Address], Credentials]:
+    """The constructor's arguments, refused before any server is touched when bad: the
+    servers' addresses and credentials (``_servers``)."""
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if layout not in LAYOUTS:
+        raise CatalogError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return _servers(specs, Credentials.resolve(user, password, option_file))
 
 
 def _servers(specs: Sequence[str] | str, creds: Credentials) -> tuple[list[Address], Credentials]:

@@ -39,7 +39,7 @@ LAYERS: list[set[str]] = [
     {"cluster", "movesync"},  # routing; a move's row-level diff
     {"follow"},  # a call's deadline, following the map
     {"reader", "unique", "feed"},
-    {"query", "protocol", "subscriptions", "fit"},
+    {"query", "protocol", "subscriptions", "fit"},  # fit: reader's newest entities
     {"store"},  # DataStore, the facade
     {"aio", "connect", "dump", "grants", "move", "hooks"},
     {"demo", "__init__", "cleaner", "metrics", "tracing"},

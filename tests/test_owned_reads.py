@@ -45,7 +45,8 @@ def _fenced(store: DataStore, shard: int) -> Iterator[None]:
     """Inside: ``shard``'s ``owned`` row deleted from its server, as by a move's fence
     (its rows are still there, left behind); put back after."""
     topo = store.cluster.topology
-    owned, server = quote(topo.owned_db or "", "owned"), store.cluster.server_of_shard(topo, shard)
+    assert topo.owned_db is not None
+    owned, server = quote(topo.owned_db, "owned"), store.cluster.server_of_shard(topo, shard)
     server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {int(shard)}"]))
     try:
         yield
@@ -86,9 +87,11 @@ def test_rows_copied_in_before_a_flip_are_never_read(make_store: Any) -> None:
     assert store.get_many([entity["id"], ghost["id"]]) == [entity, None]
     assert store.get(ghost["id"]) is None
     assert [e["id"] for e in store.query(BY_N, n=v)] == [entity["id"]]
+    committed = sorted(e["id"] for e in [entity, *rest])
     for order in ("asc", "desc"):  # a scatter: every shard of both servers
         everything = list(store.iter(BY_N, n__gte=0, order=order, page_size=3))
-        assert sorted(e["id"] for e in everything) == sorted(e["id"] for e in [entity, *rest])
+        assert sorted(e["id"] for e in everything) == committed
+    assert sorted(e["id"] for e in store.reader.newest(1000)) == committed  # the samples'
 
 
 def test_rows_left_behind_after_a_fence_fail_the_read(make_store: Any) -> None:
@@ -105,8 +108,9 @@ def test_rows_left_behind_after_a_fence_fail_the_read(make_store: Any) -> None:
             store.get(entity["id"])
         with pytest.raises(TableMissing):
             store.query(BY_N, n=v)
-        with pytest.raises(TableMissing):
-            store.query(BY_N, n__gte=0)
+        for partial in (False, True):  # a shard given away is no unreachable server
+            with pytest.raises(TableMissing):
+                store.query(BY_N, n__gte=0, partial=partial)
         assert store.get(elsewhere["id"]) == elsewhere  # other shards answer
         assert store.query(BY_N, n=elsewhere["n"]) == [elsewhere]
     assert store.get_many([entity["id"]]) == [entity]
@@ -122,6 +126,7 @@ def test_reads_in_the_layout_of_a_database_per_shard(make_store: Any) -> None:
     store.put_many(entities)
     ids = [e["id"] for e in entities]
     assert store.get_many([*ids, new_id()]) == [*entities, None]
+    assert sorted(e["id"] for e in store.reader.newest(1000)) == sorted(ids)
     assert {e["id"] for e in store.query(BY_N, n=3)} == {e["id"] for e in entities if e["n"] == 3}
     paged = list(store.iter(BY_N, n__gte=2, order="desc", page_size=4))
     assert [e["n"] for e in paged] == sorted(

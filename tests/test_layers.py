@@ -41,7 +41,8 @@ LAYERS: list[set[str]] = [
     {"reader", "unique", "feed"},
     {"query", "protocol", "subscriptions", "fit"},  # fit: reader's newest entities
     {"store"},  # DataStore, the facade
-    {"aio", "connect", "dump", "grants", "move", "hooks"},
+    {"aio", "connect", "dump", "grants", "move", "hooks", "edges"},
+    {"feeds"},  # timelines on edges
     {"demo", "__init__", "cleaner", "metrics", "tracing"},
     {"cli"},
 ]

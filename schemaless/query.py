@@ -28,9 +28,9 @@ from .follow import Calls
 from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
-from .owned import guarded
+from .owned import check_sorted, check_sql
 from .reader import Reader
-from .scatter import Statement, by_server, unreachable_only
+from .scatter import Statement, unreachable_only
 from .tables import union_all
 
 if TYPE_CHECKING:
@@ -310,17 +310,20 @@ class QueryEngine:
         that did not answer).
         """
         topo = self.cluster.current()
-        parts = []  # (logical shard, equality prefix)
-        for eq in q.eqs:
+        groups: dict[int, list[tuple[tuple[int, ...], tuple[Any, ...]]]] = {}
+        for eq in q.eqs:  # per server: (its logical shards, equality prefix)
             only = q.shard(eq, topo.n_shards)
-            parts += [(s, eq) for s in ([only] if only is not None else range(topo.n_shards))]
-        groups = by_server(topo, parts, _first)
+            if only is not None:
+                groups.setdefault(topo.shard_servers[only], []).append(((only,), eq))
+                continue
+            for sid, shards in topo.placed.items():  # the map's, computed once per map
+                groups.setdefault(sid, []).append((shards, eq))
         build = self._scan_sql(q, topo.dbs, after, n, topo.owned_db)
         results, errors, _ = self.cluster.scatter(
             topo, groups, build, consistency=q.consistency, partial=q.partial
         )
         unreachable_only(errors)
-        gone = {shard for sid in errors for shard, _ in groups[sid]}
+        gone = {shard for sid in errors for shards, _ in groups[sid] for shard in shards}
         rows: list[tuple[Any, ...]] = []
         exhausted = True
         for result in results.values():
@@ -339,7 +342,7 @@ class QueryEngine:
         after: tuple[Any, ...] | None,
         n: int,
         owned: str | None = None,
-    ) -> Callable[[list[tuple[int, tuple[Any, ...]]]], Statement]:
+    ) -> Callable[[list[tuple[tuple[int, ...], tuple[Any, ...]]]], Statement]:
         """How to scan one server's ``(shard, prefix)`` parts: one statement whose
         parts the server merges (n rows come back, not n each).  In the owned layout
         (``owned``: the data database) one part per prefix reads all its shards of the
@@ -359,7 +362,7 @@ class QueryEngine:
         table = q.index.table
         tail = f" ORDER BY {merged} LIMIT {int(n)}"
 
-        def build(group: list[tuple[int, tuple[Any, ...]]]) -> Statement:
+        def build(group: list[tuple[tuple[int, ...], tuple[Any, ...]]]) -> Statement:
             parts = []
             params: list[Any] = []
             for shards, eq in _parts(group, owned is not None):
@@ -376,7 +379,7 @@ class QueryEngine:
                 params += rest
             # bare: in parentheses it costs the server about 7 µs more
             sql = parts[0] if len(parts) == 1 else union_all([f"({p})" for p in parts], tail)
-            return guarded([sql], owned, (shard for shard, _ in group)), params
+            return (sql if owned is None else f"{sql};\n{_check(owned, group)}"), params
 
         return build
 
@@ -597,19 +600,25 @@ def prefix_end(prefix: str | bytes) -> str | bytes | None:
 
 
 def _parts(
-    group: list[tuple[int, tuple[Any, ...]]], merge: bool
-) -> list[tuple[list[int], tuple[Any, ...]]]:
-    """A server's ``(shard, prefix)`` parts as ``(shards, prefix)``: one shard each,
-    or (``merge``: the owned layout) every shard of a prefix in one part."""
-    if not merge:
-        return [([shard], eq) for shard, eq in group]
-    merged: dict[tuple[Any, ...], list[int]] = {}
-    for shard, eq in group:
-        merged.setdefault(eq, []).append(shard)
-    return [(shards, eq) for eq, shards in merged.items()]
+    group: list[tuple[tuple[int, ...], tuple[Any, ...]]], merge: bool
+) -> list[tuple[tuple[int, ...], tuple[Any, ...]]]:
+    """A server's ``(shards, prefix)`` entries as the parts of its statement: one per
+    entry (``merge``: the owned layout, where one part reads a prefix on all its
+    shards), or one per shard (a database per logical shard)."""
+    if merge:
+        return group
+    return [((shard,), eq) for shards, eq in group for shard in shards]
 
 
-def _owned_rows(db: str, shards: list[int]) -> str:
+def _check(db: str, group: list[tuple[tuple[int, ...], tuple[Any, ...]]]) -> str:
+    """The ownership check of a scan's shards (a scatter's, one entry: the map's
+    ascending tuple, not sorted again)."""
+    if len(group) == 1:
+        return check_sorted(db, group[0][0])
+    return check_sql(db, (shard for shards, _ in group for shard in shards))
+
+
+def _owned_rows(db: str, shards: tuple[int, ...]) -> str:
     """The owned layout's filter of a scan: one shard's rows, or (a scan of all the
     server's shards of the map, which the batch's check proves it owns) the rows of
     the shards it owns, by the ``owned`` table: never a shard being copied in, nor one
@@ -618,10 +627,6 @@ def _owned_rows(db: str, shards: list[int]) -> str:
     if len(shards) == 1:
         return f"`shard` = {int(shards[0])}"
     return f"`shard` IN (SELECT `shard` FROM {quote(db, 'owned')})"
-
-
-def _first(part: tuple[int, tuple[Any, ...]]) -> int:
-    return part[0]
 
 
 def _bound(ranges: dict[str, dict[str, Any]], prop: str, op: str, value: Any) -> None:

@@ -86,7 +86,15 @@ class Topology:
 
     def shards_of(self, server_id: int) -> list[int]:
         """The logical shards that live on one server."""
-        return [s for s, sid in enumerate(self.shard_servers) if sid == server_id]
+        return list(self.placed.get(server_id, ()))
+
+    @cached_property
+    def placed(self) -> dict[int, tuple[int, ...]]:
+        """Each server's logical shards, ascending (servers without any left out)."""
+        out: dict[int, list[int]] = {}
+        for s, sid in enumerate(self.shard_servers):
+            out.setdefault(sid, []).append(s)
+        return {sid: tuple(shards) for sid, shards in out.items()}
 
     def maintained(self) -> list[Index]:
         """Indexes that writers keep up to date (building or ready)."""

@@ -1,0 +1,55 @@
+"""Where a results file comes from: its date, the commit and the command that made it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ROOT", "command_line", "commit", "provenance"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def commit(root: Path = ROOT) -> str:
+    """``git rev-parse --short HEAD``, with ``+dirty`` if the tree has changes
+    (``unknown`` outside a git checkout)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as a user types it: ``python -m bench.timeline --scale 0.05``."""
+    argv = list(sys.argv if argv is None else argv)
+    path = Path(argv[0]).resolve()
+    try:
+        rel = path.relative_to(ROOT).with_suffix("")
+    except ValueError:
+        return shlex.join(["python", *argv])
+    parts = rel.parts[:-1] if rel.name == "__main__" else rel.parts
+    return shlex.join(["python", "-m", ".".join(parts), *argv[1:]])
+
+
+def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Date (UTC), commit, command line and the machine's load average now."""
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "command": command_line(argv),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROOT", "command_line", "commit", "provenance"]
+__all__ = ["AT_START", "ROOT", "command_line", "commit", "load_average", "provenance"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,10 +46,19 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 
 def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Date (UTC), commit, command line and the machine's load average now."""
+    """Date (UTC), commit and command line now."""
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": commit(),
         "command": command_line(argv),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def load_average() -> list[float]:
+    """The machine's load average over 1, 5 and 15 minutes."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+#: this process's provenance, taken when the bench starts: the code it loaded, not
+#: what the tree holds by the time the results are written
+AT_START = provenance()

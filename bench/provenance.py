@@ -16,19 +16,19 @@ __all__ = ["AT_START", "ROOT", "command_line", "commit", "load_average", "proven
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def commit(root: Path = ROOT) -> str:
-    """``git rev-parse --short HEAD``, with ``+dirty`` if the tree has changes
-    (``unknown`` outside a git checkout)."""
+def commit(*paths: str) -> str:
+    """``git rev-parse --short HEAD``, with ``+dirty`` if the tree (or ``paths`` in it)
+    has changes; ``unknown`` outside a git checkout."""
 
     def git(*args: str) -> str:
         return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
 
     try:
         head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
+        dirty = git("status", "--porcelain", "--", *paths)
+    except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
 
@@ -37,10 +37,9 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     """The command as a user types it: ``python -m bench.timeline --scale 0.05``."""
     argv = list(sys.argv if argv is None else argv)
     path = Path(argv[0]).resolve()
-    try:
-        rel = path.relative_to(ROOT).with_suffix("")
-    except ValueError:
+    if path.suffix != ".py" or not path.is_relative_to(ROOT):
         return shlex.join(["python", *argv])
+    rel = path.relative_to(ROOT).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__main__" else rel.parts
     return shlex.join(["python", "-m", ".".join(parts), *argv[1:]])
 

@@ -15,7 +15,7 @@ __all__ = [
     "layout_table",
     "ops_table",
     "relative_line",
-    "targets_table",
+    "targets_line",
     "timeline_table",
 ]
 
@@ -115,12 +115,15 @@ def relative_line(r: dict[str, Any], op: str, base: str, what: str) -> str:
     return f"{what}: `{op}` takes {ratios}x the time of `{base}` at {counts} threads."
 
 
-def targets_table(r: dict[str, Any]) -> str:
-    """The targets ``bench.harness.evaluate`` judged, met or missed."""
-    lines = ["| target | measured | |", "|---|---|---|"]
-    for t in r.get("targets", []):
-        lines.append(f"| {t['target']} | {t['measured']} | {'met' if t['met'] else '**missed**'} |")
-    return "\n".join(lines)
+def targets_line(r: dict[str, Any], keys: Collection[str]) -> str:
+    """The targets ``bench.harness.evaluate`` judged whose first word is in ``keys``:
+    how many were met, and those missed by name."""
+    mine = [t for t in r.get("targets", []) if t["target"].split()[0].rstrip(":") in keys]
+    if not mine:
+        return ""
+    missed = [f"{t['target']} ({t['measured']})" for t in mine if not t["met"]]
+    tail = "; missed: " + "; ".join(missed) + "." if missed else "."
+    return f"Targets: {len(mine) - len(missed)} of {len(mine)} met{tail}"
 
 
 def backfill_table(r: dict[str, Any]) -> str:

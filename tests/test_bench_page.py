@@ -9,11 +9,9 @@ from typing import Any
 
 import pytest
 
-from bench.page import PAGES, ResultsError, load, rewrite, update
+from bench.page import AREAS, PAGES, ResultsError, load, render, rewrite, saved_runs, update
 from bench.provenance import ROOT, command_line, commit
 
-AREAS = ("targets", "core", "queries", "feed", "unique", "codec", "backfill", "dump",
-         "timeline", "layout")  # fmt: skip
 #: date, commit and command of a block's stamp
 STAMP = re.compile(
     r"<sub>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC · commit `[0-9a-f]{7,}(?:\+dirty)?`"
@@ -63,7 +61,7 @@ def _write(path: Path, results: dict[str, Any]) -> Path:
 def test_a_block_is_rewritten_in_place_and_the_rest_left_alone(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(PAGE)
-    done = update([_write(tmp_path / "layout-1.json", _layout_results())], [page], tmp_path)
+    done = update([load(_write(tmp_path / "l.json", _layout_results()))], [page], tmp_path)
     assert done == {"layout": page}
     text = page.read_text()
     assert "old layout table" not in text
@@ -76,7 +74,7 @@ def test_a_block_is_rewritten_in_place_and_the_rest_left_alone(tmp_path: Path) -
     assert BLOCK.sub("", text) == BLOCK.sub("", PAGE)
     assert dict(BLOCK.findall(text))["timeline"] == "old timeline table\n"
     # rendering the same file again changes nothing
-    update([tmp_path / "layout-1.json"], [page], tmp_path)
+    update([load(tmp_path / "l.json")], [page], tmp_path)
     assert page.read_text() == text
 
 
@@ -87,28 +85,29 @@ def test_rewrite_leaves_blocks_of_other_areas() -> None:
 
 @pytest.mark.parametrize("missing", ["commit", "date", "command"])
 def test_a_results_file_without_its_provenance_is_refused(tmp_path: Path, missing: str) -> None:
-    page = tmp_path / "page.md"
-    page.write_text(PAGE)
-    bad = _write(tmp_path / "layout-1.json", _layout_results(**{missing: ""}))
-    with pytest.raises(ResultsError, match=rf"no {missing} recorded \(meta.provenance\)"):
+    bad = _write(tmp_path / "bad.json", _layout_results(**{missing: ""}))
+    with pytest.raises(ResultsError, match=rf"no {missing} recorded \(meta.provenance\).*rerun"):
         load(bad)
-    with pytest.raises(ResultsError, match="rerun the bench"):
-        update([_write(tmp_path / "layout-0.json", _layout_results()), bad], [page], tmp_path)
-    assert page.read_text() == PAGE  # nothing written, not even the good file's block
+    # among the saved runs, it is left out (and named), the others used
+    good = _layout_results(date="2026-11-27T16:00:00+00:00")
+    _write(tmp_path / "good.json", good)
+    _write(tmp_path / "older.json", _layout_results(commit="1234567"))
+    runs = saved_runs(tmp_path)
+    assert [r["meta"]["provenance"]["commit"] for r in runs] == ["1234567", "315915d"]
 
 
 def test_an_area_without_a_block_is_refused(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# no blocks\n")
     with pytest.raises(ResultsError, match="no generated block for layout"):
-        update([_write(tmp_path / "layout-1.json", _layout_results())], [page], tmp_path)
+        update([load(_write(tmp_path / "l.json", _layout_results()))], [page], tmp_path)
     assert page.read_text() == "# no blocks\n"
 
 
 def test_the_page_has_every_area_each_with_a_date_commit_and_command() -> None:
     text = "\n".join(page.read_text() for page in PAGES)
     blocks = dict(BLOCK.findall(text))
-    assert set(AREAS) <= set(blocks)
+    assert set(AREAS) == set(blocks)
     for area, body in blocks.items():
         stamps = STAMP.findall(body)
         assert len(stamps) == 1, (area, body)
@@ -128,3 +127,13 @@ def test_provenance_names_the_command_as_typed_and_the_commit() -> None:
         "python -m bench.timeline --scale 0.05"
     )
     assert re.fullmatch(r"[0-9a-f]{7,}(\+dirty)?|unknown", commit())
+
+
+def test_the_latest_run_wins_and_a_partial_run_claims_no_table(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(PAGE)
+    older, newer = _layout_results(commit="1234567"), _layout_results(commit="89abcde")
+    update([older, newer], [page], tmp_path)
+    assert "commit `89abcde`" in page.read_text() and "1234567" not in page.read_text()
+    get_only = {"meta": newer["meta"], "ops": [{"op": "get", "threads": 1}]}
+    assert render(get_only, tmp_path) == {}  # `python -m bench --ops get` rewrites no table

@@ -194,19 +194,27 @@ def dump_table(d: dict[str, Any]) -> str:
 
 
 def layout_table(r: dict[str, Any]) -> str:
-    """Per shards per server and operation: today's p50, and each layout's p50 as a
-    multiple of it (reads against ``a_union``, writes against ``today``)."""
+    """Per operation: the base layout's p50 and each layout's as a multiple of it (reads
+    against ``a_union``, writes against ``today``), at each count of shards per server."""
     lines: list[str] = []
     for part, base in (("ops", "a_union"), ("writes", "today")):
         sizes = [s for s in r["sizes"] if s.get(part)]
         if not sizes:
             continue
+        counts = " / ".join(str(s["per_server"]) for s in sizes)
         layouts = [n for n in next(iter(sizes[0][part].values())) if n != base]
-        head = f"| shards/server | {'read' if part == 'ops' else 'write'} | {base} p50 ms | "
-        lines += ["", head + " | ".join(layouts) + " |", "|---|---|---|" + "---|" * len(layouts)]
-        for size in sizes:
-            for op, by in size[part].items():
-                p50 = by[base]["p50_ms"]
-                cells = " | ".join(f"{by[n]['p50_ms'] / p50:.2f}x" for n in layouts if n in by)
-                lines.append(f"| {size['per_server']} | {op} | {p50:.2f} | {cells} |")
+        what = "read" if part == "ops" else "write"
+        lines += [
+            "",
+            f"| {what}, at {counts} shards per server | {base} p50 ms | "
+            + " | ".join(layouts)
+            + " |",
+            "|---|---|" + "---|" * len(layouts),
+        ]
+        for op in sizes[0][part]:
+            by = [s[part][op] for s in sizes if op in s[part]]
+            cells = [" / ".join(f"{b[n]['p50_ms'] / b[base]['p50_ms']:.2f}" for b in by)
+                     for n in layouts]  # fmt: skip
+            p50 = " / ".join(f"{b[base]['p50_ms']:.2f}" for b in by)
+            lines.append(f"| {op} | {p50} | " + " | ".join(cells) + " |")
     return "\n".join(lines).strip("\n")

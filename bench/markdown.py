@@ -166,8 +166,7 @@ def backfill_table(r: dict[str, Any]) -> str:
         lines += [
             "",
             f"The default throttle over {len(pairs)} throttled/unthrottled pair(s), medians:"
-            f" the writer's p99 {p99}x idle at {speed}x the unthrottled speed"
-            " (targets: ≤ 2x at ≥ 0.5x).",
+            f" the writer's p99 {p99}x idle at {speed}x the unthrottled speed.",
         ]
     return "\n".join(lines)
 

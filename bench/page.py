@@ -68,7 +68,7 @@ def stamp(r: dict[str, Any]) -> str:
         f"<sub>{p['date'].replace('T', ' ').replace('+00:00', ' UTC')} · commit"
         f" `{p['commit']}` · `{p['command']}` · {m['servers']} MariaDB"
         f" {m['mariadb'].split('-')[0]} servers, {'durable' if m['durable'] else 'not durable'},"
-        f" {m['nproc']} cores shared with other work (load average {load})</sub>"
+        f" {m['nproc']} cores, load average {load}</sub>"
     )
 
 
@@ -128,8 +128,9 @@ def _headline_backfill(r: Results, out: Path) -> str:
     """README's line on the backfill: the Cleaner against MariaDB's ALTER."""
     bf = r["backfill"]
     return (
-        f"An index backfilled on {bf['entities']:,} entities by the Cleaner (2 processes,"
-        f" unthrottled): {bf['cleaner']['seconds']:.1f} s, {bf['cleaner']['vs_alter']}x"
+        f"An index backfilled on {bf['entities']:,} entities by the Cleaner"
+        f" (`--no-throttle --jobs {r['meta']['config']['cleaner_jobs']}`):"
+        f" {bf['cleaner']['seconds']:.1f} s, {bf['cleaner']['vs_alter']}x"
         f" MariaDB's `ALTER TABLE ... ADD INDEX` on the same documents"
         f" ({bf['alter']['seconds']:.2f} s)."
     )

@@ -190,8 +190,7 @@ def plot_writer(results: dict[str, Any], out: Path) -> Path:
     ax.set_ylabel("writer's p99 per 0.5 s, ms")
     ax.set_ylim(bottom=0)
     ax.set_title(
-        f"A writer's put latency while the Cleaner backfills an index of {bf['entities']:,}"
-        " entities\n" + _subtitle(results)
+        "A writer's put latency while the Cleaner backfills an index\n" + _subtitle(results)
     )
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,7 +1,7 @@
 # schemaless developer entry points.  Each target works on a fresh Debian machine with
 # nothing installed by hand, as root or through sudo.
 #
-#   make test PYTEST_ARGS='tests/test_local.py -x'     make bench BENCH_ARGS='...'
+#   make test PYTEST_ARGS='tests/test_local.py -x'     make bench BENCH_ARGS='--entities 100000'
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -13,6 +13,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+BACKFILL_ARGS ?= --entities 200000
+TIMELINE_ARGS ?= --scale 0.05
+LAYOUT_ARGS ?= --per-server 8,64 --rounds 5
+BENCH_SKIP ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 APT_PACKAGES := mariadb-server mariadb-client libmariadb-dev pkg-config gcc python3-dev python3-venv
 
@@ -23,7 +27,8 @@ HAVE = have() { command -v "$$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$$1" ]; }
 
 help:
 	@echo "targets: deps venv test demo lint fmt bench dist local-up local-down local-status clean"
-	@echo "variables: PYTEST_ARGS, BENCH_ARGS, PYTHON (default python3)"
+	@echo "variables: PYTEST_ARGS, BENCH_ARGS, BACKFILL_ARGS, TIMELINE_ARGS, LAYOUT_ARGS, BENCH_SKIP,"
+	@echo "  PYTHON (default python3)"
 
 # MariaDB server and client, and what building mysqlclient needs; apt only if missing.
 deps:
@@ -74,8 +79,15 @@ fmt: venv
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
+# Every benchmark, then docs/benchmarks.md's tables and plots (docs/results/, README's
+# headline) from their results.  BENCH_SKIP='backfill timeline layout': those keep
+# their blocks.  The backfill runs apart, on more entities (at 20,000 it is all start-up).
 bench: deps venv
-	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench --dump $(BENCH_ARGS)
+	$(if $(filter backfill,$(BENCH_SKIP)),,$(PY) -m bench --backfill --ops get --threads 1 --no-codec $(BACKFILL_ARGS))
+	$(if $(filter timeline,$(BENCH_SKIP)),,$(PY) -m bench.timeline $(TIMELINE_ARGS))
+	$(if $(filter layout,$(BENCH_SKIP)),,$(PY) -m bench.layout $(LAYOUT_ARGS))
+	$(PY) -m bench.page
 
 # The release files (sdist and wheel) in dist/, checked as PyPI would.
 dist: venv

@@ -268,6 +268,21 @@ class _Writer(threading.Thread):
     def window(self, start: float, stop: float) -> list[float]:
         return sorted(lat for end, lat in self.samples if start <= end - lat and end <= stop)
 
+    def series(
+        self, start: float, zero: float, stop: float, step: float = 0.5
+    ) -> list[list[float]]:
+        """``[t, p50 ms, p99 ms]`` per ``step`` seconds from ``start`` to ``stop``, ``t``
+        the bucket's start in seconds after ``zero`` (the plot of docs/benchmarks.md)."""
+        buckets: dict[int, list[float]] = {}
+        for end, lat in self.samples:
+            if start <= end - lat and end <= stop:
+                buckets.setdefault(int((end - lat - start) / step), []).append(lat)
+        return [
+            [round(start + k * step - zero, 2)]
+            + [round(percentile(sorted(lats), q) * 1000, 2) for q in (50, 99)]
+            for k, lats in sorted(buckets.items())
+        ]
+
 
 def _server_pids(b: Bench, local_dir: str) -> list[int]:
     """The local cluster's ``mariadbd`` pids, when the benchmark runs on that cluster."""
@@ -486,6 +501,7 @@ def _cleaner_run(
             "during_p99_ms": round(p_during * 1000, 3),
             "p99_ratio": round(p_during / p_idle, 2),
         }
+        out["writer_series"] = writer.series(idle_start + 0.5, during_stop - took, during_stop)
     return out
 
 

@@ -24,6 +24,8 @@ from MySQLdb.constants import CLIENT
 from schemaless.connection import SESSION_SQL
 from schemaless.local import LocalCluster
 
+from .provenance import commit
+
 __all__ = ["RawClient", "Recorder", "Servers", "machine_info", "start_cluster"]
 
 T = TypeVar("T")
@@ -218,21 +220,7 @@ def machine_info(servers: Servers) -> dict[str, Any]:
 
 def library_version() -> str:
     """The commit the library was measured at (``+dirty`` if schemaless/ had changes)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--", "schemaless", "cleaner")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
+    return commit("schemaless", "cleaner")
 
 
 def set_server_globals(

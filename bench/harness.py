@@ -37,6 +37,7 @@ from .env import (
 )
 from .measure import run_interleaved, run_threads
 from .ops import Bench, Op, operations
+from .provenance import AT_START, load_average
 
 __all__ = ["Config", "drop_prefix", "main", "run"]
 
@@ -518,7 +519,10 @@ def _servers_cpu(r: dict[str, Any]) -> str:
 
 
 def write_results(results: dict[str, Any], out: str | None, name: str = "") -> list[Path]:
-    """Write the JSON to bench/results/<name><timestamp>.json (and ``out`` if given)."""
+    """Write the JSON to bench/results/<name><timestamp>.json (and ``out`` if given),
+    with its provenance (date, commit, command: what docs/benchmarks.md shows)."""
+    meta = results.setdefault("meta", {})
+    meta.setdefault("provenance", AT_START | {"load_average": load_average()})
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     paths = [RESULTS_DIR / f"{name}{stamp}.json"]

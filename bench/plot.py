@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "plot_ratios", "plot_scale", "plot_timeline"]
+__all__ = ["main", "plot_ratios", "plot_scale", "plot_timeline", "plot_writer"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "img"
 
@@ -160,6 +160,41 @@ def plot_timeline(results: dict[str, Any], out: Path) -> Path:
     )
     fig.tight_layout()
     path = out / "timeline.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_writer(results: dict[str, Any], out: Path) -> Path:
+    """The backfill's writer: its p99 per half second before and during each Cleaner
+    run (0 = the Cleaner starts; the run ends at the dotted line)."""
+    plt = _plt()
+    bf = results["backfill"]
+    runs = {
+        "cleaner_throttled": "default throttle",
+        "cleaner": f"--no-throttle --jobs {results['meta']['config']['cleaner_jobs']}",
+        "cleaner_jobs1": "--no-throttle --jobs 1",
+    }
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    for (key, label), color in zip(
+        runs.items(), ("tab:green", "tab:red", "tab:orange"), strict=True
+    ):
+        series = bf.get(key, {}).get("writer_series")
+        if not series:
+            continue
+        ax.plot([t for t, _, _ in series], [p99 for _, _, p99 in series], color=color,
+                label=f"{label} ({bf[key]['seconds']:.1f} s)")  # fmt: skip
+        ax.axvline(bf[key]["process_seconds"], color=color, linestyle=":", linewidth=1)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("seconds after the Cleaner starts (before 0: idle, the grace period)")
+    ax.set_ylabel("writer's p99 per 0.5 s, ms")
+    ax.set_ylim(bottom=0)
+    ax.set_title(
+        "A writer's put latency while the Cleaner backfills an index\n" + _subtitle(results)
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "backfill-writer.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

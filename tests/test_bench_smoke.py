@@ -13,6 +13,7 @@ import pytest
 
 from bench.env import Servers
 from bench.harness import Config, drop_prefix, format_table, parse_args, run, write_results
+from bench.page import load, render
 from bench.timeline import FLOOR, TimelineConfig, format_timeline, run_timeline
 from schemaless.local import LocalCluster
 
@@ -106,6 +107,12 @@ def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
         assert json.loads((tmp_path / "out.json").read_text())["ops"] == data["ops"]
     finally:
         paths[0].unlink()
+    # dated, so docs/benchmarks.md can show it: the tables of the ops it measured in full
+    saved = load(tmp_path / "out.json")
+    assert saved["meta"]["provenance"]["command"].startswith("python -m ")
+    blocks = render(saved, tmp_path)
+    assert set(blocks) == {"feed", "unique", "codec"}
+    assert "| put new entity, 1 unique int index |" in blocks["unique"]
 
 
 def test_timeline_benchmark_json(servers: Servers) -> None:
@@ -136,7 +143,9 @@ def test_timeline_benchmark_json(servers: Servers) -> None:
     assert "schemaless pull" in format_timeline(results)
 
 
-def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) -> None:
+def test_backfill_benchmark_json(
+    servers: Servers, local_cluster: LocalCluster, tmp_path: Path
+) -> None:
     _, data = _run_tiny(
         servers,
         ops=["get"],
@@ -191,6 +200,13 @@ def test_backfill_benchmark_json(servers: Servers, local_cluster: LocalCluster) 
     assert "Cleaner processes' CPU" in text and "x the unthrottled run's" in text
     assert "pair 2: throttled " in text
     assert "Cleaner CPU <= 10 us per entity" in {t["target"] for t in data["targets"]}
+    # the writer's p50/p99 per half second, idle (before 0) then during the run
+    series = bf["cleaner"]["writer_series"]
+    assert series[0][0] < 0 < series[-1][0] and all(0 < p50 <= p99 for _, p50, p99 in series)
+    data["meta"]["provenance"] = {"date": "2026-11-27", "commit": "abc1234", "command": "x"}
+    blocks = render(data, tmp_path)
+    assert "| the Cleaner, --no-throttle --jobs 2 |" in blocks["backfill"]
+    assert (tmp_path / "backfill-writer.png").stat().st_size > 0
 
 
 def test_the_throttled_run_has_the_cleaners_default_jobs_or_the_bench_s() -> None:

@@ -358,6 +358,7 @@ class QueryEngine:
         tails = [f"{w} ORDER BY {order} LIMIT {int(n)}" for w in where]
         table = q.index.table
         tail = f" ORDER BY {merged} LIMIT {int(n)}"
+        scatters = q.index.shard_pos >= k  # each server's part: all its shards of the map
 
         def build(group: list[tuple[int, tuple[Any, ...]]]) -> Statement:
             parts = []
@@ -367,9 +368,8 @@ class QueryEngine:
                 if owned is None:
                     source = f"{quote(dbs[shards[0]], table)} WHERE"
                 else:  # the key's order, never the shard key's (a merge over shards)
-                    source = (
-                        f"{quote(owned, table)} FORCE INDEX (PRIMARY) WHERE {shards_in(shards)} AND"
-                    )
+                    which = _owned_shards(owned, shards, scatters)
+                    source = f"{quote(owned, table)} FORCE INDEX (PRIMARY) WHERE {which} AND"
                 parts.append(f"SELECT {cols}, `entity_id` FROM {source} {end}")
                 params += eq
                 params += rest
@@ -593,6 +593,24 @@ def prefix_end(prefix: str | bytes) -> str | bytes | None:
     if _SURROGATES[0] <= nxt <= _SURROGATES[1]:
         nxt = _SURROGATES[1] + 1
     return text[:-1] + chr(nxt)
+
+
+#: Above this many logical shards, a server's part of a scatter reads the shards its
+#: ``owned`` table names, not a list: 2048 literals cost the server about 2 ms a
+#: statement (a semi-join with ``owned`` 0.25 ms; a list of 8, 0.03 ms less than it).
+OWNED_LIST_MAX = 64
+
+
+def _owned_shards(owned: str, shards: list[int], everywhere: bool) -> str:
+    """The owned layout's condition that a scan reads these shards' rows.  A part that
+    reads all the server's shards of the map (``everywhere``) may take those its
+    ``owned`` table names instead: the batch's check fails unless each shard of the map
+    is among them, and a shard owned but placed elsewhere by the map is one whose
+    server of the map fails its check (a shard has one owner), so nothing is read twice
+    or missed without an error."""
+    if everywhere and len(shards) > OWNED_LIST_MAX:
+        return f"`shard` IN (SELECT `shard` FROM {quote(owned, 'owned')})"
+    return shards_in(shards)
 
 
 def _parts(

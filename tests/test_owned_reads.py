@@ -54,7 +54,16 @@ def _fenced(store: DataStore, shard: int) -> Iterator[None]:
         server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({int(shard)})"]))
 
 
-def test_rows_copied_in_before_a_flip_are_never_read(make_store: Any) -> None:
+@pytest.fixture(params=["listed", "owned"])
+def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A scatter's parts name the server's shards of the map, or (as above
+    ``OWNED_LIST_MAX`` shards a server) take those its ``owned`` table names."""
+    if request.param == "owned":
+        monkeypatch.setattr("schemaless.query.OWNED_LIST_MAX", 0)
+    return str(request.param)
+
+
+def test_rows_copied_in_before_a_flip_are_never_read(make_store: Any, scan: str) -> None:
     store = make_store([BY_N])
     topo = store.cluster.topology
     shard = 3
@@ -94,7 +103,7 @@ def test_rows_copied_in_before_a_flip_are_never_read(make_store: Any) -> None:
     assert sorted(e["id"] for e in store.reader.newest(1000)) == committed  # the samples'
 
 
-def test_rows_left_behind_after_a_fence_fail_the_read(make_store: Any) -> None:
+def test_rows_left_behind_after_a_fence_fail_the_read(make_store: Any, scan: str) -> None:
     store = make_store([BY_N])
     shard = 5
     v = _value_on(store, shard)

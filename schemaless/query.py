@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from .catalog import IndexState
+from .catalog import IndexState, Topology
 from .cluster import Cluster
 from .errors import IndexNotReady, InvalidEntity, InvalidQuery
 from .follow import Calls
@@ -46,6 +46,8 @@ _SURROGATES = (0xD800, 0xDFFF)  # not characters: utf8mb4 has no encoding for th
 _CURSOR_VERSION = 1
 _MAX_CURSOR = 16384
 _PY_TYPES: dict[str, type] = {"int": int, "float": float, "bool": int}
+#: A scan's part on one server: logical shards, and the equality prefix they share.
+Part = tuple[tuple[int, ...], tuple[Any, ...]]
 
 
 class Page(list["Entity"]):
@@ -156,6 +158,7 @@ class QueryEngine:
         self.cluster = cluster
         self.reader = reader
         self.calls = calls
+        self._placed: tuple[Topology, dict[int, tuple[int, ...]]] | None = None
 
     def resolve(self, index: Index | str, include_building: bool) -> Index:
         """The catalog's definition of an index usable by a query."""
@@ -310,17 +313,20 @@ class QueryEngine:
         that did not answer).
         """
         topo = self.cluster.current()
-        parts = []  # (logical shard, equality prefix)
+        groups: dict[int, list[Part]] = {}  # per server: (its logical shards, prefix)
         for eq in q.eqs:
             only = q.shard(eq, topo.n_shards)
-            parts += [(s, eq) for s in ([only] if only is not None else range(topo.n_shards))]
-        groups = by_server(topo, parts, _first)
+            if only is not None:
+                groups.setdefault(topo.shard_servers[only], []).append(((only,), eq))
+                continue
+            for sid, shards in self._shards(topo).items():
+                groups.setdefault(sid, []).append((shards, eq))
         build = self._scan_sql(q, topo.dbs, after, n, topo.owned_db)
         results, errors, _ = self.cluster.scatter(
             topo, groups, build, consistency=q.consistency, partial=q.partial
         )
         unreachable_only(errors)
-        gone = {shard for sid in errors for shard, _ in groups[sid]}
+        gone = {shard for sid in errors for shards, _ in groups[sid] for shard in shards}
         rows: list[tuple[Any, ...]] = []
         exhausted = True
         for result in results.values():
@@ -332,6 +338,15 @@ class QueryEngine:
             rows, exhausted = rows[:n], False
         return rows, exhausted, gone
 
+    def _shards(self, topo: Topology) -> dict[int, tuple[int, ...]]:
+        """Each server's logical shards (kept for the latest topology: a scatter at
+        thousands of shards otherwise spends milliseconds grouping them)."""
+        placed = self._placed
+        if placed is None or placed[0] is not topo:
+            shards = by_server(topo, range(topo.n_shards), int)
+            placed = self._placed = (topo, {sid: tuple(s) for sid, s in shards.items()})
+        return placed[1]
+
     def _scan_sql(
         self,
         q: Query,
@@ -339,8 +354,8 @@ class QueryEngine:
         after: tuple[Any, ...] | None,
         n: int,
         owned: str | None = None,
-    ) -> Callable[[list[tuple[int, tuple[Any, ...]]]], Statement]:
-        """How to scan one server's ``(shard, prefix)`` parts: one statement whose
+    ) -> Callable[[list[Part]], Statement]:
+        """How to scan one server's ``(shards, prefix)`` parts: one statement whose
         parts the server merges (n rows come back, not n each).  In the owned layout
         (``owned``: the data database) one part per prefix reads all its shards of the
         server in the index's order, and the batch ends with the ownership check."""
@@ -360,10 +375,10 @@ class QueryEngine:
         tail = f" ORDER BY {merged} LIMIT {int(n)}"
         scatters = q.index.shard_pos >= k  # each server's part: all its shards of the map
 
-        def build(group: list[tuple[int, tuple[Any, ...]]]) -> Statement:
+        def build(group: list[Part]) -> Statement:
             parts = []
             params: list[Any] = []
-            for shards, eq in _parts(group, owned is not None):
+            for shards, eq in _one_each(group) if owned is None else group:
                 end = tails[after is not None and len(q.eqs) > 1 and q.follows(eq, after)]
                 if owned is None:
                     source = f"{quote(dbs[shards[0]], table)} WHERE"
@@ -375,7 +390,7 @@ class QueryEngine:
                 params += rest
             # bare: in parentheses it costs the server about 7 µs more
             sql = parts[0] if len(parts) == 1 else union_all([f"({p})" for p in parts], tail)
-            return guarded([sql], owned, (shard for shard, _ in group)), params
+            return guarded([sql], owned, (s for shards, _ in group for s in shards)), params
 
         return build
 
@@ -601,7 +616,7 @@ def prefix_end(prefix: str | bytes) -> str | bytes | None:
 OWNED_LIST_MAX = 64
 
 
-def _owned_shards(owned: str, shards: list[int], everywhere: bool) -> str:
+def _owned_shards(owned: str, shards: tuple[int, ...], everywhere: bool) -> str:
     """The owned layout's condition that a scan reads these shards' rows.  A part that
     reads all the server's shards of the map (``everywhere``) may take those its
     ``owned`` table names instead: the batch's check fails unless each shard of the map
@@ -613,21 +628,9 @@ def _owned_shards(owned: str, shards: list[int], everywhere: bool) -> str:
     return shards_in(shards)
 
 
-def _parts(
-    group: list[tuple[int, tuple[Any, ...]]], merge: bool
-) -> list[tuple[list[int], tuple[Any, ...]]]:
-    """A server's ``(shard, prefix)`` parts as ``(shards, prefix)``: one shard each,
-    or (``merge``: the owned layout) every shard of a prefix in one part."""
-    if not merge:
-        return [([shard], eq) for shard, eq in group]
-    merged: dict[tuple[Any, ...], list[int]] = {}
-    for shard, eq in group:
-        merged.setdefault(eq, []).append(shard)
-    return [(shards, eq) for eq, shards in merged.items()]
-
-
-def _first(part: tuple[int, tuple[Any, ...]]) -> int:
-    return part[0]
+def _one_each(group: list[Part]) -> list[Part]:
+    """Parts of one shard each (a database per logical shard: a table each)."""
+    return [((shard,), eq) for shards, eq in group for shard in shards]
 
 
 def _bound(ranges: dict[str, dict[str, Any]], prop: str, op: str, value: Any) -> None:

@@ -20,6 +20,7 @@ statement cannot forget it.
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Iterable
 
@@ -79,12 +80,50 @@ def check_sql(db: str, shards: Iterable[int]) -> str:
 @functools.lru_cache(maxsize=4096)
 def _check(db: str, names: tuple[int, ...]) -> str:
     # cached by the tuple: rendering thousands of shards anew cost a scatter 1 ms
-    shards = ", ".join(str(int(s)) for s in names)
     return (
         f"BEGIN NOT ATOMIC {CHECK} IF (SELECT COUNT(*) FROM {quote(db, 'owned')}"
-        f" WHERE `shard` IN ({shards})) < {len(names)} THEN SIGNAL {_REFUSED}"
+        f" WHERE {_among(names)}) < {len(names)} THEN SIGNAL {_REFUSED}"
         " 'a logical shard named is not on this server (moved): refresh the map'; END IF; END"
     )
+
+
+#: Above this many shards the check describes them as a progression when it can: a
+#: list of 2,048 cost the server 3.3-4.7 ms a check, ``shard MOD 2 = 0`` 0.7-0.8 ms.
+LISTED_MAX = 64
+_STEPS = range(1, 17)  # the progressions tried: every Nth shard (a map of N servers)
+
+
+def _among(names: tuple[int, ...]) -> str:
+    """The condition that a shard is one of ``names`` (sorted, distinct): a list, or,
+    for many, the progression ``shard MOD step = r`` over their range that misses the
+    fewest, with the shards it adds excluded and those it misses added (exact either
+    way: the count of owned rows it selects equals ``len(names)`` only if every one of
+    them is owned)."""
+    listed = f"`shard` IN ({', '.join(str(int(s)) for s in names)})"
+    if len(names) <= LISTED_MAX:
+        return listed
+    chosen = set(names)
+    best: tuple[int, range, list[int], list[int]] | None = None
+    for step in _STEPS:
+        r = collections.Counter(s % step for s in names).most_common(1)[0][0]
+        on = [s for s in names if s % step == r]
+        span = range(on[0], on[-1] + 1, step)
+        extra = [s for s in span if s not in chosen]
+        missed = [s for s in names if s % step != r]
+        if best is None or len(extra) + len(missed) < len(best[2]) + len(best[3]):
+            best = (step, span, extra, missed)
+    assert best is not None
+    step, span, extra, missed = best
+    if 2 * (len(extra) + len(missed)) >= len(names):
+        return listed
+    cond = (
+        f"`shard` BETWEEN {span.start} AND {span[-1]} AND `shard` MOD {step} = {span.start % step}"
+    )
+    if extra:
+        cond += f" AND `shard` NOT IN ({', '.join(map(str, extra))})"
+    if missed:
+        cond = f"({cond}) OR `shard` IN ({', '.join(map(str, missed))})"
+    return f"({cond})"
 
 
 def admin(stmts: list[str]) -> str:

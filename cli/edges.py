@@ -39,7 +39,12 @@ def edges() -> None:
 @click.argument("node", metavar="ID", callback=_id)
 @pass_connection
 def count(conn: Connection, kind: str, node: bytes) -> None:
-    """How many edges of TYPE leave the entity ID (an inverse type: reach it)."""
+    """How many edges of TYPE leave the entity ID (an inverse type: reach it).
+
+    \b
+    Example:
+        schemaless edges count likes 0190f3a4c2e47b3d8a1f5e6d7c8b9a01
+    """
     with conn.store() as ds:
         try:
             click.echo(Edges(ds, kind, create=False).count(node))
@@ -57,7 +62,12 @@ def count(conn: Connection, kind: str, node: bytes) -> None:
 def page(
     conn: Connection, kind: str, node: bytes, limit: int, cursor: str | None, as_json: bool
 ) -> None:
-    """The edges of TYPE leaving the entity ID, newest first."""
+    """The edges of TYPE leaving the entity ID, newest first.
+
+    \b
+    Example:
+        schemaless edges page liked_by 0190f3a4c2e47b3d8a1f5e6d7c8b9a01 --limit 50
+    """
     with conn.store() as ds:
         try:
             got = Edges(ds, kind, create=False).page(node, limit, cursor)
@@ -78,7 +88,12 @@ def page(
 @click.option("--grace", default=60.0, show_default=True, help="Seconds an orphan is left.")
 @pass_connection
 def repair(conn: Connection, kind: str, inverse: str, grace: float) -> None:
-    """Remove inverse edges whose forward edge is missing (a call cut between them)."""
+    """Remove inverse edges whose forward edge is missing (a call cut between them).
+
+    \b
+    Example:
+        schemaless edges repair follows --inverse followers
+    """
     with conn.store() as ds:
         try:
             n = Edges(ds, kind, inverse=inverse, create=False).repair(grace)

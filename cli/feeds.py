@@ -37,7 +37,12 @@ def feeds() -> None:
 @pass_connection
 def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: float) -> None:
     """Fan the posts of feed NAME out into followers' timelines, from the change
-    feed (subscription feeds_NAME: a restart resumes where it stopped)."""
+    feed (subscription feeds_NAME: a restart resumes where it stopped).
+
+    \b
+    Example:
+        schemaless feeds work home --once
+    """
     with conn.store() as ds:
         try:
             n = Feeds(ds, name, pull_threshold=pull_threshold).work(once=once, poll=poll)

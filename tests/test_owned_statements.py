@@ -136,10 +136,9 @@ def test_unchecked_batches_are_refused_before_they_are_sent() -> None:
             reply.result()
 
 
-def test_shards_are_named_by_their_runs() -> None:
-    assert shards_sql([5]) == "`shard` = 5"
-    assert shards_sql(range(2048)) == "`shard` BETWEEN 0 AND 2047"
-    assert shards_sql([9, 1, 2, 3, 7, 5]) == ("(`shard` BETWEEN 1 AND 3 OR `shard` IN (5, 7, 9))")
+def test_a_block_of_shards_is_named_as_one_range() -> None:
+    assert shards_sql([5]) == "`shard` IN (5)"
+    assert shards_sql(range(2048)) == ("(`shard` BETWEEN 0 AND 2047 AND `shard` MOD 1 = 0)")
 
 
 @pytest.mark.parametrize("shards,servers", [(8, 2), (4096, 2), (7, 3), (3, 5)])

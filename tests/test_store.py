@@ -27,7 +27,7 @@ from schemaless.cluster import SAFE_PACKET
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
-from schemaless.owned import admin
+from schemaless.owned import admin, placement
 from schemaless.scatter import dbs_by_server
 
 
@@ -111,7 +111,7 @@ def test_clients_that_create_one_datastore_at_once_agree_on_its_map(local_cluste
         assert all(s.cluster.topology.n_shards == n for s in opened)
         assert all(f"has {n} logical shards" in str(e) for e in refused), refused
         again = same_store(local_cluster, opened[0])
-        assert again.cluster.topology.shard_servers == tuple(s % 2 for s in range(n))
+        assert again.cluster.topology.shard_servers == tuple(placement(n, 2, "owned"))
         again.close()
     finally:
         for store in opened[1:]:

@@ -482,21 +482,32 @@ def _unpack(raw: bytes | None) -> Any:
     return None if raw is None else msgpack.unpackb(raw, raw=False)
 
 
+def pack_cursor(tag: str, fields: list[Any]) -> str:
+    """A page cursor: ``tag`` (which kind of page) and its fields, URL-safe."""
+    raw = msgpack.packb(fields, use_bin_type=True)
+    return tag + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def unpack_cursor(cursor: object, tag: str, what: str) -> Any:
+    """The fields of a cursor ``pack_cursor(tag, ...)`` made; ``InvalidQuery`` (naming
+    ``what`` it should have been) for anything else."""
+    if not isinstance(cursor, str) or not cursor.startswith(tag):
+        raise InvalidQuery(f"not {what}: {str(cursor)[:40]!r}")
+    text = cursor[len(tag) :]
+    try:
+        return msgpack.unpackb(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)), raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise InvalidQuery(f"not {what}: {exc}") from None
+
+
 def _cursor(kind: str, node: bytes, at: int, last: bytes) -> str:
-    raw = msgpack.packb([kind, node, at, last], use_bin_type=True)
-    return _CURSOR + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return pack_cursor(_CURSOR, [kind, node, at, last])
 
 
 def _decode_cursor(cursor: object, kind: str, node: bytes) -> tuple[int, bytes]:
     """The position of a cursor of this edge type and node; ``InvalidQuery`` for
     anything else (malformed, or another type's or node's page)."""
-    if not isinstance(cursor, str) or not cursor.startswith(_CURSOR):
-        raise InvalidQuery(f"not an edge page cursor: {str(cursor)[:40]!r}")
-    text = cursor[len(_CURSOR) :]
-    try:
-        got = msgpack.unpackb(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)), raw=False)
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise InvalidQuery(f"not an edge page cursor: {exc}") from None
+    got = unpack_cursor(cursor, _CURSOR, "an edge page cursor")
     if not (
         isinstance(got, list)
         and len(got) == 4

@@ -16,16 +16,13 @@ deleted and expired posts are dropped when the page is hydrated.  docs/feeds.md.
 
 from __future__ import annotations
 
-import base64
 import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from .catalogdb import now_us
-from .edges import Edges, check_limit, check_type, table_names
+from .edges import Edges, check_limit, check_type, pack_cursor, table_names, unpack_cursor
 from .entity import Entity
 from .errors import InvalidQuery, SchemalessError
 from .feed import ChangeEvent, ChangeFeed, enable_changes, encode_cursor
@@ -466,20 +463,13 @@ def _newest(rows: list[_Row], n: int) -> list[_Row]:
 
 
 def _cursor(name: str, kind: str, node: bytes, after: tuple[int, bytes]) -> str:
-    raw = msgpack.packb([name, kind, node, after[0], after[1]], use_bin_type=True)
-    return _CURSOR + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return pack_cursor(_CURSOR, [name, kind, node, after[0], after[1]])
 
 
 def _decode_cursor(cursor: object, name: str, kind: str, node: bytes) -> tuple[int, bytes]:
     """A cursor of this feed's ``kind`` page of ``node``; ``InvalidQuery`` otherwise
     (malformed, or another user's timeline)."""
-    if not isinstance(cursor, str) or not cursor.startswith(_CURSOR):
-        raise InvalidQuery(f"not a timeline cursor: {str(cursor)[:40]!r}")
-    text = cursor[len(_CURSOR) :]
-    try:
-        got = msgpack.unpackb(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)), raw=False)
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise InvalidQuery(f"not a timeline cursor: {exc}") from None
+    got = unpack_cursor(cursor, _CURSOR, "a timeline cursor")
     if not (isinstance(got, list) and len(got) == 5 and isinstance(got[3], int)):
         raise InvalidQuery("not a timeline cursor: bad fields")
     if got[:3] != [name, kind, node] or not isinstance(got[4], bytes):

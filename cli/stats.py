@@ -15,8 +15,8 @@ from typing import Any
 
 from schemaless.catalog import Topology, backfill_job, now_us
 from schemaless.names import quote
-from schemaless.owned import guarded
-from schemaless.scatter import Statement, bare, shard_unions
+from schemaless.owned import shards_sql
+from schemaless.scatter import Statement, bare, server_reads
 from schemaless.store import DataStore
 
 __all__ = [
@@ -36,23 +36,14 @@ def _per_shard(
 ) -> dict[int, dict[int, tuple[Any, ...]] | None]:
     """Per server, ``shard -> columns`` aggregated over each of its logical shards'
     entity rows (``empty`` for a shard without any); None where it did not answer."""
-    if topo.owned_db is None:
-        calls = shard_unions(
-            topo, lambda s: f"SELECT {int(s)}, {columns} FROM {quote(topo.dbs[s], 'entities')}"
-        )
-    else:  # one table: a group per shard, those of the map only
-        db, calls = topo.owned_db, {}
-        for sid in topo.servers:
-            if shards := topo.shards_of(sid):
-                listed = ", ".join(str(int(s)) for s in shards)
-                calls[sid] = guarded(
-                    [
-                        f"SELECT `shard`, {columns} FROM {quote(db, 'entities')}"
-                        f" WHERE `shard` IN ({listed}) GROUP BY `shard`"
-                    ],
-                    db,
-                    shards,
-                )
+    calls = server_reads(
+        topo,
+        lambda db, shards: (  # one table: a group per shard, those of the map only
+            f"SELECT `shard`, {columns} FROM {quote(db, 'entities')}"
+            f" WHERE {shards_sql(shards)} GROUP BY `shard`"
+        ),
+        lambda s: f"SELECT {int(s)}, {columns} FROM {quote(topo.dbs[s], 'entities')}",
+    )
     results = ds.cluster.scatter(topo, calls, bare, partial=True).results
     out: dict[int, dict[int, tuple[Any, ...]] | None] = {}
     for sid in topo.servers:

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from .catalog import IndexState, Topology
+from .catalog import IndexState
 from .cluster import Cluster
 from .errors import IndexNotReady, InvalidEntity, InvalidQuery
 from .follow import Calls
 from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
-from .owned import guarded
+from .owned import guarded, shards_sql
 from .reader import Reader
-from .scatter import Statement, by_server, shards_in, unreachable_only
+from .scatter import Statement, unreachable_only
 from .tables import union_all
 
 if TYPE_CHECKING:
@@ -158,7 +158,6 @@ class QueryEngine:
         self.cluster = cluster
         self.reader = reader
         self.calls = calls
-        self._placed: tuple[Topology, dict[int, tuple[int, ...]]] | None = None
 
     def resolve(self, index: Index | str, include_building: bool) -> Index:
         """The catalog's definition of an index usable by a query."""
@@ -319,7 +318,7 @@ class QueryEngine:
             if only is not None:
                 groups.setdefault(topo.shard_servers[only], []).append(((only,), eq))
                 continue
-            for sid, shards in self._shards(topo).items():
+            for sid, shards in topo.placed.items():  # computed once per map
                 groups.setdefault(sid, []).append((shards, eq))
         build = self._scan_sql(q, topo.dbs, after, n, topo.owned_db)
         results, errors, _ = self.cluster.scatter(
@@ -337,15 +336,6 @@ class QueryEngine:
         if len(rows) > n:
             rows, exhausted = rows[:n], False
         return rows, exhausted, gone
-
-    def _shards(self, topo: Topology) -> dict[int, tuple[int, ...]]:
-        """Each server's logical shards (kept for the latest topology: a scatter at
-        thousands of shards otherwise spends milliseconds grouping them)."""
-        placed = self._placed
-        if placed is None or placed[0] is not topo:
-            shards = by_server(topo, range(topo.n_shards), int)
-            placed = self._placed = (topo, {sid: tuple(s) for sid, s in shards.items()})
-        return placed[1]
 
     def _scan_sql(
         self,
@@ -625,7 +615,7 @@ def _owned_shards(owned: str, shards: tuple[int, ...], everywhere: bool) -> str:
     or missed without an error."""
     if everywhere and len(shards) > OWNED_LIST_MAX:
         return f"`shard` IN (SELECT `shard` FROM {quote(owned, 'owned')})"
-    return shards_in(shards)
+    return shards_sql(shards)
 
 
 def _one_each(group: list[Part]) -> list[Part]:

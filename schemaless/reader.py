@@ -14,8 +14,8 @@ from .expiry import expired
 from .follow import Calls
 from .ids import id_hex
 from .names import quote
-from .owned import CHECK
-from .scatter import ID_BYTES, bare, ids_by_server, server_reads, shards_in, unreachable_only
+from .owned import CHECK, shards_sql
+from .scatter import ID_BYTES, bare, ids_by_server, server_reads, unreachable_only
 from .schema import shard_db
 from .tables import by_id_sql
 
@@ -144,7 +144,7 @@ def newest_reads(topo: Topology, samples: int) -> dict[int, str]:
             f"SELECT `shard`, {columns} "
             + newest(
                 f"{quote(db, 'entities')} FORCE INDEX (`by_added`)",
-                f"{shards_in(shards)} AND ",
+                f"{shards_sql(shards)} AND ",
                 per * len(shards),
             )
         ),

@@ -20,7 +20,7 @@ from .connection import Batch, Rows, Server, gather, gather_partial
 from .errors import SchemalessError, ShardUnavailable
 from .hashing import shard_of
 from .index import Index
-from .owned import guarded, shards_sql
+from .owned import guarded
 from .tables import union_all
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "server_reads",
     "shard_is",
     "shard_unions",
-    "shards_in",
     "sql_bytes",
     "unreachable_only",
 ]
@@ -189,7 +188,7 @@ def server_reads(
 ) -> dict[int, str]:
     """Per server, one read of its logical shards: in the owned layout one statement,
     ``whole(data database, the server's shards of the map)`` (which filters them with
-    ``shards_in``: never a shard being copied in, nor one left behind), then the
+    ``owned.shards_sql``: never a shard being copied in, nor one left behind), then the
     ownership check; otherwise ``shard_unions(topo, part, tail)``."""
     db = topo.owned_db
     if db is None:
@@ -200,11 +199,6 @@ def server_reads(
         if shards:
             out[sid] = guarded([whole(db, shards)], db, shards)
     return out
-
-
-def shards_in(shards: Iterable[int]) -> str:
-    """The owned layout's condition that a statement reads these shards' rows."""
-    return shards_sql(shards)
 
 
 def shard_is(topo: Topology, shard: int) -> str:

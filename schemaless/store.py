@@ -34,11 +34,11 @@ from .ids import id_hex, to_id
 from .index import Index
 from .locate import locate
 from .names import quote
-from .owned import LAYOUTS, OWNED
+from .owned import LAYOUTS, OWNED, shards_sql
 from .protocol import Writer
 from .query import Page, QueryEngine
 from .reader import Reader
-from .scatter import bare, server_reads, shards_in
+from .scatter import bare, server_reads
 from .subscriptions import Subscription
 from .writes import BLIND, CREATE, WriteMode
 
@@ -548,7 +548,7 @@ class DataStore:
         """Whether no logical shard holds any entity row (tombstones included)."""
         reads = server_reads(
             topo,
-            lambda db, s: f"SELECT 1 FROM {quote(db, 'entities')} WHERE {shards_in(s)} LIMIT 1",
+            lambda db, s: f"SELECT 1 FROM {quote(db, 'entities')} WHERE {shards_sql(s)} LIMIT 1",
             lambda s: f"(SELECT 1 FROM {quote(topo.dbs[s], 'entities')} LIMIT 1)",
             " LIMIT 1",
         )

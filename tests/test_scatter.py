@@ -13,7 +13,7 @@ from schemaless import DataStore
 from schemaless.catalog import Topology
 from schemaless.errors import SchemalessError, TableMissing
 from schemaless.index import Index
-from schemaless.owned import OWNED, admin, check_sql
+from schemaless.owned import OWNED, admin, check_sql, shards_sql
 from schemaless.scatter import (
     Statement,
     by_server,
@@ -23,7 +23,6 @@ from schemaless.scatter import (
     server_reads,
     shard_is,
     shard_unions,
-    shards_in,
     sql_bytes,
 )
 from schemaless.tables import union_all
@@ -71,7 +70,7 @@ def test_server_reads_take_each_servers_shards_of_the_map() -> None:
     owned = dataclasses.replace(old, layout=OWNED)
 
     def whole(db: str, shards: list[int]) -> str:
-        return f"SELECT 1 FROM {db} WHERE {shards_in(shards)}"
+        return f"SELECT 1 FROM {db} WHERE {shards_sql(shards)}"
 
     reads = server_reads(owned, whole, lambda s: f"SELECT {s}")
     assert set(reads) == {0, 2}

@@ -45,6 +45,7 @@ __all__ = [
     "guard_sql",
     "guarded",
     "in_guarded_transaction",
+    "in_transaction",
     "owned_rows_sql",
     "placement",
     "shards_sql",
@@ -162,24 +163,24 @@ def guarded(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     return ";\n".join(stmts)
 
 
+def in_transaction(stmts: list[str]) -> str:
+    """Several statements share one commit (one redo-log flush)."""
+    if len(stmts) > 1:
+        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
+    return ";\n".join(stmts)
+
+
 def triggered(stmts: list[str], db: str | None) -> str:
     """A write batch that needs no check (owned layout: ``db`` given): one transaction
     whose every insert or update fires the triggers (a shard not owned fails the whole
     batch, nothing committed) and whose deletes remove only what may go."""
-    if len(stmts) > 1:
-        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
-    if db is not None and stmts:
-        stmts = [f"{TRIGGERED} {stmts[0]}", *stmts[1:]]
-    return ";\n".join(stmts)
+    sql = in_transaction(stmts)
+    return f"{TRIGGERED} {sql}" if db is not None and stmts else sql
 
 
 def in_guarded_transaction(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     """A write batch: one transaction, the check (owned layout) before its commit."""
-    if db is not None:
-        stmts = [*stmts, check_sql(db, shards)]
-    if len(stmts) > 1:
-        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
-    return ";\n".join(stmts)
+    return in_transaction(stmts if db is None else [*stmts, check_sql(db, shards)])
 
 
 def guard_sql(db: str, table: str) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .index import Index
 from .names import quote
-from .owned import in_guarded_transaction, triggered
+from .owned import in_guarded_transaction, in_transaction, triggered
 
 __all__ = [
     "BLIND",
@@ -419,11 +419,4 @@ def _entity_sql(
             f"UPDATE {table} SET `body` = NULL, `updated` = %s, `version` = %s"
             f" WHERE `id` = %s AND `body` IS NOT NULL AND {guard}"
         )
-    return ";\n".join(stmts)
-
-
-def in_transaction(stmts: list[str]) -> str:
-    """Several idempotent statements share one commit (one redo-log flush)."""
-    if len(stmts) > 1:
-        stmts = ["START TRANSACTION", *stmts, "COMMIT"]
     return ";\n".join(stmts)

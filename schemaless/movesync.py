@@ -144,15 +144,7 @@ def copy_wide(src: Server, dst: Server, db: str, tables: Sequence[str]) -> None:
     for name in tables:
         table = quote(db, name)
         if name not in present:
-            dst.run(
-                admin(
-                    [
-                        str(src.run(admin([f"SHOW CREATE TABLE {table}"]))[0][0][1]).replace(
-                            f"CREATE TABLE {quote(name)}", f"CREATE TABLE IF NOT EXISTS {table}", 1
-                        )
-                    ]
-                )
-            )
+            dst.run(admin([_definition(src, db, name)]))
         rows = src.run(admin([f"SELECT * FROM {table}"]))[0]
         if rows:
             marks = ", ".join(["(" + ", ".join(["%s"] * len(rows[0])) + ")"] * len(rows))
@@ -167,13 +159,16 @@ def create_missing(src: Server, dst: Server, db: str, tables: Sequence[Table]) -
     present = table_names(dst, db)
     for t in tables:
         if t.name not in present:
-            made = str(src.run(admin([f"SHOW CREATE TABLE {quote(db, t.name)}"]))[0][0][1])
-            made = made.replace(
-                f"CREATE TABLE {quote(t.name)}",
-                f"CREATE TABLE IF NOT EXISTS {quote(db, t.name)}",
-                1,
-            )
-            dst.run(admin([made, *guard_sql(db, t.name)]))
+            dst.run(admin([_definition(src, db, t.name), *guard_sql(db, t.name)]))
+
+
+def _definition(server: Server, db: str, name: str) -> str:
+    """A table's ``CREATE TABLE IF NOT EXISTS`` as the server has it (its own name in
+    ``db``: ``SHOW CREATE TABLE`` leaves the database out)."""
+    made = str(server.run(admin([f"SHOW CREATE TABLE {quote(db, name)}"]))[0][0][1])
+    return made.replace(
+        f"CREATE TABLE {quote(name)}", f"CREATE TABLE IF NOT EXISTS {quote(db, name)}", 1
+    )
 
 
 def table_names(server: Server, db: str) -> set[str]:

@@ -26,7 +26,6 @@ from .sql import (
     Guarded,
     bump_sql,
     delete_guarded_sql,
-    entities_by_id_sql,
     fence_sql,
     index_upserts_sql,
     rows_by_entity_sql,
@@ -114,13 +113,10 @@ def read_entities(store: DataStore, topo: Topology, ids: Iterable[bytes]) -> dic
         for shard, keys in shards.items()
         for key in keys
     }
-    batches = {
-        sid: [entities_by_id_sql(topo.prefix, topo.owned_db, shards)]
-        for sid, shards in by_server.items()
-    }
+    found = store.cluster.by_id(topo, by_server, "`id`, `version`, `body`").results
     out: dict[bytes, Stored] = {}
-    for results in _rounds(store, topo, batches).values():
-        for key, version, body in results[0][0]:
+    for sets in found.values():
+        for key, version, body in sets[0]:
             k = bytes(key)
             out[k] = Stored(k, shard_of[k], int(version), bytes(body) if body is not None else None)
     for key in wanted - out.keys():

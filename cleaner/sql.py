@@ -20,7 +20,7 @@ from typing import Any
 from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.owned import guarded, in_guarded_transaction
-from schemaless.tables import by_id_sql, union_all
+from schemaless.tables import union_all
 from schemaless.writes import owners_sql, upsert_sql, upsert_text_sql
 
 from .native import rows as _rows
@@ -31,7 +31,6 @@ __all__ = [
     "backlog_sql",
     "bump_sql",
     "delete_guarded_sql",
-    "entities_by_id_sql",
     "entity_versions_sql",
     "fence_sql",
     "index_upserts_sql",
@@ -50,14 +49,6 @@ Guarded = tuple[Index, int, tuple[Any, ...], bytes, int]
 def _is(owned: str | None, shard: int) -> str:
     """The owned layout's condition on one shard's rows, with ``AND``."""
     return f"`shard` = {int(shard)} AND " if owned is not None else ""
-
-
-def entities_by_id_sql(
-    prefix: str, owned: str | None, ids: Mapping[int, Sequence[bytes]]
-) -> tuple[str, list[Any]]:
-    """Entity rows (tombstones included) of some ids, grouped by logical shard:
-    ``(id, version, body)``, one statement (``tables.by_id_sql``)."""
-    return by_id_sql(prefix, ids, "`id`, `version`, `body`", owned)
 
 
 def rows_by_entity_sql(

@@ -42,6 +42,7 @@ from .scatter import (
     unreachable_only,
 )
 from .schema import entities_table_sql, fence_epoch, fence_table, fence_table_sql
+from .tables import by_id_sql
 
 __all__ = ["DEFAULT_SHARDS", "SAFE_PACKET", "Cluster", "unreachable_only"]
 
@@ -267,6 +268,48 @@ class Cluster:
         return scatter(
             server, groups, build, partial=partial, commits=commits, idempotent=idempotent
         )
+
+    def by_id(
+        self,
+        topo: Topology,
+        groups: Mapping[int, Mapping[int, Sequence[bytes]]],
+        columns: str,
+        *,
+        consistency: str | None = None,
+        partial: bool = False,
+    ) -> Scattered:
+        """Entity rows by id (tombstones included), per server id ``{shard: ids}``: one
+        ``tables.by_id_sql`` per server (``columns`` begin with the id), its rows the
+        first result set.  In the owned layout a server whose ``owned`` rows are not
+        the map's (a move between its fence and its flip, or a stale map) is read
+        again with the check that counts the shards named."""
+        found = self.scatter(
+            topo,
+            groups,
+            lambda ids: by_id_sql(topo, ids, columns),
+            consistency=consistency,
+            partial=partial,
+        )
+        if topo.owned_db is None:
+            return found
+        again = {sid: groups[sid] for sid, sets in found.results.items() if not sets[0]}
+        results = {
+            sid: [tuple(r for r in sets[0] if r[0] is not None)]  # not the LEFT JOIN's NULLs
+            for sid, sets in found.results.items()
+            if sid not in again
+        }
+        errors = dict(found.errors)
+        if again:
+            counted = self.scatter(
+                topo,
+                again,
+                lambda ids: by_id_sql(topo, ids, columns, counted=True),
+                consistency=consistency,
+                partial=partial,
+            )
+            results.update(counted.results)
+            errors.update(counted.errors)
+        return Scattered(results, errors, {})
 
     def server_of_shard(self, topo: Topology, shard: int) -> Server:
         """The server a logical shard lives on."""

@@ -108,7 +108,8 @@ def discovered(server: Server, db: str, known: set[str]) -> tuple[list[Table], l
     """The owned layout's other tables in ``db`` (those a module makes on first use:
     ``schemaless.edges``, ``schemaless.feeds``): with a ``shard`` column, compared and
     copied by the shard's rows like the library's, by their primary key; without one,
-    the server-wide tables (copied whole, ``copy_wide``).  ``owned`` and fences never."""
+    the server-wide tables (copied whole, ``copy_wide``).  ``owned``, its digest and
+    fences never."""
     cols = server.run(
         "SELECT c.table_name, c.column_name, k.ordinal_position FROM information_schema.columns c"
         " LEFT JOIN information_schema.key_column_usage k ON k.table_schema = c.table_schema"
@@ -121,7 +122,7 @@ def discovered(server: Server, db: str, known: set[str]) -> tuple[list[Table], l
     for table, column, key in cols:
         if (
             str(table) not in known
-            and str(table) != "owned"
+            and str(table) not in ("owned", "owned_digest")
             and not str(table).startswith("fence_")
         ):
             found.setdefault(str(table), []).append((str(column), key))

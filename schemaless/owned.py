@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 from collections.abc import Iterable
 
 from .names import quote
@@ -38,15 +39,19 @@ __all__ = [
     "OWNED",
     "TRIGGERED",
     "admin",
+    "among",
     "changes_tables_sql",
     "check_sql",
     "data_db",
+    "digest",
+    "digest_sql",
     "entities_table_sql",
     "guard_sql",
     "guarded",
     "in_guarded_transaction",
     "in_transaction",
     "owned_rows_sql",
+    "owns_sql",
     "placement",
     "shards_sql",
     "triggered",
@@ -91,11 +96,93 @@ def check_sql(db: str, shards: Iterable[int]) -> str:
 @functools.lru_cache(maxsize=4096)
 def _check(db: str, names: tuple[int, ...]) -> str:
     # cached by the tuple: rendering thousands of shards anew cost a scatter 1 ms
+    short = ""
+    if len(names) > LISTED_MAX:  # a scatter names all its server's shards: one row read
+        digest_row = f"SELECT 1 FROM {quote(db, 'owned_digest')} d WHERE {_matches(names)}"
+        short = f"NOT EXISTS ({digest_row}) AND "
     return (
-        f"BEGIN NOT ATOMIC {CHECK} IF (SELECT COUNT(*) FROM {quote(db, 'owned')}"
-        f" WHERE {_among(names)}) < {len(names)} THEN SIGNAL {_REFUSED}"
-        " 'a logical shard named is not on this server (moved): refresh the map'; END IF; END"
+        f"BEGIN NOT ATOMIC {CHECK} IF {short}{_count(db, names)} < {len(names)} THEN SIGNAL"
+        f" {_REFUSED} 'a logical shard named is not on this server (moved): refresh the map';"
+        " END IF; END"
     )
+
+
+def _count(db: str, names: tuple[int, ...]) -> str:
+    """How many of ``names`` are owned here (a subquery)."""
+    return f"(SELECT COUNT(*) FROM {quote(db, 'owned')} WHERE {among(names)})"
+
+
+def owns_sql(placed: tuple[int, ...]) -> str:
+    """A condition on ``owned_digest`` (aliased ``d``) that holds only if the server
+    owns exactly the shards the map ``placed`` on it (sorted): one row read."""
+    return _matches(placed)
+
+
+#: The salt of each shard's hash in the digest (the same in ``digest_sql``'s triggers).
+_SALT = "schemaless owned "
+
+
+@functools.lru_cache(maxsize=65536)
+def _hash(shard: int) -> tuple[int, int]:
+    h = hashlib.sha256(f"{_SALT}{shard}".encode()).hexdigest()
+    return int(h[:16], 16), int(h[16:32], 16)
+
+
+@functools.lru_cache(maxsize=1024)
+def digest(names: tuple[int, ...]) -> tuple[int, int, int]:
+    """The digest of a set of shards (sorted, distinct) as ``owned_digest`` keeps it:
+    how many, and the XOR of each one's 128-bit hash."""
+    d0 = d1 = 0
+    for s in names:
+        h0, h1 = _hash(s)
+        d0 ^= h0
+        d1 ^= h1
+    return len(names), d0, d1
+
+
+def _matches(names: tuple[int, ...]) -> str:
+    """``owned_digest`` (aliased ``d``) holds the digest of exactly these shards."""
+    n, d0, d1 = digest(names)
+    return f"d.`one` = 1 AND d.`n` = {n} AND d.`d0` = {d0} AND d.`d1` = {d1}"
+
+
+def _hash_sql(row: str, half: int) -> str:
+    """Half of ``_hash`` of ``row``'s shard, in SQL."""
+    start = 1 + 16 * half
+    return (
+        f"CAST(CONV(SUBSTRING(SHA2(CONCAT('{_SALT}', {row}.`shard`), 256), {start}, 16), 16, 10)"
+        " AS UNSIGNED)"
+    )
+
+
+def digest_sql(db: str) -> list[str]:
+    """``owned_digest``: one row, the ``digest`` of the server's ``owned`` rows, kept by
+    triggers on ``owned`` in the transaction that inserts or deletes one (a fence, a
+    move's handover), so it always describes the committed set; ``owned`` rows are
+    never updated.  Made once from the rows already there, under their locks."""
+    t, o = quote(db, "owned_digest"), quote(db, "owned")
+
+    def change(name: str, when: str, row: str, sign: str) -> str:
+        return (
+            f"CREATE TRIGGER IF NOT EXISTS {quote(db, name)} AFTER {when} ON {o} FOR EACH ROW"
+            f" UPDATE {t} SET `n` = `n` {sign} 1, `d0` = `d0` ^ {_hash_sql(row, 0)},"
+            f" `d1` = `d1` ^ {_hash_sql(row, 1)} WHERE `one` = 1"
+        )
+
+    return [
+        f"CREATE TABLE IF NOT EXISTS {t} (`one` TINYINT UNSIGNED NOT NULL PRIMARY KEY,"
+        " `n` INT UNSIGNED NOT NULL, `d0` BIGINT UNSIGNED NOT NULL,"
+        " `d1` BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB",
+        change("owned_di", "INSERT", "NEW", "+"),
+        change("owned_dd", "DELETE", "OLD", "-"),
+        f"CREATE TRIGGER IF NOT EXISTS {quote(db, 'owned_du')} BEFORE UPDATE ON {o} FOR EACH"
+        f" ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'owned rows are never updated'",
+        "START TRANSACTION",
+        f"SELECT COUNT(*) FROM {o} FOR UPDATE",
+        f"INSERT IGNORE INTO {t} SELECT 1, COUNT(*), COALESCE(BIT_XOR({_hash_sql('o', 0)}), 0),"
+        f" COALESCE(BIT_XOR({_hash_sql('o', 1)}), 0) FROM {o} o",
+        "COMMIT",
+    ]
 
 
 #: Above this many shards the check describes them as a progression when it can: a
@@ -104,7 +191,8 @@ LISTED_MAX = 64
 _STEPS = range(1, 17)  # the progressions tried: every Nth shard (a map of N servers)
 
 
-def _among(names: tuple[int, ...]) -> str:
+@functools.lru_cache(maxsize=4096)
+def among(names: tuple[int, ...]) -> str:
     """The condition that a shard is one of ``names`` (sorted, distinct): a list, or,
     for many, the progression ``shard MOD step = r`` over their range that misses the
     fewest, with the shards it adds excluded and those it misses added (exact either
@@ -138,8 +226,8 @@ def _among(names: tuple[int, ...]) -> str:
 
 
 def shards_sql(shards: Iterable[int]) -> str:
-    """The condition that a row's ``shard`` is one of these (``_among``'s form)."""
-    return _among(tuple(sorted({int(s) for s in shards})))
+    """The condition that a row's ``shard`` is one of these (``among``'s form)."""
+    return among(tuple(sorted({int(s) for s in shards})))
 
 
 def placement(n_shards: int, servers: int, layout: str) -> list[int]:
@@ -205,6 +293,7 @@ def entities_table_sql(db: str) -> list[str]:
         f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
         f"CREATE TABLE IF NOT EXISTS {quote(db, 'owned')} ("
         " `shard` SMALLINT UNSIGNED NOT NULL PRIMARY KEY) ENGINE=InnoDB",
+        *digest_sql(db),
         f"CREATE TABLE IF NOT EXISTS {quote(db, 'entities')} ("
         " `shard` SMALLINT UNSIGNED NOT NULL,"
         " `added_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,"

@@ -33,7 +33,6 @@ from .ids import id_hex, new_id, to_id
 from .index import Index
 from .scatter import STATEMENT_BYTES, Statement, by_server, chunks, sql_bytes
 from .stale import StaleRows
-from .tables import by_id_sql
 from .unique import Claims, Violation
 from .writes import (
     BLIND,
@@ -519,9 +518,7 @@ class Writer:
         (absent ones omitted)."""
         topo = self.cluster.current()
         columns = "`id`, `version`, `body` IS NULL"
-        rows = self.cluster.scatter(
-            topo, keys, lambda by_shard: by_id_sql(topo.prefix, by_shard, columns, topo.owned_db)
-        ).results
+        rows = self.cluster.by_id(topo, keys, columns).results
         return {bytes(r[0]): (int(r[1]), not r[2]) for sets in rows.values() for r in sets[0]}
 
 

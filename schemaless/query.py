@@ -28,7 +28,7 @@ from .follow import Calls
 from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
-from .owned import guarded, shards_sql
+from .owned import among, guarded
 from .reader import Reader
 from .scatter import Statement, unreachable_only
 from .tables import union_all
@@ -380,7 +380,7 @@ class QueryEngine:
                 params += rest
             # bare: in parentheses it costs the server about 7 µs more
             sql = parts[0] if len(parts) == 1 else union_all([f"({p})" for p in parts], tail)
-            return guarded([sql], owned, (s for shards, _ in group for s in shards)), params
+            return guarded([sql], owned, set().union(*(shards for shards, _ in group))), params
 
         return build
 
@@ -601,9 +601,12 @@ def prefix_end(prefix: str | bytes) -> str | bytes | None:
 
 
 #: Above this many logical shards, a server's part of a scatter reads the shards its
-#: ``owned`` table names, not a list: 2048 literals cost the server about 2 ms a
-#: statement (a semi-join with ``owned`` 0.25 ms; a list of 8, 0.03 ms less than it).
+#: ``owned`` table names, not a list, unless the list is a short progression (a new
+#: datastore's block of shards: one ``BETWEEN``): 2048 literals cost the server about
+#: 2 ms a statement (a semi-join with ``owned`` 0.25 ms; a list of 8, 0.03 ms less).
 OWNED_LIST_MAX = 64
+#: A progression longer than this (its exceptions listed) gives way to the semi-join.
+_SHORT = 256
 
 
 def _owned_shards(owned: str, shards: tuple[int, ...], everywhere: bool) -> str:
@@ -613,9 +616,10 @@ def _owned_shards(owned: str, shards: tuple[int, ...], everywhere: bool) -> str:
     is among them, and a shard owned but placed elsewhere by the map is one whose
     server of the map fails its check (a shard has one owner), so nothing is read twice
     or missed without an error."""
-    if everywhere and len(shards) > OWNED_LIST_MAX:
+    named = among(shards)  # sorted: a server's shards of the map, or one
+    if everywhere and len(shards) > OWNED_LIST_MAX and len(named) > _SHORT:
         return f"`shard` IN (SELECT `shard` FROM {quote(owned, 'owned')})"
-    return shards_sql(shards)
+    return named
 
 
 def _one_each(group: list[Part]) -> list[Part]:

@@ -17,7 +17,6 @@ from .names import quote
 from .owned import CHECK, shards_sql
 from .scatter import ID_BYTES, bare, ids_by_server, server_reads, unreachable_only
 from .schema import shard_db
-from .tables import by_id_sql
 
 __all__ = ["Reader"]
 
@@ -75,12 +74,8 @@ class Reader:
             return {}, set()
         topo = self.cluster.current()
         by_server = ids_by_server(topo, ids)
-        results, errors, _ = self.cluster.scatter(
-            topo,
-            by_server,
-            lambda shards: by_id_sql(topo.prefix, shards, _COLUMNS, topo.owned_db),
-            consistency=consistency,
-            partial=partial,
+        results, errors, _ = self.cluster.by_id(
+            topo, by_server, _COLUMNS, consistency=consistency, partial=partial
         )
         missing: set[int] = set()
         if errors:

@@ -6,32 +6,49 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .names import quote
-from .owned import guarded
+from .owned import CHECK, guarded, owns_sql
 from .schema import shard_db
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 __all__ = ["by_id_sql", "union_all"]
 
 
 def by_id_sql(
-    prefix: str, ids: Mapping[int, Sequence[bytes]], columns: str, owned: str | None = None
+    topo: Topology, ids: Mapping[int, Sequence[bytes]], columns: str, *, counted: bool = False
 ) -> tuple[str, list[Any]]:
-    """``SELECT <columns>`` of entities by id (``shard -> ids``), tombstones included,
-    in one ``UNION ALL`` statement.  (Filtering tombstones, or naming each row's
-    shard, in the SQL costs the server more than doing it in the client.)  ``owned``:
-    the owned layout's data database: one ``SELECT``, then the ownership check."""
-    if owned is not None:
-        every = [key for shard in sorted(ids) for key in ids[shard]]
-        head = f"SELECT {columns} FROM {quote(owned, 'entities')} WHERE `id` IN ("
-        return guarded([head + _marks(len(every))], owned, ids), every
-    parts = []
-    params: list[Any] = []
-    for shard, keys in sorted(ids.items()):
-        parts.append(_by_id_head(prefix, shard, columns) + _marks(len(keys)))
-        params += keys
-    return union_all(parts), params
+    """``SELECT <columns>`` of entities by id (``shard -> ids``, all on one server),
+    tombstones included, in one ``UNION ALL`` statement (``Cluster.by_id`` sends
+    it, its first column the id).  (Filtering tombstones, or naming each row's shard, in the SQL
+    costs the server more than doing it in the client.)  In the owned layout one
+    ``SELECT`` joined to the server's ``owned_digest`` row: it returns no row at all
+    unless the server owns exactly the shards the map places on it (a row of NULLs
+    if none of the ids is stored), one row read for the proof; ``counted``: the
+    ``SELECT`` then the check that counts the shards named (when the digest differs,
+    as from a move's fence to its flip)."""
+    owned = topo.owned_db
+    if owned is None:
+        parts = []
+        params: list[Any] = []
+        for shard, keys in sorted(ids.items()):
+            parts.append(_by_id_head(topo.prefix, shard, columns) + _marks(len(keys)))
+            params += keys
+        return union_all(parts), params
+    every = [key for shard in sorted(ids) for key in ids[shard]]
+    entities = quote(owned, "entities")
+    if counted:
+        select = f"SELECT {columns} FROM {entities} WHERE `id` IN ({_marks(len(every))}"
+        return guarded([select], owned, ids), every
+    placed = topo.placed[topo.shard_servers[next(iter(ids))]]
+    sql = (
+        f"SELECT {CHECK} {columns} FROM {quote(owned, 'owned_digest')} d LEFT JOIN"
+        f" {entities} ON `id` IN ({_marks(len(every))} WHERE {owns_sql(placed)}"
+    )
+    return sql, every
 
 
 @functools.lru_cache(maxsize=4096)

@@ -27,7 +27,6 @@ from .expiry import expired
 from .ids import id_hex
 from .owned import guarded
 from .scatter import Statement, by_server, ids_by_server
-from .tables import by_id_sql
 from .writes import (
     IndexRow,
     fence_owner_sql,
@@ -157,11 +156,7 @@ class Claims:
         if not ids:
             return {}
         columns = "`id`, `version`, `body`"
-        found = self.cluster.scatter(
-            topo,
-            ids_by_server(topo, ids),
-            lambda shards: by_id_sql(topo.prefix, shards, columns, topo.owned_db),
-        ).results
+        found = self.cluster.by_id(topo, ids_by_server(topo, ids), columns).results
         out: dict[bytes, tuple[int, bytes | None]] = {}
         for sets in found.values():
             for key, version, body in sets[0]:

@@ -41,7 +41,6 @@ def _builders(dbs: list[str], owned: str | None) -> dict[str, tuple[bool, str]]:
     k = b"k" * 16
     row = (BY_LINK, 1, ("a",), k, 3)
     return {
-        "entities_by_id_sql": (False, cleaner_sql.entities_by_id_sql("p", owned, {1: [k]})[0]),
         "rows_by_entity_sql": (
             False,
             cleaner_sql.rows_by_entity_sql(dbs, owned, [1, 2], [BY_LINK, BY_TAG], [k])[0],

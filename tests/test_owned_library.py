@@ -187,7 +187,8 @@ def test_after_the_fence_every_call_on_the_shard_fails(store: DataStore) -> None
             pytest.fail(f"{name} returned")
     server = store.cluster.server_of_shard(topo, a)
     with pytest.raises(TableMissing):
-        server.run(*by_id_sql(topo.prefix, {a: [key]}, "`id`, `body`", topo.owned_db))
+        server.run(*by_id_sql(topo, {a: [key]}, "`id`, `body`", counted=True))
+    assert server.run(*by_id_sql(topo, {a: [key]}, "`id`, `body`"))[0] == ()  # not the map's
     assert shard_rows(store, a, "entities", "`id`, `version`, `body`") == before
     assert store.cluster.refresh().map_version == version  # the catalog never changed
     assert store.get(other) == {"id": other, "n": n_b}

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from schemaless import DataStore, Index, IndexDoesNotFit, TableMissing, new_id
+from schemaless import DataStore, Index, IndexDoesNotFit, TableMissing, new_id, owned
 from schemaless.hashing import shard_of
 from schemaless.names import quote
-from schemaless.owned import COPYING, _among, admin
+from schemaless.owned import COPYING, admin, among
 
 BY_N = Index("by_n", {"n": "int"})  # placed by n: a range over n scatters
 
@@ -56,12 +56,52 @@ def _fenced(store: DataStore, shard: int) -> Iterator[None]:
 
 
 @pytest.fixture(params=["listed", "owned"])
-def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A scatter's parts name the server's shards of the map, or (as above
-    ``OWNED_LIST_MAX`` shards a server) take those its ``owned`` table names."""
+    ``OWNED_LIST_MAX`` shards a server) take those its ``owned`` table names, and the
+    checks (as above ``LISTED_MAX``) read the digest first."""
     if request.param == "owned":
         monkeypatch.setattr("schemaless.query.OWNED_LIST_MAX", 0)
-    return str(request.param)
+        monkeypatch.setattr(owned, "LISTED_MAX", 0)
+        owned._check.cache_clear()
+    yield str(request.param)
+    owned._check.cache_clear()
+
+
+def _digests(store: DataStore) -> dict[int, tuple[int, int, int]]:
+    """Each server's ``owned_digest`` row."""
+    topo = store.cluster.topology
+    table = quote(str(topo.owned_db), "owned_digest")
+    out = {}
+    for sid, server in store.cluster.all_servers(topo).items():
+        rows = server.run(admin([f"SELECT `n`, `d0`, `d1` FROM {table}"]))[0]
+        assert len(rows) == 1
+        out[sid] = tuple(int(v) for v in rows[0])
+    return out
+
+
+def test_the_digest_follows_every_change_of_the_owned_rows(make_store: Any) -> None:
+    """The triggers keep each server's digest equal to the Python digest of the set it
+    owns: after init, after a fence deletes a row, after the row comes back; an
+    ``owned`` row is never updated."""
+    store = make_store([BY_N])
+    topo = store.cluster.topology
+    placed = topo.placed
+    assert _digests(store) == {sid: owned.digest(placed[sid]) for sid in topo.servers}
+    shard = placed[0][1]
+    key = _id_on(store, placed[0][0])
+    store.put({"id": key, "n": 1})
+    with _fenced(store, shard):
+        left = tuple(s for s in placed[0] if s != shard)
+        assert _digests(store)[0] == owned.digest(left) != owned.digest(placed[0])
+        with pytest.raises(TableMissing):  # get_many's join: the digest differs, the count fails
+            store.get_many([_id_on(store, shard)])
+        assert store.get_many([key]) == [{"id": key, "n": 1}]  # the digest differs: counted
+    assert _digests(store)[0] == owned.digest(placed[0])
+    server = store.cluster.all_servers(topo)[0]
+    with pytest.raises(Exception, match="never updated"):
+        server.run(admin([f"UPDATE {quote(str(topo.owned_db), 'owned')} SET `shard` = 9999"]))
+    assert store.get_many([key]) == [{"id": key, "n": 1}]
 
 
 def test_rows_copied_in_before_a_flip_are_never_read(make_store: Any, scan: str) -> None:
@@ -172,7 +212,7 @@ def test_the_check_selects_exactly_its_shards(make_store: Any, case: str, descri
         "a few": [3, 9, 10],
     }[case]
     names = tuple(names)
-    cond = _among(names)
+    cond = among(names)
     assert ("MOD" in cond) == described
     catalog = make_store().cluster.catalog  # the sequence engine's table of 0..65535
     every = f"SELECT seq AS `shard` FROM {quote(catalog.db, 'seq_0_to_65535')}"

@@ -18,15 +18,20 @@ from schemaless.names import quote
 from schemaless.owned import (
     ADMIN,
     CHECK,
+    DATABASES,
+    OWNED,
     TRIGGERED,
     admin,
     check_sql,
     data_db,
+    digest,
+    owns_sql,
     placement,
     shards_sql,
 )
 from schemaless.scatter import shard_unions
 from schemaless.tables import by_id_sql
+from schemaless.topology import Topology
 from schemaless.writes import (
     BLIND,
     CREATE,
@@ -43,6 +48,15 @@ from schemaless.writes import (
 DB = data_db("p")
 DBS = (DB,) * 16
 OLD = tuple(f"p_{s:04d}" for s in range(16))
+
+
+def _topo(layout: str) -> Topology:
+    """16 logical shards on two servers (0-7, 8-15), no indexes."""
+    servers = {0: Address("a", 1), 1: Address("b", 1)}
+    shards = tuple(s // 8 for s in range(16))
+    return Topology("p", 16, 1, 1.0, servers, shards, {}, (), None, layout=layout)
+
+
 BY_USER = Index("by_user", {"user_id": "int"})
 ID = bytes(range(16))
 
@@ -93,7 +107,7 @@ def test_the_layout_of_databases_gets_the_statements_it_always_had() -> None:
         upsert_rows_sql([_row(3)], OLD)[0],
         delete_rows_sql([_row(3)], OLD)[0],
         release_sql([_row(3)], OLD)[0],
-        by_id_sql("p", {3: [ID], 5: [ID]}, "`id`")[0],
+        by_id_sql(_topo(DATABASES), {3: [ID], 5: [ID]}, "`id`")[0],
     ]
     for sql in built:
         assert "`shard`" not in sql and DB not in sql
@@ -118,10 +132,16 @@ def test_index_row_writes_are_triggered(build: Callable[[], tuple[str, list[Any]
         assert params[:2] == [3, 3] and params[4] == 12
 
 
-def test_reads_end_with_the_check_of_exactly_their_shards() -> None:
-    sql, params = by_id_sql("p", {3: [ID], 12: [ID, bytes(16)]}, "`id`, `body`", DB)
-    assert sql.count("%s") == len(params) == 3 and "UNION" not in sql
-    assert sql.endswith(check_sql(DB, [3, 12]))
+def test_a_read_by_id_is_its_own_check_of_exactly_its_shards() -> None:
+    """One statement joined to the server's digest: rows only if the server owns the
+    shards the map places on it (0-7); read again ``counted``, the check of the shards
+    named."""
+    sql, params = by_id_sql(_topo(OWNED), {3: [ID], 5: [ID, bytes(16)]}, "`id`, `body`")
+    assert sql.count("%s") == len(params) == 3 and "UNION" not in sql and CHECK in sql
+    assert sql.endswith(owns_sql(tuple(range(8))))
+    assert f"`n` = 8 AND d.`d0` = {digest(tuple(range(8)))[1]}" in sql
+    sql, params = by_id_sql(_topo(OWNED), {3: [ID]}, "`id`", counted=True)
+    assert sql.endswith(check_sql(DB, [3])) and "owned_digest" not in sql
 
 
 def test_unchecked_batches_are_refused_before_they_are_sent() -> None:

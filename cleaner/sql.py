@@ -19,7 +19,7 @@ from typing import Any
 
 from schemaless.index import Index
 from schemaless.names import quote
-from schemaless.owned import guarded, in_guarded_transaction
+from schemaless.owned import guarded, in_guarded_transaction, locked
 from schemaless.tables import union_all
 from schemaless.writes import owners_sql, upsert_sql, upsert_text_sql
 
@@ -222,7 +222,8 @@ def index_upserts_sql(
     """Upsert rows ``(values..., entity_id, version)`` of one index, grouped by logical
     shard (``(shard, rows)``, each group sorted), with the write protocol's
     ``GREATEST`` guard: one multi-row statement per table, one transaction (owned
-    layout: rows with their shard, the check before the ``COMMIT``).  For a unique
+    layout: rows with their shard, in a ``locked`` batch: the triggers skip their
+    lookup).  For a unique
     index, then one result set per group: the owners of its values (read in the
     transaction, before the check).
 
@@ -236,7 +237,7 @@ def index_upserts_sql(
             upsert_text_sql(dbs[s], index, render(rows, s if shard else None), shard)
             for s, rows in groups
         ]
-        return in_guarded_transaction(stmts, owned, shards), []
+        return locked(stmts, owned, shards), []
     stmts = [upsert_sql(dbs[s], index, len(rows), shard) for s, rows in groups]
     if shard:  # each row's parameters begin with its shard
         each = (chain.from_iterable((s, *row) for row in rows) for s, rows in groups)
@@ -249,7 +250,7 @@ def index_upserts_sql(
             select, more = owners_sql(dbs[s], index, [row[:n] for row in rows])
             stmts.append(select)
             params += more
-    return in_guarded_transaction(stmts, owned, shards), params
+    return locked(stmts, owned, shards), params
 
 
 #: Column types whose coerced values are ``int`` (rendered as digits) or ``bytes``

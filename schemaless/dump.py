@@ -55,7 +55,7 @@ from .ids import id_hex, to_id
 from .index import Index
 from .jsonform import from_json, to_jsonable
 from .names import quote
-from .owned import check_sql, in_guarded_transaction
+from .owned import check_sql, locked
 from .scatter import STATEMENT_BYTES, by_server, chunks, shard_is, sql_bytes
 from .store import DataStore
 
@@ -461,4 +461,4 @@ def _upsert_sql(topo: Topology, part: list[Record]) -> tuple[str, list[Any]]:
         for r in records:
             params += [shard] if owned else []
             params += [r.id, r.version, r.updated, r.body]
-    return in_guarded_transaction(stmts, topo.owned_db, groups), params
+    return locked(stmts, topo.owned_db, groups), params

@@ -36,6 +36,7 @@ __all__ = [
     "COPYING",
     "DATABASES",
     "LAYOUTS",
+    "LOCKED",
     "OWNED",
     "TRIGGERED",
     "admin",
@@ -50,6 +51,7 @@ __all__ = [
     "guarded",
     "in_guarded_transaction",
     "in_transaction",
+    "locked",
     "owned_rows_sql",
     "owns_sql",
     "placement",
@@ -72,6 +74,9 @@ TRIGGERED = "/*schemaless:triggered*/"
 #: The session variable a move's copy sets to the shard it copies into the target,
 #: whose ``owned`` row comes only when the copy is complete.
 COPYING = "@schemaless_copying"
+#: The session variable a ``locked`` batch sets to the shards whose ``owned`` rows it
+#: holds locked (comma-separated): the triggers skip their lookup for their rows.
+LOCKED = "@schemaless_locked"
 
 _REFUSED = "SQLSTATE '42S02' SET MYSQL_ERRNO = 1146, MESSAGE_TEXT ="
 
@@ -100,16 +105,21 @@ def _check(db: str, names: tuple[int, ...]) -> str:
     if len(names) > LISTED_MAX:  # a scatter names all its server's shards: one row read
         digest_row = f"SELECT 1 FROM {quote(db, 'owned_digest')} d WHERE {_matches(names)}"
         short = f"NOT EXISTS ({digest_row}) AND "
+    return _refuse_unless(f"{short}{_count(db, names)} < {len(names)}")
+
+
+def _refuse_unless(failing: str) -> str:
+    """A compound statement that fails the batch (error 1146) when ``failing`` holds."""
     return (
-        f"BEGIN NOT ATOMIC {CHECK} IF {short}{_count(db, names)} < {len(names)} THEN SIGNAL"
-        f" {_REFUSED} 'a logical shard named is not on this server (moved): refresh the map';"
+        f"BEGIN NOT ATOMIC {CHECK} IF {failing} THEN SIGNAL {_REFUSED}"
+        " 'a logical shard named is not on this server (moved): refresh the map';"
         " END IF; END"
     )
 
 
-def _count(db: str, names: tuple[int, ...]) -> str:
-    """How many of ``names`` are owned here (a subquery)."""
-    return f"(SELECT COUNT(*) FROM {quote(db, 'owned')} WHERE {among(names)})"
+def _count(db: str, names: tuple[int, ...], lock: str = "") -> str:
+    """How many of ``names`` are owned here (a subquery; ``lock``: its locking clause)."""
+    return f"(SELECT COUNT(*) FROM {quote(db, 'owned')} WHERE {among(names)}{lock})"
 
 
 def owns_sql(placed: tuple[int, ...]) -> str:
@@ -266,6 +276,22 @@ def triggered(stmts: list[str], db: str | None) -> str:
     return f"{TRIGGERED} {sql}" if db is not None and stmts else sql
 
 
+def locked(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
+    """A write batch of many rows (owned layout: ``db`` given): one transaction that
+    first reads the ``owned`` rows of every shard it names ``LOCK IN SHARE MODE``,
+    failing unless each is there, and holds them to its ``COMMIT`` (a fence waits for
+    it; one that came first fails it, nothing written), so the triggers skip their
+    own lookup for those shards' rows (``LOCKED``, reset at the end; a failed batch's
+    connection is dropped with it)."""
+    if db is None:
+        return in_transaction(stmts)
+    names = tuple(sorted(set(shards)))
+    check = _refuse_unless(f"{_count(db, names, ' LOCK IN SHARE MODE')} < {len(names)}")
+    listed = ",".join(map(str, names))
+    batch = [f"SET {LOCKED} = '{listed}'", "START TRANSACTION", check, *stmts, "COMMIT"]
+    return ";\n".join([*batch, f"SET {LOCKED} = NULL"])
+
+
 def in_guarded_transaction(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     """A write batch: one transaction, the check (owned layout) before its commit."""
     return in_transaction(stmts if db is None else [*stmts, check_sql(db, shards)])
@@ -279,7 +305,8 @@ def guard_sql(db: str, table: str) -> list[str]:
     return [
         f"CREATE TRIGGER IF NOT EXISTS {quote(db, f'{table}_g{when[0].lower()}')}"
         f" BEFORE {when} ON {quote(db, table)} FOR EACH ROW"
-        f" IF NOT ({COPYING} <=> NEW.`shard`) AND NOT EXISTS (SELECT 1 FROM"
+        f" IF NOT ({COPYING} <=> NEW.`shard`)"
+        f" AND NOT COALESCE(FIND_IN_SET(NEW.`shard`, {LOCKED}), 0) AND NOT EXISTS (SELECT 1 FROM"
         f" {quote(db, 'owned')} WHERE `shard` = NEW.`shard` LOCK IN SHARE MODE)"
         f" THEN SIGNAL {_REFUSED} 'this logical shard is not on this server (moved)'; END IF"
         for when in ("INSERT", "UPDATE")

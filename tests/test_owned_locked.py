@@ -1,0 +1,71 @@
+"""A ``locked`` batch (many rows of known shards, as the Cleaner's upserts and a
+restore write them): its check reads those shards' ``owned`` rows ``LOCK IN SHARE
+MODE`` before any write and holds them to its ``COMMIT``, and the triggers skip their
+own lookup for those shards' rows only, in that batch only."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from schemaless import DataStore, Index, TableMissing
+from schemaless.names import quote
+from schemaless.owned import LOCKED, admin, locked
+
+BY_N = Index("by_n", {"n": "int"})
+
+
+def _setup(make_store: Any) -> tuple[DataStore, Any, str, int, int]:
+    """A datastore; server 0, its data database, two of its shards."""
+    store = make_store([BY_N])
+    topo = store.cluster.topology
+    db = str(topo.owned_db)
+    s, t = topo.placed[0][:2]
+    return store, store.cluster.all_servers(topo)[0], db, s, t
+
+
+def _insert(db: str, shard: int, n: int) -> str:
+    return f"INSERT INTO {quote(db, BY_N.table)} VALUES ({shard}, {n}, LPAD({shard}, 16, '0'), 1)"
+
+
+def _rows(server: Any, db: str, n: int) -> int:
+    sql = f"SELECT COUNT(*) FROM {quote(db, BY_N.table)} WHERE `p_n` = {n}"
+    return int(server.run(admin([sql]))[0][0][0])
+
+
+def _fence(server: Any, db: str, shard: int) -> None:
+    server.run(admin([f"DELETE FROM {quote(db, 'owned')} WHERE `shard` = {shard}"]))
+
+
+def test_a_locked_batch_of_a_shard_not_owned_writes_nothing(make_store: Any) -> None:
+    store, server, db, s, t = _setup(make_store)
+    _fence(server, db, s)
+    with pytest.raises(TableMissing):
+        server.run(locked([_insert(db, s, 1), _insert(db, t, 1)], db, [s, t]))
+    assert _rows(server, db, 1) == 0
+    # a row of a shard the batch did not name goes through its trigger as ever
+    with pytest.raises(TableMissing):
+        server.run(locked([_insert(db, t, 2), _insert(db, s, 2)], db, [t]))
+    assert _rows(server, db, 2) == 0
+    assert server.run("SELECT @schemaless_locked")[0] == ((None,),)  # never left set
+
+
+def test_a_fence_waits_for_a_locked_batch_and_fails_the_next(make_store: Any) -> None:
+    store, server, db, s, t = _setup(make_store)
+    batch = locked(["DO SLEEP(0.6)", _insert(db, s, 3)], db, [s])
+    done: list[float] = []
+    writer = threading.Thread(target=lambda: (server.run(batch), done.append(time.monotonic())))
+    writer.start()
+    time.sleep(0.2)  # the batch holds the owned row's shared lock now
+    _fence(server, db, s)
+    fenced = time.monotonic()
+    writer.join()
+    assert done and done[0] <= fenced  # the fence waited for the batch's commit
+    assert _rows(server, db, 3) == 1
+    with pytest.raises(TableMissing):
+        server.run(locked([_insert(db, s, 4)], db, [s]))
+    assert _rows(server, db, 4) == 0
+    assert f"SET {LOCKED} = NULL" in batch

@@ -11,7 +11,7 @@ parallel), again with larger versions for those whose stored version was ahead;
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -446,7 +446,7 @@ class Writer:
         topo: Topology,
         rows: list[IndexRow],
         dbs: Sequence[str],
-        build: Callable[[Iterable[IndexRow], Sequence[str], str | None], tuple[str, list[Any]]],
+        build: Callable[[list[IndexRow], Sequence[str], str | None], tuple[str, list[Any]]],
     ) -> None:
         """Steps 1 and 3: one idempotent batch per server, servers in parallel."""
         if rows:

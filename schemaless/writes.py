@@ -19,11 +19,12 @@ from typing import Any
 
 from .index import Index
 from .names import quote
-from .owned import in_guarded_transaction, in_transaction, triggered
+from .owned import in_guarded_transaction, in_transaction, locked, triggered
 
 __all__ = [
     "BLIND",
     "CREATE",
+    "LOCKED_ROWS",
     "NEW",
     "EntityWrite",
     "IndexRow",
@@ -101,13 +102,22 @@ class EntityWrite:
     want_body: bool  # return the old body (needed when indexes are maintained)
 
 
+#: From this many rows a step 1 batch locks its shards' ``owned`` rows once
+#: (``owned.locked``, a compound statement of about 150 µs of server CPU) instead of
+#: each row's trigger looking its shard up (about 17 µs a row).
+LOCKED_ROWS = 16
+
+
 def upsert_rows_sql(
-    rows: Iterable[IndexRow], dbs: Sequence[str], owned: str | None = None
+    rows: Sequence[IndexRow], dbs: Sequence[str], owned: str | None = None
 ) -> tuple[str, list[Any]]:
     """Step 1: one multi-row upsert per (logical shard, index) table (``owned``: the
     owned layout's data database: rows carry their shard; every upsert fires the
-    guard's triggers, so the batch needs no check)."""
+    guard's triggers, so the batch needs no check; from ``LOCKED_ROWS`` rows it is
+    ``locked``)."""
     stmts, params = upserts_sql(rows, dbs, owned is not None)
+    if owned is not None and len(rows) >= LOCKED_ROWS:
+        return locked(stmts, owned, {r.shard for r in rows}), params
     return triggered(stmts, owned), params
 
 

@@ -67,9 +67,10 @@ def _builders(dbs: list[str], owned: str | None) -> dict[str, tuple[bool, str]]:
 
 def test_every_builder_of_the_cleaner_ends_its_batch_with_the_check() -> None:
     """Owned layout: a read's check comes after its rows, a write's before its COMMIT
-    in one transaction (a batch of many rows: a locking check first); every statement that reads by anything but an id or a primary
-    key names its shards; rows written carry their shard.  The other layout: the
-    statements it always sent, without a check or a ``shard`` column."""
+    in one transaction (a batch of many rows: a locking check first); every statement
+    that reads by anything but an id or a primary key names its shards; rows written
+    carry their shard.  The other layout: the statements it always sent, without a
+    check or a ``shard`` column."""
     names = {n for n in cleaner_sql.__all__ if n.endswith("_sql")}
     owned = _builders(["d"] * 4, "d")
     assert set(owned) == names  # a new builder is checked here too

@@ -16,6 +16,7 @@ from schemaless.names import quote
 from schemaless.owned import LOCKED, admin, locked
 
 BY_N = Index("by_n", {"n": "int"})
+_SLEEPING = "SELECT 1 FROM information_schema.PROCESSLIST WHERE `INFO` = 'DO SLEEP(0.6)'"
 
 
 def _setup(make_store: Any) -> tuple[DataStore, Any, str, int, int]:
@@ -41,7 +42,7 @@ def _fence(server: Any, db: str, shard: int) -> None:
 
 
 def test_a_locked_batch_of_a_shard_not_owned_writes_nothing(make_store: Any) -> None:
-    store, server, db, s, t = _setup(make_store)
+    _, server, db, s, t = _setup(make_store)
     _fence(server, db, s)
     with pytest.raises(TableMissing):
         server.run(locked([_insert(db, s, 1), _insert(db, t, 1)], db, [s, t]))
@@ -54,12 +55,13 @@ def test_a_locked_batch_of_a_shard_not_owned_writes_nothing(make_store: Any) -> 
 
 
 def test_a_fence_waits_for_a_locked_batch_and_fails_the_next(make_store: Any) -> None:
-    store, server, db, s, t = _setup(make_store)
+    _, server, db, s, _ = _setup(make_store)
     batch = locked(["DO SLEEP(0.6)", _insert(db, s, 3)], db, [s])
     done: list[float] = []
     writer = threading.Thread(target=lambda: (server.run(batch), done.append(time.monotonic())))
     writer.start()
-    time.sleep(0.2)  # the batch holds the owned row's shared lock now
+    while not server.run(admin([_SLEEPING]))[0]:  # then it holds the owned row's lock
+        time.sleep(0.01)
     _fence(server, db, s)
     fenced = time.monotonic()
     writer.join()

@@ -25,6 +25,7 @@ from schemaless.owned import (
     check_sql,
     data_db,
     digest,
+    locked,
     owns_sql,
     placement,
     shards_sql,
@@ -35,6 +36,7 @@ from schemaless.topology import Topology
 from schemaless.writes import (
     BLIND,
     CREATE,
+    LOCKED_ROWS,
     NEW,
     EntityWrite,
     IndexRow,
@@ -130,6 +132,17 @@ def test_index_row_writes_are_triggered(build: Callable[[], tuple[str, list[Any]
     if "INSERT" in sql:  # each row names its shard first
         assert "(`shard`, `p_user_id`, `entity_id`, `entity_version`)" in sql
         assert params[:2] == [3, 3] and params[4] == 12
+
+
+def test_a_step_1_of_many_rows_locks_its_shards_once() -> None:
+    """From ``LOCKED_ROWS`` rows (a ``put_many``), step 1 takes its shards' ``owned``
+    rows in share mode before its writes, and the triggers skip their lookup."""
+    rows = [IndexRow(BY_USER, 3 + i % 2, (i,), ID, 7) for i in range(LOCKED_ROWS)]
+    sql, params = upsert_rows_sql(rows, DBS, DB)
+    assert sql == locked(sql.split(";\n")[3:-2], DB, [3, 4]) and CHECK in sql
+    assert sql.count("%s") == len(params)
+    few, _ = upsert_rows_sql(rows[: LOCKED_ROWS - 1], DBS, DB)
+    assert few.startswith(TRIGGERED) and CHECK not in few
 
 
 def test_a_read_by_id_is_its_own_check_of_exactly_its_shards() -> None:

@@ -109,17 +109,17 @@ def test_index_upserts_sql_one_statement_per_table() -> None:
 
 
 def test_index_upserts_sql_in_the_owned_layout() -> None:
-    """Each row begins with its shard; the check of every shard written comes before
-    the COMMIT (a unique index's owners are read in the transaction, before it)."""
+    """Each row begins with its shard; the locking check of every shard written comes
+    first in the transaction (a unique index's owners are read in it, after)."""
     groups = [(1, [("a", 1, b"k", 5)]), (3, [("a", 2, b"k", 5), ("b", 2, b"j", 6)])]
     sql, params = index_upserts_sql(["d"] * 4, "d", BY_TAG, groups)
     assert sql.count("INSERT INTO `d`.`index_by_tag` (`shard`, ") == 2
     assert sql.count("%s") == len(params) == 15
     assert params[:5] == [1, "a", 1, b"k", 5] and params[5] == params[10] == 3
-    assert sql.index(CHECK) < sql.index("COMMIT") and "IN (1, 3)) < 2" in sql
+    assert sql.index(CHECK) < sql.index("INSERT") and "IN (1, 3) LOCK IN SHARE MODE) < 2" in sql
     unique = Index("u", {"n": "int"}, unique=True)
     sql, _ = index_upserts_sql(["d"] * 4, "d", unique, [(2, [(7, b"k", 1)])])
-    assert sql.index("INSERT") < sql.index("SELECT `p_n`") < sql.index(CHECK) < sql.index("COMMIT")
+    assert sql.index(CHECK) < sql.index("INSERT") < sql.index("SELECT `p_n`") < sql.index("COMMIT")
 
 
 def test_index_upserts_sql_renders_integer_and_byte_rows() -> None:

@@ -22,9 +22,20 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .catalogdb import now_us
-from .edges import Edges, check_limit, check_type, pack_cursor, table_names, unpack_cursor
+from .edges import (
+    Edges,
+    NotCreated,
+    check_limit,
+    check_type,
+    create_tables,
+    missing_tables,
+    pack_cursor,
+    table_names,
+    unpack_cursor,
+)
+from .edges import tables_sql as edge_tables_sql
 from .entity import Entity
-from .errors import InvalidQuery, SchemalessError
+from .errors import InvalidQuery, PermissionDenied, SchemalessError
 from .feed import ChangeEvent, ChangeFeed, enable_changes, encode_cursor
 from .ids import to_id
 from .names import quote
@@ -82,8 +93,10 @@ class Feeds:
 
     ``pull_threshold``: authors with more followers are pulled at read time (the
     worker's decision, sticky).  ``backfill``: how many of a followee's newest posts
-    ``follow`` copies into the follower's timeline.  The change feed is turned on if
-    it is off (the worker reads it).
+    ``follow`` copies into the follower's timeline.  ``create``: the change feed (the
+    worker reads it) is turned on if it is off and the tables a server lacks are
+    created; that needs the admin's rights, so for the application's user an admin
+    runs ``schemaless feeds create NAME`` first (else ``NotCreated`` names it).
     """
 
     def __init__(
@@ -94,6 +107,7 @@ class Feeds:
         pull_threshold: int = 1000,
         backfill: int = 200,
         timeout: float | None = None,
+        create: bool = True,
     ) -> None:
         if len(check_type(name)) > 30:
             raise InvalidQuery(f"feed name {name!r} is longer than 30")
@@ -102,12 +116,37 @@ class Feeds:
                 raise InvalidQuery(f"{what} must be an int >= 0, got {value!r}")
         self.ds, self.name, self.timeout = ds, name, timeout
         self.pull_threshold, self.backfill = pull_threshold, backfill
-        self.graph = Edges(ds, f"{name}_follows", inverse=f"{name}_followers", timeout=timeout)
+        self.graph = Edges(
+            ds, f"{name}_follows", inverse=f"{name}_followers", timeout=timeout, create=False
+        )
         self.subscription = f"feeds_{name}"
         self.inbox, self.posts_table, self.pulled = _tables(name)
-        enable_changes(ds.cluster)
-        ds.cluster._on_dbs(ds.cluster.current(), lambda db: tables_sql(db, name))
         self._pulled: set[bytes] = set()  # authors known to be pulled (the worker's)
+        tables = [t for k in self.graph.kinds() for t in table_names(k)] + list(_tables(name))
+        if create and (not ds.cluster.refresh().changes or missing_tables(ds, tables)):
+            self.create()
+
+    def create(self) -> None:
+        """Turn the change feed on and create the feed's tables and its follow graph's
+        on every server (idempotent); ``NotCreated`` for a user without the right to."""
+        command = f"schemaless feeds create {self.name}"
+        try:
+            enable_changes(self.ds.cluster)
+        except PermissionDenied as exc:
+            raise NotCreated(
+                f"feed {self.name!r} needs the change feed, which is off, and this user may"
+                f" not turn it on: run `{command}` once as the datastore's admin ({exc})"
+            ) from exc
+        kinds = self.graph.kinds()
+        create_tables(
+            self.ds,
+            lambda db: [
+                *(s for k in kinds for s in edge_tables_sql(db, k)),
+                *tables_sql(db, self.name),
+            ],
+            f"feed {self.name!r}",
+            command,
+        )
 
     # -- the graph ----------------------------------------------------------------------
 

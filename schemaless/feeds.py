@@ -8,10 +8,11 @@ the subscription ``feeds_<name>`` and fans each post out into narrow ``inbox`` r
 (reader, time, post, author: no body) on each follower's shard; an author with more
 than ``pull_threshold`` followers is *pulled* instead: one row on every server's
 ``pulled`` list, and ``home`` reads such followees' ``posts`` rows at read time.
-Inbox rows are keyed by (reader, post), so a post fanned out again after a crash is
-never doubled.  ``home`` joins the inbox with the reader's follow edges, so after
-``unfollow`` nothing of the followee shows, whatever a fan-out in flight still writes;
-deleted and expired posts are dropped when the page is hydrated.  docs/feeds.md.
+Inbox rows are keyed by (reader, time, post) with the post's first time (its posts
+row's), so a post fanned out again after a crash, or updated, is never doubled.
+``home`` joins the inbox with the reader's follow edges, so after ``unfollow`` nothing
+of the followee shows, whatever a fan-out in flight still writes; deleted and expired
+posts are dropped when the page is hydrated.  docs/feeds.md.
 """
 
 from __future__ import annotations
@@ -56,15 +57,16 @@ _Row = tuple[int, bytes, bytes]  # (at, post, author)
 
 def tables_sql(db: str, name: str) -> list[str]:
     """A feed's inbox and posts tables (guarded) and its server-wide pulled list.  An
-    inbox is clustered in reading order (a page is one range, no lookups) and holds a
-    post once per reader (``once``: a fan-out done again adds nothing)."""
+    inbox is clustered in reading order (a page is one range, no lookups), its only
+    key: a post's time is its first version's (the posts row's, ``once`` a post), so a
+    fan-out done again, or of a later version, writes the same rows, which are kept."""
     inbox, posts, pulled = _tables(name)
     return [
         f"CREATE TABLE IF NOT EXISTS {quote(db, inbox)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
         " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
         " `author` BINARY(16) NOT NULL,"
-        " PRIMARY KEY (`shard`, `user`, `at`, `post`), UNIQUE KEY `once` (`shard`, `user`, `post`)"
+        " PRIMARY KEY (`shard`, `user`, `at`, `post`)"
         ") ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {quote(db, posts)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL, `author` BINARY(16) NOT NULL,"
@@ -304,29 +306,37 @@ class Feeds:
 
         return _newest(self.ds.calls.call(run, self.timeout), n)
 
-    def _write_posts(self, posts: list[tuple[bytes, int, bytes]]) -> None:
-        """The posts rows ``(author, at, post)``, one transaction per server."""
+    def _write_posts(self, posts: list[tuple[bytes, int, bytes]]) -> dict[bytes, int]:
+        """The posts rows ``(author, at, post)``, one transaction per server (a post
+        present keeps its row); each post's time as stored: its first version's, so
+        the inbox rows of a fan-out done again (or of a later version) are the same."""
 
-        def run() -> None:
+        def run() -> dict[bytes, int]:
             topo = self.ds.cluster.current()
             table = self._q(topo, self.posts_table)
             shard = self.ds.cluster.shard_of_id
 
             def build(group: list[tuple[bytes, int, bytes]]) -> Statement:
                 values = ", ".join(f"({shard(a)}, %s, %s, %s)" for a, _, _ in group)
+                shards = sorted({shard(a) for a, _, _ in group})
                 sql = in_guarded_transaction(
                     [
                         f"INSERT IGNORE INTO {table} (`shard`, `author`, `at`, `post`)"
-                        f" VALUES {values}"
+                        f" VALUES {values}",
+                        f"SELECT `post`, `at` FROM {table} WHERE `shard` IN"
+                        f" ({', '.join(map(str, shards))}) AND (`author`, `post`) IN"
+                        f" ({', '.join(['(%s, %s)'] * len(group))})",
                     ],
                     topo.owned_db,
-                    [shard(a) for a, _, _ in group],
+                    shards,
                 )
-                return sql, [v for p in group for v in p]
+                return sql, [v for p in group for v in p] + [v for a, _, p in group for v in (a, p)]
 
-            self.ds.cluster.scatter(topo, by_server(topo, posts, lambda p: shard(p[0])), build)
+            groups = by_server(topo, posts, lambda p: shard(p[0]))
+            results = self.ds.cluster.scatter(topo, groups, build).results
+            return {bytes(p): int(at) for sets in results.values() for p, at in sets[0]}
 
-        self.ds.calls.call(run, self.timeout)
+        return self.ds.calls.call(run, self.timeout)
 
     def _insert_inbox(self, rows: Mapping[bytes, Iterable[_Row]]) -> None:
         """Inbox rows by reader, one transaction per server (a row present: kept)."""
@@ -388,15 +398,15 @@ class Feeds:
         ]
         if not posts:
             return 0
-        self._write_posts(posts)
+        stored = self._write_posts(posts)
         counts = self.graph.counts_inverse({a for a, _, _ in posts} - self._pulled)
         for author, n in counts.items():
             if n > self.pull_threshold:
                 self._pull(author)
         by_author: dict[bytes, list[_Row]] = {}
-        for author, at, post in posts:
+        for author, _, post in posts:
             if author not in self._pulled:
-                by_author.setdefault(author, []).append((at, post, author))
+                by_author.setdefault(author, []).append((stored[post], post, author))
         inbox: dict[bytes, list[_Row]] = {}
         for author, rows in by_author.items():
             for chunk in self.graph.sources(author, _FAN):

@@ -55,6 +55,7 @@ from schemaless.scatter import shard_is
 from .data import WORDS, entity_id
 from .env import RawClient, Servers, machine_info, set_server_globals, start_cluster
 from .measure import run_interleaved, run_threads
+from .provenance import load_average, provenance
 
 __all__ = ["TimelineConfig", "run_timeline"]
 
@@ -694,78 +695,93 @@ def fanout_main(argv: Sequence[str] | None = None) -> None:
         drop_prefix(servers, a.prefix)
 
 
+Read = tuple[Callable[[Any], object], Any]  # a model's home() and its readers
+
+
 def feeds_table(
-    servers: Servers, prefix: str, scale: float, threads: int = 8, seconds: float = 2.0
+    servers: Servers,
+    prefix: str,
+    scale: float,
+    threads: int = 8,
+    seconds: float = 6.0,
+    rounds: int = 3,
 ) -> dict[str, dict[str, float]]:
     """Oku's table with the library (``schemaless.feeds``): push (no author pulled),
     pull (every author pulled) and the hybrid (authors above the 99th percentile of
-    followers pulled) on the same graph and messages: load seconds (follows, posts,
-    fan-out), home() timelines per second, MB of the data database."""
+    followers pulled), and the post's raw push and pull, on the same graph and
+    messages: load seconds (follows, posts, fan-out) and MB of each, then first pages
+    of 20 read by one thread from every model in alternating slices (``rounds`` of
+    each, ``seconds`` in all per model), so background load weighs on all alike."""
     users = max(2, round(10_000 * scale))
     graph = Graph(users, max(10, round(1_000_000 * scale)), 42.9)
     top = sorted(map(len, graph.followers))[users * 99 // 100]
+    readers = random.Random(5).sample(range(users), min(users, 500))
     out: dict[str, dict[str, float]] = {}
-    for model, threshold in (("push", 10**9), ("pull", 0), ("hybrid", top)):
-        ds = DataStore(
-            list(servers.addresses),
-            prefix=f"{prefix}_tl_feeds_{model}",
-            shards=16,
-            changes=True,
-            option_file=servers.option_file,
-            pool_size=threads + 8,
-        )
-        try:
-            out[model] = _feeds_model(ds, graph, threshold, threads, seconds)
-        finally:
-            ds.close()
-        _log(f"  feeds {model} (pulled above {threshold} followers): {out[model]}")
-    out.update(_raw_models(servers, prefix, graph, threads, seconds))
-    return out
-
-
-def _raw_models(
-    servers: Servers, prefix: str, graph: Graph, threads: int, seconds: float
-) -> dict[str, dict[str, float]]:
-    """The post's raw push and pull (its SQL on the first server) on the same graph."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    reads: dict[str, Read] = {}
+    stores: list[DataStore] = []
     tl = Timeline(servers, TimelineConfig(prefix=prefix), graph)
-    out: dict[str, dict[str, float]] = {}
-    readers = itertools.cycle(random.Random(5).sample(range(graph.users), min(graph.users, 500)))
     try:
-        tl.create_raw()
-        for model, submit, read, db in (
-            ("raw push", tl.submit_raw_push, tl.raw_push_timeline, tl.db_push),
-            ("raw pull", tl.submit_raw_pull, tl.raw_pull_timeline, tl.db_pull),
-        ):
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(submit, range(graph.messages)))
-            row = {"posts_s": round(time.perf_counter() - t0, 1)}
-            s = run_threads(_with(read, None), readers, 1, seconds).summary()
-            row["timelines_per_s"], row["p50_ms"] = s["throughput"], s["p50_ms"]
-            servers.admin(
-                0,
-                f"ANALYZE TABLE `{db}`.`message`"
-                + (", `{db}`.`mailbox`" if "push" in model else ""),
+        for model, threshold in (("push", 10**9), ("pull", 0), ("hybrid", top)):
+            ds = DataStore(
+                list(servers.addresses),
+                prefix=f"{prefix}_tl_feeds_{model}",
+                shards=16,
+                changes=True,
+                option_file=servers.option_file,
+                pool_size=threads + 8,
             )
-            size = servers.admin(
-                0,
-                "SELECT SUM(data_length + index_length) FROM information_schema.tables"
-                " WHERE table_schema = %s",
-                (db,),
-            )[0][0]
-            row["size_mb"] = round(int(size) / 1e6, 1)
-            out[model] = row
-            _log(f"  {model}: {row}")
+            stores.append(ds)
+            out[model], reads[model] = _feeds_model(ds, graph, threshold, threads, readers)
+            _log(f"  feeds {model} (pulled above {threshold} followers): {out[model]}")
+        for model, (row, read) in _raw_models(tl, servers, threads, readers).items():
+            out[model], reads[model] = row, read
+        for model, sample in run_interleaved(reads, 1, seconds, rounds).items():
+            s = sample.summary()
+            out[model]["timelines_per_s"], out[model]["p50_ms"] = s["throughput"], s["p50_ms"]
     finally:
+        for ds in stores:
+            ds.close()
         tl.close()
     return out
 
 
+def _raw_models(
+    tl: Timeline, servers: Servers, threads: int, readers: list[int]
+) -> dict[str, tuple[dict[str, float], Read]]:
+    """The post's raw push and pull (its SQL on the first server), loaded: load
+    seconds, MB and the reads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out: dict[str, tuple[dict[str, float], Read]] = {}
+    tl.create_raw()
+    for model, submit, read, db in (
+        ("raw push", tl.submit_raw_push, tl.raw_push_timeline, tl.db_push),
+        ("raw pull", tl.submit_raw_pull, tl.raw_pull_timeline, tl.db_pull),
+    ):
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(submit, range(tl.g.messages)))
+        row = {"posts_s": round(time.perf_counter() - t0, 1)}
+        servers.admin(
+            0,
+            f"ANALYZE TABLE `{db}`.`message`" + (f", `{db}`.`mailbox`" if "push" in model else ""),
+        )
+        size = servers.admin(
+            0,
+            "SELECT SUM(data_length + index_length) FROM information_schema.tables"
+            " WHERE table_schema = %s",
+            (db,),
+        )[0][0]
+        row["size_mb"] = round(int(size) / 1e6, 1)
+        out[model] = row, (_with(read, None), itertools.cycle(readers))
+        _log(f"  {model}: {row}")
+    return out
+
+
 def _feeds_model(
-    ds: DataStore, graph: Graph, threshold: int, threads: int, seconds: float
-) -> dict[str, float]:
+    ds: DataStore, graph: Graph, threshold: int, threads: int, readers: list[int]
+) -> tuple[dict[str, float], Read]:
+    """One model loaded through the library: load seconds, MB and its reads."""
     from concurrent.futures import ThreadPoolExecutor
 
     from schemaless import Feeds
@@ -785,9 +801,13 @@ def _feeds_model(
     t0 = time.perf_counter()
     feeds.work(once=True)
     row["fan_out_s"] = round(time.perf_counter() - t0, 1)
-    readers = itertools.cycle(random.Random(5).sample(ids, min(graph.users, 500)))
-    s = run_threads(feeds.home, readers, 1, seconds).summary()
-    row["timelines_per_s"], row["p50_ms"] = s["throughput"], s["p50_ms"]
+    row["size_mb"] = round(_data_bytes(ds) / 1e6, 1)
+    return row, (feeds.home, itertools.cycle([ids[u] for u in readers]))
+
+
+def _data_bytes(ds: DataStore) -> int:
+    """``data_length + index_length`` of the data database on every server, after
+    ``ANALYZE TABLE``."""
     db = ds.cluster.current().owned_db
     total = 0
     for server in ds.cluster.servers():
@@ -800,8 +820,7 @@ def _feeds_model(
             (db,),
         )
         total += int(rows[0][0][0])
-    row["size_mb"] = round(total / 1e6, 1)
-    return row
+    return total
 
 
 def feeds_main(argv: Sequence[str] | None = None) -> None:
@@ -811,13 +830,16 @@ def feeds_main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="feeds table")
     p.add_argument("--scale", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=6.0, help="of reads per model")
     p.add_argument("--dir", default=".bench-cluster")
     p.add_argument("--prefix", default="bench")
     a = p.parse_args(argv)
     servers = start_cluster(a.dir, 2, durable=True)
     drop_prefix(servers, a.prefix)
+    before = load_average()
     try:
-        rows = feeds_table(servers, a.prefix, a.scale, a.threads)
+        rows = feeds_table(servers, a.prefix, a.scale, a.threads, a.seconds)
+        print(f"{provenance(argv)}; load average before {before}, after {load_average()}")
         for model, row in rows.items():
             print(model, row)
         for model in ("push", "pull"):

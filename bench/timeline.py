@@ -823,6 +823,87 @@ def _data_bytes(ds: DataStore) -> int:
     return total
 
 
+#: The floor of an inbox row: what InnoDB costs for each layout, on the same rows.
+INBOX_LAYOUTS = {
+    "raw mailbox (INT user, INT message)": (
+        "`user` INT UNSIGNED NOT NULL, `post` INT UNSIGNED NOT NULL, PRIMARY KEY (`user`, `post`)"
+    ),
+    "floor (BINARY(16) user, BIGINT time, BINARY(16) post)": (
+        "`user` BINARY(16) NOT NULL, `at` BIGINT UNSIGNED NOT NULL,"
+        " `post` BINARY(16) NOT NULL, PRIMARY KEY (`user`, `at`, `post`)"
+    ),
+    "inbox (floor + shard, author)": (
+        "`shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
+        " `author` BINARY(16) NOT NULL, PRIMARY KEY (`shard`, `user`, `at`, `post`)"
+    ),
+    "inbox with a second key (user, post), as before": (
+        "`shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
+        " `author` BINARY(16) NOT NULL, PRIMARY KEY (`shard`, `user`, `at`, `post`),"
+        " UNIQUE KEY `once` (`shard`, `user`, `post`)"
+    ),
+}
+
+
+def inbox_floor(
+    servers: Servers, prefix: str, users: int = 1000, messages: int = 5000
+) -> dict[str, float]:
+    """Bytes per row (``data_length + index_length`` after ``ANALYZE``) of each
+    ``INBOX_LAYOUTS`` table holding the same mailbox rows of a ``Graph``, inserted in
+    fan-out order (message after message, its followers' rows)."""
+    graph = Graph(users, messages, 42.9)
+    ids = [entity_id(10**9 + u, random.Random(u)) for u in range(users)]
+    posts = [graph.message(k)[:2] for k in range(messages)]  # (author, id)
+    mailbox = [(f, k) for k, (author, _) in enumerate(posts) for f in graph.followers[author]]
+    shapes: list[Callable[[int, int], tuple[Any, ...]]] = [
+        lambda f, k: (f, k + 1),
+        lambda f, k: (ids[f], k + 1, posts[k][1]),
+        lambda f, k: (0, ids[f], k + 1, posts[k][1], ids[posts[k][0]]),
+        lambda f, k: (0, ids[f], k + 1, posts[k][1], ids[posts[k][0]]),
+    ]
+    db = f"{prefix}_tl_floor"
+    servers.admin(0, f"CREATE DATABASE IF NOT EXISTS `{db}`")
+    out: dict[str, float] = {}
+    for n, ((name, columns), shape) in enumerate(zip(INBOX_LAYOUTS.items(), shapes, strict=True)):
+        table = f"`{db}`.`t{n}`"
+        servers.admin(0, f"CREATE TABLE {table} ({columns}) ENGINE=InnoDB")
+        for start in range(0, len(mailbox), 2000):
+            values = [shape(f, k) for f, k in mailbox[start : start + 2000]]
+            marks = "(" + ", ".join(["%s"] * len(values[0])) + ")"
+            flat = [v for row in values for v in row]
+            servers.admin(0, f"INSERT INTO {table} VALUES {', '.join([marks] * len(values))}", flat)
+        servers.admin(0, f"ANALYZE TABLE {table}")
+        size = servers.admin(
+            0,
+            "SELECT data_length + index_length FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name = %s",
+            (db, f"t{n}"),
+        )[0][0]
+        out[name] = round(int(size) / len(mailbox), 1)
+    return out
+
+
+def floor_main(argv: Sequence[str] | None = None) -> None:
+    """``python -c 'from bench.timeline import floor_main; floor_main()'``: bytes per
+    inbox row of each layout (``inbox_floor``)."""
+    from .harness import drop_prefix
+
+    p = argparse.ArgumentParser(prog="inbox floor")
+    p.add_argument("--users", type=int, default=1000)
+    p.add_argument("--messages", type=int, default=5000)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    a = p.parse_args(argv)
+    servers = start_cluster(a.dir, 2, durable=True)
+    drop_prefix(servers, a.prefix)
+    try:
+        for name, per_row in inbox_floor(servers, a.prefix, a.users, a.messages).items():
+            print(f"{name}: {per_row} bytes a row")
+    finally:
+        drop_prefix(servers, a.prefix)
+
+
 def feeds_main(argv: Sequence[str] | None = None) -> None:
     """``python -c 'from bench.timeline import feeds_main; feeds_main()'`` (--scale)."""
     from .harness import drop_prefix

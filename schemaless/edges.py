@@ -370,13 +370,15 @@ class Edges:
     def sources(self, dst: Any, chunk: int = 5000) -> Iterator[list[bytes]]:
         """Every node with an edge reaching ``dst`` (the inverse), newest first, in
         lists of ``chunk`` (one round trip each): a fan-out's reader."""
-        dst, cursor = to_id(dst), None
-        while True:
-            page = self._page(self._inverse(), dst, chunk, cursor, forward=False)
-            yield [e.src for e in page]
-            if page.cursor is None:
+        dst, kind = to_id(dst), self._inverse()
+        params: tuple[Any, ...] = (dst,)
+        while True:  # the page's statement, without an Edge (or data unpacked) per row
+            rows = self._read(kind, dst, _paged(chunk + 1, len(params) > 1), params)
+            yield [bytes(r[0]) for r in rows[:chunk]]
+            if len(rows) <= chunk:
                 return
-            cursor = page.cursor
+            last = rows[chunk - 1]
+            params = (dst, int(last[1]), int(last[1]), bytes(last[0]))
 
     def _inverse(self) -> str:
         if self.inverse is None:
@@ -523,6 +525,11 @@ class Edges:
             return {(bytes(s), bytes(d)) for rows in results.values() for s, d in rows[0]}
 
         return self.ds.calls.call(run, self.timeout) if pairs else set()
+
+
+def _paged(limit: int, after: bool) -> Callable[[_Side], Callable[[int], str]]:
+    """A page's statement of ``limit`` rows (``after``: past a keyset position)."""
+    return lambda side: lambda shard: side.page(shard, limit, after)
 
 
 def _pack(data: Any) -> bytes | None:

@@ -339,30 +339,36 @@ class Feeds:
         return self.ds.calls.call(run, self.timeout)
 
     def _insert_inbox(self, rows: Mapping[bytes, Iterable[_Row]]) -> None:
-        """Inbox rows by reader, one transaction per server (a row present: kept)."""
-        flat = [(user, r) for user, rs in rows.items() for r in rs]
-        for start in range(0, len(flat), _FAN):
-            part = flat[start : start + _FAN]
+        """Inbox rows by reader, in rounds of up to ``_FAN`` rows a server, one
+        transaction per server (a row present: kept)."""
+        flat = [
+            (shard, user, r)
+            for user, rs in rows.items()
+            for shard in [self.ds.cluster.shard_of_id(user)]
+            for r in rs
+        ]
+        step = _FAN * len(self.ds.cluster.current().servers)
+        for start in range(0, len(flat), step):
+            part = flat[start : start + step]
             self.ds.calls.call(functools.partial(self._inbox_batch, part), self.timeout)
 
-    def _inbox_batch(self, part: list[tuple[bytes, _Row]]) -> None:
+    def _inbox_batch(self, part: list[tuple[int, bytes, _Row]]) -> None:
         topo = self.ds.cluster.current()
         table = self._q(topo, self.inbox)
-        shard = self.ds.cluster.shard_of_id
 
-        def build(group: list[tuple[bytes, _Row]]) -> Statement:
-            values = ", ".join(f"({shard(u)}, %s, %s, %s, %s)" for u, _ in group)
+        def build(group: list[tuple[int, bytes, _Row]]) -> Statement:
+            values = ", ".join(f"({s}, %s, %s, %s, %s)" for s, _, _ in group)
             sql = in_guarded_transaction(
                 [
                     f"INSERT IGNORE INTO {table} (`shard`, `user`, `at`, `post`, `author`)"
                     f" VALUES {values}"
                 ],
                 topo.owned_db,
-                [shard(u) for u, _ in group],
+                [s for s, _, _ in group],
             )
-            return sql, [v for u, (at, post, author) in group for v in (u, at, post, author)]
+            return sql, [v for _, u, (at, post, author) in group for v in (u, at, post, author)]
 
-        self.ds.cluster.scatter(topo, by_server(topo, part, lambda p: shard(p[0])), build)
+        self.ds.cluster.scatter(topo, by_server(topo, part, lambda p: p[0]), build)
 
     # -- the fan-out worker -------------------------------------------------------------
 

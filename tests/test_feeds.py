@@ -91,6 +91,26 @@ def test_an_updated_post_keeps_its_place_and_is_never_doubled(ds: DataStore) -> 
     assert [k for (k,) in keys] == ["PRIMARY"]  # narrow: no second key per row
 
 
+def test_a_fan_out_in_many_rounds_reaches_every_follower(
+    ds: DataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Followers read, and inbox rows written, a few at a time (``_FAN`` made 2): every
+    follower gets the post once."""
+    import schemaless.feeds
+
+    monkeypatch.setattr(schemaless.feeds, "_FAN", 2)
+    feeds = Feeds(ds, "home")
+    star, fans = new_id(), [new_id() for _ in range(11)]
+    for fan in fans:
+        feeds.follow(fan, star)
+    posts = [{"text": "one"}, {"text": "two"}]
+    for post in posts:
+        feeds.post(star, post)
+    assert feeds.work(once=True) == 2
+    for fan in fans:
+        assert _ids(feeds.home(fan)) == [posts[1]["id"], posts[0]["id"]]
+
+
 def test_a_celebrity_is_pulled_once_above_the_threshold(ds: DataStore) -> None:
     feeds = Feeds(ds, "home", pull_threshold=2)
     star, fans = new_id(), [new_id() for _ in range(4)]

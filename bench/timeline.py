@@ -55,6 +55,7 @@ from schemaless.scatter import shard_is
 from .data import WORDS, entity_id
 from .env import RawClient, Servers, machine_info, set_server_globals, start_cluster
 from .measure import run_interleaved, run_threads
+from .provenance import load_average, provenance
 
 __all__ = ["TimelineConfig", "run_timeline"]
 
@@ -607,160 +608,7 @@ if __name__ == "__main__":
     main()
 
 
-# -- the hot node: Facebook's "non-stored procedures" (issue 41) ------------------------
-
-
-def _serve_proxies(targets: list[str], delay: float, pipe: Any) -> None:
-    """A process of TCP proxies, one per target, each adding ``delay`` s each way."""
-    import asyncio
-
-    async def pump(reader: Any, writer: Any) -> None:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def send() -> None:
-            while True:
-                at, data = await queue.get()
-                if not data:
-                    writer.close()
-                    return
-                if at > loop.time():
-                    await asyncio.sleep(at - loop.time())
-                writer.write(data)
-                await writer.drain()
-
-        task = asyncio.create_task(send())
-        try:
-            while data := await reader.read(65536):
-                queue.put_nowait((loop.time() + delay, data))
-        finally:
-            queue.put_nowait((0.0, b""))
-            await task
-
-    def handler(target: str) -> Callable[[Any, Any], Any]:
-        host, _, port = target.rpartition(":")
-
-        async def client(reader: Any, writer: Any) -> None:
-            up_r, up_w = await asyncio.open_connection(host, int(port))
-            await asyncio.gather(pump(reader, up_w), pump(up_r, writer), return_exceptions=True)
-
-        return client
-
-    async def main() -> None:
-        started = [await asyncio.start_server(handler(t), "127.0.0.1", 0) for t in targets]
-        pipe.send([f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in started])
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-
-
-def _naive_add(servers: Servers, db: str, local: Any, user: int, entry: int) -> None:
-    """A like the naive way: per side START TRANSACTION, insert the edge, update the
-    count, COMMIT, each a round trip (the count row locked across two of them)."""
-    if not hasattr(local, "conns"):
-        local.conns = [servers.connect(i) for i in range(len(servers.addresses))]
-    for i, kind, node, other in ((0, "liked_by", entry, user), (1, "likes", user, entry)):
-        cur = local.conns[i].cursor()
-        cur.execute("START TRANSACTION")
-        cur.execute(f"INSERT IGNORE INTO `{db}`.`{kind}` VALUES (%s, %s)", (node, other))
-        if cur.rowcount:
-            cur.execute(f"UPDATE `{db}`.`{kind}_n` SET `n` = `n` + 1 WHERE `node` = %s", (node,))
-        cur.execute("COMMIT")
-
-
-def hot_node(
-    servers: Servers, prefix: str, threads: int, seconds: float, delay_ms: float
-) -> dict[str, Any]:
-    """``threads`` clients liking one entry (``Edges.add`` with the inverse ``liked_by``:
-    the entry's count the hot row) for ``seconds``, against the naive way; through
-    proxies adding ``delay_ms`` each way when > 0.  Adds/s and whether counts are exact."""
-    import multiprocessing
-    import threading
-
-    from schemaless import Edges, new_id
-
-    proc = None
-    via = servers
-    if delay_ms > 0:
-        ctx = multiprocessing.get_context("spawn")
-        mine, theirs = ctx.Pipe()
-        proc = ctx.Process(
-            target=_serve_proxies, args=(list(servers.addresses), delay_ms / 1000, theirs)
-        )
-        proc.start()
-        via = Servers(tuple(mine.recv()), servers.option_file)
-    tag = f"{int(delay_ms * 1000)}us"
-    raw = f"{prefix}_tl_hotraw_{tag}"
-    out: dict[str, Any] = {"delay_ms": delay_ms, "threads": threads}
-    try:
-        for i in range(len(servers.addresses)):
-            servers.admin(
-                i,
-                f"CREATE DATABASE IF NOT EXISTS `{raw}`;"
-                + ";".join(
-                    f"CREATE TABLE `{raw}`.`{k}` (`src` BIGINT, `dst` BIGINT,"
-                    f" PRIMARY KEY (`src`, `dst`)) ENGINE=InnoDB;"
-                    f"CREATE TABLE `{raw}`.`{k}_n` (`node` BIGINT PRIMARY KEY, `n` BIGINT)"
-                    f" ENGINE=InnoDB; INSERT INTO `{raw}`.`{k}_n` VALUES (0, 0)"
-                    for k in ("likes", "liked_by")
-                ),
-            )
-        local = threading.local()
-        users = itertools.count(1)
-        s = run_threads(
-            lambda u: _naive_add(via, raw, local, u, 0), users, threads, seconds
-        ).summary()
-        n = servers.admin(0, f"SELECT `n` FROM `{raw}`.`liked_by_n` WHERE `node` = 0")[0][0]
-        out["naive"] = {"per_s": s["throughput"], "p99_ms": s["p99_ms"], "exact": n == s["ops"]}
-        ds = DataStore(
-            list(via.addresses),
-            prefix=f"{prefix}_tl_hot_{tag}",
-            shards=16,
-            option_file=servers.option_file,
-            pool_size=threads + 4,
-        )
-        try:
-            likes = Edges(ds, "likes", inverse="liked_by")
-            entry = new_id()
-            s = run_threads(
-                lambda _: likes.add(new_id(), entry), itertools.count(), threads, seconds
-            ).summary()
-            exact = likes.count_inverse(entry) == s["ops"]
-            out["edges"] = {"per_s": s["throughput"], "p99_ms": s["p99_ms"], "exact": exact}
-        finally:
-            ds.close()
-        out["edges_vs_naive"] = round(out["edges"]["per_s"] / out["naive"]["per_s"], 2)
-    finally:
-        if proc is not None:
-            proc.kill()
-            proc.join()
-    return out
-
-
-def hot_main(argv: Sequence[str] | None = None) -> None:
-    """``python -c 'from bench.timeline import hot_main; hot_main()'``: the hot node
-    with and without 1 ms each way."""
-    from .harness import drop_prefix
-
-    p = argparse.ArgumentParser(prog="hot node")
-    p.add_argument("--threads", type=int, default=16)
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--dir", default=".bench-cluster")
-    p.add_argument("--prefix", default="bench")
-    a = p.parse_args(argv)
-    servers = start_cluster(a.dir, 2, durable=True)
-    drop_prefix(servers, a.prefix)
-    try:
-        for delay in (1.0, 0.0):
-            r = hot_node(servers, a.prefix, a.threads, a.seconds, delay)
-            print(
-                f"hot node, {a.threads} threads, +{delay} ms each way: naive"
-                f" {r['naive']['per_s']:.0f} adds/s (exact: {r['naive']['exact']}),"
-                f" Edges.add {r['edges']['per_s']:.0f} adds/s (exact: {r['edges']['exact']}):"
-                f" {r['edges_vs_naive']}x"
-            )
-    finally:
-        drop_prefix(servers, a.prefix)
+# -- fan-out and Oku's table with the library (issue 41) ------------------------------
 
 
 def fanout(servers: Servers, prefix: str, followers: int, threads: int = 8) -> dict[str, Any]:
@@ -847,78 +695,93 @@ def fanout_main(argv: Sequence[str] | None = None) -> None:
         drop_prefix(servers, a.prefix)
 
 
+Read = tuple[Callable[[Any], object], Any]  # a model's home() and its readers
+
+
 def feeds_table(
-    servers: Servers, prefix: str, scale: float, threads: int = 8, seconds: float = 2.0
+    servers: Servers,
+    prefix: str,
+    scale: float,
+    threads: int = 8,
+    seconds: float = 6.0,
+    rounds: int = 3,
 ) -> dict[str, dict[str, float]]:
     """Oku's table with the library (``schemaless.feeds``): push (no author pulled),
     pull (every author pulled) and the hybrid (authors above the 99th percentile of
-    followers pulled) on the same graph and messages: load seconds (follows, posts,
-    fan-out), home() timelines per second, MB of the data database."""
+    followers pulled), and the post's raw push and pull, on the same graph and
+    messages: load seconds (follows, posts, fan-out) and MB of each, then first pages
+    of 20 read by one thread from every model in alternating slices (``rounds`` of
+    each, ``seconds`` in all per model), so background load weighs on all alike."""
     users = max(2, round(10_000 * scale))
     graph = Graph(users, max(10, round(1_000_000 * scale)), 42.9)
     top = sorted(map(len, graph.followers))[users * 99 // 100]
+    readers = random.Random(5).sample(range(users), min(users, 500))
     out: dict[str, dict[str, float]] = {}
-    for model, threshold in (("push", 10**9), ("pull", 0), ("hybrid", top)):
-        ds = DataStore(
-            list(servers.addresses),
-            prefix=f"{prefix}_tl_feeds_{model}",
-            shards=16,
-            changes=True,
-            option_file=servers.option_file,
-            pool_size=threads + 8,
-        )
-        try:
-            out[model] = _feeds_model(ds, graph, threshold, threads, seconds)
-        finally:
-            ds.close()
-        _log(f"  feeds {model} (pulled above {threshold} followers): {out[model]}")
-    out.update(_raw_models(servers, prefix, graph, threads, seconds))
-    return out
-
-
-def _raw_models(
-    servers: Servers, prefix: str, graph: Graph, threads: int, seconds: float
-) -> dict[str, dict[str, float]]:
-    """The post's raw push and pull (its SQL on the first server) on the same graph."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    reads: dict[str, Read] = {}
+    stores: list[DataStore] = []
     tl = Timeline(servers, TimelineConfig(prefix=prefix), graph)
-    out: dict[str, dict[str, float]] = {}
-    readers = itertools.cycle(random.Random(5).sample(range(graph.users), min(graph.users, 500)))
     try:
-        tl.create_raw()
-        for model, submit, read, db in (
-            ("raw push", tl.submit_raw_push, tl.raw_push_timeline, tl.db_push),
-            ("raw pull", tl.submit_raw_pull, tl.raw_pull_timeline, tl.db_pull),
-        ):
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(submit, range(graph.messages)))
-            row = {"posts_s": round(time.perf_counter() - t0, 1)}
-            s = run_threads(_with(read, None), readers, 1, seconds).summary()
-            row["timelines_per_s"], row["p50_ms"] = s["throughput"], s["p50_ms"]
-            servers.admin(
-                0,
-                f"ANALYZE TABLE `{db}`.`message`"
-                + (", `{db}`.`mailbox`" if "push" in model else ""),
+        for model, threshold in (("push", 10**9), ("pull", 0), ("hybrid", top)):
+            ds = DataStore(
+                list(servers.addresses),
+                prefix=f"{prefix}_tl_feeds_{model}",
+                shards=16,
+                changes=True,
+                option_file=servers.option_file,
+                pool_size=threads + 8,
             )
-            size = servers.admin(
-                0,
-                "SELECT SUM(data_length + index_length) FROM information_schema.tables"
-                " WHERE table_schema = %s",
-                (db,),
-            )[0][0]
-            row["size_mb"] = round(int(size) / 1e6, 1)
-            out[model] = row
-            _log(f"  {model}: {row}")
+            stores.append(ds)
+            out[model], reads[model] = _feeds_model(ds, graph, threshold, threads, readers)
+            _log(f"  feeds {model} (pulled above {threshold} followers): {out[model]}")
+        for model, (row, read) in _raw_models(tl, servers, threads, readers).items():
+            out[model], reads[model] = row, read
+        for model, sample in run_interleaved(reads, 1, seconds, rounds).items():
+            s = sample.summary()
+            out[model]["timelines_per_s"], out[model]["p50_ms"] = s["throughput"], s["p50_ms"]
     finally:
+        for ds in stores:
+            ds.close()
         tl.close()
     return out
 
 
+def _raw_models(
+    tl: Timeline, servers: Servers, threads: int, readers: list[int]
+) -> dict[str, tuple[dict[str, float], Read]]:
+    """The post's raw push and pull (its SQL on the first server), loaded: load
+    seconds, MB and the reads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out: dict[str, tuple[dict[str, float], Read]] = {}
+    tl.create_raw()
+    for model, submit, read, db in (
+        ("raw push", tl.submit_raw_push, tl.raw_push_timeline, tl.db_push),
+        ("raw pull", tl.submit_raw_pull, tl.raw_pull_timeline, tl.db_pull),
+    ):
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(submit, range(tl.g.messages)))
+        row = {"posts_s": round(time.perf_counter() - t0, 1)}
+        servers.admin(
+            0,
+            f"ANALYZE TABLE `{db}`.`message`" + (f", `{db}`.`mailbox`" if "push" in model else ""),
+        )
+        size = servers.admin(
+            0,
+            "SELECT SUM(data_length + index_length) FROM information_schema.tables"
+            " WHERE table_schema = %s",
+            (db,),
+        )[0][0]
+        row["size_mb"] = round(int(size) / 1e6, 1)
+        out[model] = row, (_with(read, None), itertools.cycle(readers))
+        _log(f"  {model}: {row}")
+    return out
+
+
 def _feeds_model(
-    ds: DataStore, graph: Graph, threshold: int, threads: int, seconds: float
-) -> dict[str, float]:
+    ds: DataStore, graph: Graph, threshold: int, threads: int, readers: list[int]
+) -> tuple[dict[str, float], Read]:
+    """One model loaded through the library: load seconds, MB and its reads."""
     from concurrent.futures import ThreadPoolExecutor
 
     from schemaless import Feeds
@@ -938,9 +801,13 @@ def _feeds_model(
     t0 = time.perf_counter()
     feeds.work(once=True)
     row["fan_out_s"] = round(time.perf_counter() - t0, 1)
-    readers = itertools.cycle(random.Random(5).sample(ids, min(graph.users, 500)))
-    s = run_threads(feeds.home, readers, 1, seconds).summary()
-    row["timelines_per_s"], row["p50_ms"] = s["throughput"], s["p50_ms"]
+    row["size_mb"] = round(_data_bytes(ds) / 1e6, 1)
+    return row, (feeds.home, itertools.cycle([ids[u] for u in readers]))
+
+
+def _data_bytes(ds: DataStore) -> int:
+    """``data_length + index_length`` of the data database on every server, after
+    ``ANALYZE TABLE``."""
     db = ds.cluster.current().owned_db
     total = 0
     for server in ds.cluster.servers():
@@ -953,8 +820,88 @@ def _feeds_model(
             (db,),
         )
         total += int(rows[0][0][0])
-    row["size_mb"] = round(total / 1e6, 1)
-    return row
+    return total
+
+
+#: The floor of an inbox row: what InnoDB costs for each layout, on the same rows.
+INBOX_LAYOUTS = {
+    "raw mailbox (INT user, INT message)": (
+        "`user` INT UNSIGNED NOT NULL, `post` INT UNSIGNED NOT NULL, PRIMARY KEY (`user`, `post`)"
+    ),
+    "floor (BINARY(16) user, BIGINT time, BINARY(16) post)": (
+        "`user` BINARY(16) NOT NULL, `at` BIGINT UNSIGNED NOT NULL,"
+        " `post` BINARY(16) NOT NULL, PRIMARY KEY (`user`, `at`, `post`)"
+    ),
+    "inbox (floor + shard, author)": (
+        "`shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
+        " `author` BINARY(16) NOT NULL, PRIMARY KEY (`shard`, `user`, `at`, `post`)"
+    ),
+    "inbox with a second key (user, post), as before": (
+        "`shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
+        " `author` BINARY(16) NOT NULL, PRIMARY KEY (`shard`, `user`, `at`, `post`),"
+        " UNIQUE KEY `once` (`shard`, `user`, `post`)"
+    ),
+}
+
+
+def inbox_floor(
+    servers: Servers, prefix: str, users: int = 1000, messages: int = 5000
+) -> dict[str, float]:
+    """Bytes per row (``data_length + index_length`` after ``ANALYZE``) of each
+    ``INBOX_LAYOUTS`` table holding the same mailbox rows of a ``Graph``, inserted in
+    fan-out order (message after message, its followers' rows)."""
+    graph = Graph(users, messages, 42.9)
+    ids = [entity_id(10**9 + u, random.Random(u)) for u in range(users)]
+    posts = [graph.message(k)[:2] for k in range(messages)]  # (author, id)
+    mailbox = [(f, k) for k, (author, _) in enumerate(posts) for f in graph.followers[author]]
+    shapes: list[Callable[[int, int], tuple[Any, ...]]] = [
+        lambda f, k: (f, k + 1),
+        lambda f, k: (ids[f], k + 1, posts[k][1]),
+        lambda f, k: (0, ids[f], k + 1, posts[k][1], ids[posts[k][0]]),
+        lambda f, k: (0, ids[f], k + 1, posts[k][1], ids[posts[k][0]]),
+    ]
+    db = f"{prefix}_tl_floor"
+    servers.admin(0, f"CREATE DATABASE IF NOT EXISTS `{db}`")
+    out: dict[str, float] = {}
+    for n, ((name, columns), shape) in enumerate(zip(INBOX_LAYOUTS.items(), shapes, strict=True)):
+        table = f"`{db}`.`t{n}`"
+        servers.admin(0, f"CREATE TABLE {table} ({columns}) ENGINE=InnoDB")
+        for start in range(0, len(mailbox), 2000):
+            values = [shape(f, k) for f, k in mailbox[start : start + 2000]]
+            marks = "(" + ", ".join(["%s"] * len(values[0])) + ")"
+            flat = [v for row in values for v in row]
+            servers.admin(0, f"INSERT INTO {table} VALUES {', '.join([marks] * len(values))}", flat)
+        servers.admin(0, f"ANALYZE TABLE {table}")
+        size = servers.admin(
+            0,
+            "SELECT data_length + index_length FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name = %s",
+            (db, f"t{n}"),
+        )[0][0]
+        out[name] = round(int(size) / len(mailbox), 1)
+    return out
+
+
+def floor_main(argv: Sequence[str] | None = None) -> None:
+    """``python -c 'from bench.timeline import floor_main; floor_main()'``: bytes per
+    inbox row of each layout (``inbox_floor``)."""
+    from .harness import drop_prefix
+
+    p = argparse.ArgumentParser(prog="inbox floor")
+    p.add_argument("--users", type=int, default=1000)
+    p.add_argument("--messages", type=int, default=5000)
+    p.add_argument("--dir", default=".bench-cluster")
+    p.add_argument("--prefix", default="bench")
+    a = p.parse_args(argv)
+    servers = start_cluster(a.dir, 2, durable=True)
+    drop_prefix(servers, a.prefix)
+    try:
+        for name, per_row in inbox_floor(servers, a.prefix, a.users, a.messages).items():
+            print(f"{name}: {per_row} bytes a row")
+    finally:
+        drop_prefix(servers, a.prefix)
 
 
 def feeds_main(argv: Sequence[str] | None = None) -> None:
@@ -964,13 +911,16 @@ def feeds_main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="feeds table")
     p.add_argument("--scale", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=6.0, help="of reads per model")
     p.add_argument("--dir", default=".bench-cluster")
     p.add_argument("--prefix", default="bench")
     a = p.parse_args(argv)
     servers = start_cluster(a.dir, 2, durable=True)
     drop_prefix(servers, a.prefix)
+    before = load_average()
     try:
-        rows = feeds_table(servers, a.prefix, a.scale, a.threads)
+        rows = feeds_table(servers, a.prefix, a.scale, a.threads, a.seconds)
+        print(f"{provenance(argv)}; load average before {before}, after {load_average()}")
         for model, row in rows.items():
             print(model, row)
         for model in ("push", "pull"):

@@ -1,4 +1,4 @@
-"""``schemaless edges``: an edge type's counts and pages, and its repair."""
+"""``schemaless edges``: an edge type's tables, counts and pages, and its repair."""
 
 from __future__ import annotations
 
@@ -24,14 +24,37 @@ def _id(ctx: click.Context, param: click.Parameter, value: str) -> bytes:
 @click.group()
 @group_connection
 def edges() -> None:
-    """Edge types (schemaless.edges): counts, pages, repair.
+    """Edge types (schemaless.edges): create, counts, pages, repair.
 
     \b
     Example:
+        schemaless edges create likes --inverse liked_by
         schemaless edges count likes 0190f3a4c2e47b3d8a1f5e6d7c8b9a01
         schemaless edges page liked_by 0190f3a4c2e47b3d8a1f5e6d7c8b9a01 --limit 50
         schemaless edges repair follows --inverse followers
     """
+
+
+@edges.command()
+@click.argument("kind", metavar="TYPE")
+@click.option("--inverse", metavar="TYPE", help="The inverse edge type, if any.")
+@pass_connection
+def create(conn: Connection, kind: str, inverse: str | None) -> None:
+    """Create the tables of edge type TYPE (and of its inverse) on every server: an
+    admin's step before the application's user, which has no DDL, uses the type.
+
+    \b
+    Example:
+        schemaless edges create likes --inverse liked_by
+    """
+    with conn.store() as ds:
+        try:
+            Edges(ds, kind, inverse=inverse, create=False).create()
+            servers = len(ds.cluster.current().servers)
+        except SchemalessError as exc:
+            raise click.ClickException(str(exc)) from None
+    names = kind if inverse is None else f"{kind}/{inverse}"
+    click.echo(f"edge type {names}: tables on {servers} servers")
 
 
 @edges.command()

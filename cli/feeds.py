@@ -1,4 +1,4 @@
-"""``schemaless feeds``: the timelines' fan-out worker (schemaless.feeds)."""
+"""``schemaless feeds``: a timeline's tables and its fan-out worker (schemaless.feeds)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,36 @@ __all__ = ["feeds"]
 @click.group()
 @group_connection
 def feeds() -> None:
-    """Timelines (schemaless.feeds): the fan-out worker.
+    """Timelines (schemaless.feeds): their tables and the fan-out worker.
 
     \b
     Example:
+        schemaless feeds create home
         schemaless feeds work home
         schemaless feeds work home --once --pull-threshold 5000
     """
+
+
+@feeds.command()
+@click.argument("name")
+@pass_connection
+def create(conn: Connection, name: str) -> None:
+    """Turn the change feed on and create the tables of timeline NAME and of its
+    follow graph on every server: an admin's step before the application's user, which
+    has no DDL, uses the timeline (then re-run `schemaless grants app --apply`: the
+    change feed's subscriptions need their grant).
+
+    \b
+    Example:
+        schemaless feeds create home
+    """
+    with conn.store() as ds:
+        try:
+            Feeds(ds, name, create=False).create()
+            servers = len(ds.cluster.current().servers)
+        except SchemalessError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"feed {name!r}: change feed on, tables on {servers} servers")
 
 
 @feeds.command()

@@ -23,7 +23,7 @@ import msgpack
 
 from . import failpoints
 from .catalogdb import now_us
-from .errors import CatalogError, InvalidEntity, InvalidQuery, TableMissing
+from .errors import CatalogError, InvalidEntity, InvalidQuery, PermissionDenied, TableMissing
 from .ids import to_id
 from .names import quote
 from .owned import guard_sql, guarded, in_guarded_transaction
@@ -34,7 +34,17 @@ if TYPE_CHECKING:
     from .catalog import Topology
     from .store import DataStore
 
-__all__ = ["Edge", "EdgePage", "Edges", "check_limit", "check_type", "table_names"]
+__all__ = [
+    "Edge",
+    "EdgePage",
+    "Edges",
+    "NotCreated",
+    "check_limit",
+    "check_type",
+    "create_tables",
+    "missing_tables",
+    "table_names",
+]
 
 T = TypeVar("T")
 
@@ -54,6 +64,12 @@ class Edge:
     dst: bytes
     at: int
     data: Any = None
+
+
+class NotCreated(PermissionDenied):
+    """An edge type's or a feed's tables are missing and this user may not create
+    them (the application's grants have no DDL): the message names the admin command
+    that creates them."""
 
 
 class EdgePage(list[Edge]):
@@ -108,6 +124,34 @@ def tables_sql(db: str, kind: str) -> list[str]:
 
 def table_names(kind: str) -> tuple[str, str]:
     return f"edges__{kind}", f"edges__{kind}__n"
+
+
+def missing_tables(ds: DataStore, names: list[str]) -> bool:
+    """Whether a server of the map lacks one of the tables ``names`` in its data
+    database (one statement per server; what this user may see, and the application's
+    grants see the whole data database)."""
+    topo = ds.cluster.current()
+    marks = ", ".join(["%s"] * len(names))
+    sql = (
+        "SELECT COUNT(*) FROM information_schema.tables"
+        f" WHERE table_schema = %s AND table_name IN ({marks})"
+    )
+    found = ds.cluster.scatter(
+        topo, {sid: sid for sid in topo.servers}, lambda _: (sql, [topo.owned_db, *names])
+    ).results
+    return any(int(rows[0][0][0]) < len(names) for rows in found.values())
+
+
+def create_tables(ds: DataStore, sql: Callable[[str], list[str]], what: str, command: str) -> None:
+    """Run the DDL ``sql(db)`` of ``what`` on every server; a user without the right
+    to (the application) gets ``NotCreated`` naming the admin ``command``."""
+    try:
+        ds.cluster._on_dbs(ds.cluster.current(), sql)
+    except PermissionDenied as exc:
+        raise NotCreated(
+            f"{what} has no tables yet and this user may not create them: run"
+            f" `{command}` once as the datastore's admin ({exc})"
+        ) from exc
 
 
 class _Side:
@@ -186,11 +230,13 @@ class Edges:
     """A named edge type over a datastore in the owned layout (module docstring).
 
     ``inverse``: the name of the edge type back (``likes`` -> ``liked_by``), kept on
-    ``dst``'s shard.  The tables are created on every server by the first ``Edges``
-    of a type (idempotent DDL) and again by a call that finds them missing (a server
-    added since); with ``create`` False (tools that only read) a type without tables
-    is unknown (``InvalidQuery``).  ``timeout``: each call's deadline (default the
-    datastore's).
+    ``dst``'s shard.  ``create``: the tables a server lacks are created (by the first
+    ``Edges`` of a type, and by a call that finds them missing: a server added since);
+    that needs DDL rights, so for the application's user an admin creates them first
+    (``schemaless edges create``; else ``NotCreated`` names that command).  With
+    ``create`` False (tools that only read) nothing is checked up front and a type
+    without tables is unknown (``InvalidQuery``).  ``timeout``: each call's deadline
+    (default the datastore's).
     """
 
     def __init__(
@@ -214,15 +260,28 @@ class Edges:
                 " logical shard: move it over with `schemaless dump` and `schemaless restore`"
                 " into a new datastore (owned by default)"
             )
-        if create:
+        if create and missing_tables(ds, [t for k in self.kinds() for t in table_names(k)]):
             self.create()
 
     def create(self) -> None:
-        """Create this type's tables (and its inverse's) on every server."""
-        kinds = [self.kind] if self.inverse is None else [self.kind, self.inverse]
-        self.ds.cluster._on_dbs(
-            self.ds.cluster.current(), lambda db: [s for k in kinds for s in tables_sql(db, k)]
+        """Create this type's tables (and its inverse's) on every server (idempotent);
+        ``NotCreated`` for a user without the right to."""
+        kinds = self.kinds()
+        create_tables(
+            self.ds,
+            lambda db: [s for k in kinds for s in tables_sql(db, k)],
+            f"edge type {'/'.join(kinds)!r}",
+            self.command(),
         )
+
+    def command(self) -> str:
+        """The admin command that creates this type's tables."""
+        inverse = "" if self.inverse is None else f" --inverse {self.inverse}"
+        return f"schemaless edges create {self.kind}{inverse}"
+
+    def kinds(self) -> list[str]:
+        """This type and its inverse (if any)."""
+        return [self.kind] if self.inverse is None else [self.kind, self.inverse]
 
     # -- writes -------------------------------------------------------------------------
 
@@ -311,13 +370,15 @@ class Edges:
     def sources(self, dst: Any, chunk: int = 5000) -> Iterator[list[bytes]]:
         """Every node with an edge reaching ``dst`` (the inverse), newest first, in
         lists of ``chunk`` (one round trip each): a fan-out's reader."""
-        dst, cursor = to_id(dst), None
-        while True:
-            page = self._page(self._inverse(), dst, chunk, cursor, forward=False)
-            yield [e.src for e in page]
-            if page.cursor is None:
+        dst, kind = to_id(dst), self._inverse()
+        params: tuple[Any, ...] = (dst,)
+        while True:  # the page's statement, without an Edge (or data unpacked) per row
+            rows = self._read(kind, dst, _paged(chunk + 1, len(params) > 1), params)
+            yield [bytes(r[0]) for r in rows[:chunk]]
+            if len(rows) <= chunk:
                 return
-            cursor = page.cursor
+            last = rows[chunk - 1]
+            params = (dst, int(last[1]), int(last[1]), bytes(last[0]))
 
     def _inverse(self) -> str:
         if self.inverse is None:
@@ -374,9 +435,9 @@ class Edges:
             if "doesn't exist" not in str(exc):
                 raise
             if not self.creates:
-                names = self.kind if self.inverse is None else f"{self.kind}/{self.inverse}"
                 raise InvalidQuery(
-                    f"unknown edge type {names!r}: its tables do not exist"
+                    f"unknown edge type {'/'.join(self.kinds())!r}: its tables do not"
+                    f" exist (`{self.command()}` creates them)"
                 ) from None
             self.create()
             return self.ds.calls.call(once, self.timeout)
@@ -464,6 +525,11 @@ class Edges:
             return {(bytes(s), bytes(d)) for rows in results.values() for s, d in rows[0]}
 
         return self.ds.calls.call(run, self.timeout) if pairs else set()
+
+
+def _paged(limit: int, after: bool) -> Callable[[_Side], Callable[[int], str]]:
+    """A page's statement of ``limit`` rows (``after``: past a keyset position)."""
+    return lambda side: lambda shard: side.page(shard, limit, after)
 
 
 def _pack(data: Any) -> bytes | None:

@@ -8,10 +8,11 @@ the subscription ``feeds_<name>`` and fans each post out into narrow ``inbox`` r
 (reader, time, post, author: no body) on each follower's shard; an author with more
 than ``pull_threshold`` followers is *pulled* instead: one row on every server's
 ``pulled`` list, and ``home`` reads such followees' ``posts`` rows at read time.
-Inbox rows are keyed by (reader, post), so a post fanned out again after a crash is
-never doubled.  ``home`` joins the inbox with the reader's follow edges, so after
-``unfollow`` nothing of the followee shows, whatever a fan-out in flight still writes;
-deleted and expired posts are dropped when the page is hydrated.  docs/feeds.md.
+Inbox rows are keyed by (reader, time, post) with the post's first time (its posts
+row's), so a post fanned out again after a crash, or updated, is never doubled.
+``home`` joins the inbox with the reader's follow edges, so after ``unfollow`` nothing
+of the followee shows, whatever a fan-out in flight still writes; deleted and expired
+posts are dropped when the page is hydrated.  docs/feeds.md.
 """
 
 from __future__ import annotations
@@ -22,9 +23,20 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .catalogdb import now_us
-from .edges import Edges, check_limit, check_type, pack_cursor, table_names, unpack_cursor
+from .edges import (
+    Edges,
+    NotCreated,
+    check_limit,
+    check_type,
+    create_tables,
+    missing_tables,
+    pack_cursor,
+    table_names,
+    unpack_cursor,
+)
+from .edges import tables_sql as edge_tables_sql
 from .entity import Entity
-from .errors import InvalidQuery, SchemalessError
+from .errors import InvalidQuery, PermissionDenied, SchemalessError
 from .feed import ChangeEvent, ChangeFeed, enable_changes, encode_cursor
 from .ids import to_id
 from .names import quote
@@ -45,15 +57,16 @@ _Row = tuple[int, bytes, bytes]  # (at, post, author)
 
 def tables_sql(db: str, name: str) -> list[str]:
     """A feed's inbox and posts tables (guarded) and its server-wide pulled list.  An
-    inbox is clustered in reading order (a page is one range, no lookups) and holds a
-    post once per reader (``once``: a fan-out done again adds nothing)."""
+    inbox is clustered in reading order (a page is one range, no lookups), its only
+    key: a post's time is its first version's (the posts row's, ``once`` a post), so a
+    fan-out done again, or of a later version, writes the same rows, which are kept."""
     inbox, posts, pulled = _tables(name)
     return [
         f"CREATE TABLE IF NOT EXISTS {quote(db, inbox)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
         " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
         " `author` BINARY(16) NOT NULL,"
-        " PRIMARY KEY (`shard`, `user`, `at`, `post`), UNIQUE KEY `once` (`shard`, `user`, `post`)"
+        " PRIMARY KEY (`shard`, `user`, `at`, `post`)"
         ") ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {quote(db, posts)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL, `author` BINARY(16) NOT NULL,"
@@ -82,8 +95,10 @@ class Feeds:
 
     ``pull_threshold``: authors with more followers are pulled at read time (the
     worker's decision, sticky).  ``backfill``: how many of a followee's newest posts
-    ``follow`` copies into the follower's timeline.  The change feed is turned on if
-    it is off (the worker reads it).
+    ``follow`` copies into the follower's timeline.  ``create``: the change feed (the
+    worker reads it) is turned on if it is off and the tables a server lacks are
+    created; that needs the admin's rights, so for the application's user an admin
+    runs ``schemaless feeds create NAME`` first (else ``NotCreated`` names it).
     """
 
     def __init__(
@@ -94,6 +109,7 @@ class Feeds:
         pull_threshold: int = 1000,
         backfill: int = 200,
         timeout: float | None = None,
+        create: bool = True,
     ) -> None:
         if len(check_type(name)) > 30:
             raise InvalidQuery(f"feed name {name!r} is longer than 30")
@@ -102,12 +118,37 @@ class Feeds:
                 raise InvalidQuery(f"{what} must be an int >= 0, got {value!r}")
         self.ds, self.name, self.timeout = ds, name, timeout
         self.pull_threshold, self.backfill = pull_threshold, backfill
-        self.graph = Edges(ds, f"{name}_follows", inverse=f"{name}_followers", timeout=timeout)
+        self.graph = Edges(
+            ds, f"{name}_follows", inverse=f"{name}_followers", timeout=timeout, create=False
+        )
         self.subscription = f"feeds_{name}"
         self.inbox, self.posts_table, self.pulled = _tables(name)
-        enable_changes(ds.cluster)
-        ds.cluster._on_dbs(ds.cluster.current(), lambda db: tables_sql(db, name))
         self._pulled: set[bytes] = set()  # authors known to be pulled (the worker's)
+        tables = [t for k in self.graph.kinds() for t in table_names(k)] + list(_tables(name))
+        if create and (not ds.cluster.refresh().changes or missing_tables(ds, tables)):
+            self.create()
+
+    def create(self) -> None:
+        """Turn the change feed on and create the feed's tables and its follow graph's
+        on every server (idempotent); ``NotCreated`` for a user without the right to."""
+        command = f"schemaless feeds create {self.name}"
+        try:
+            enable_changes(self.ds.cluster)
+        except PermissionDenied as exc:
+            raise NotCreated(
+                f"feed {self.name!r} needs the change feed, which is off, and this user may"
+                f" not turn it on: run `{command}` once as the datastore's admin ({exc})"
+            ) from exc
+        kinds = self.graph.kinds()
+        create_tables(
+            self.ds,
+            lambda db: [
+                *(s for k in kinds for s in edge_tables_sql(db, k)),
+                *tables_sql(db, self.name),
+            ],
+            f"feed {self.name!r}",
+            command,
+        )
 
     # -- the graph ----------------------------------------------------------------------
 
@@ -265,55 +306,69 @@ class Feeds:
 
         return _newest(self.ds.calls.call(run, self.timeout), n)
 
-    def _write_posts(self, posts: list[tuple[bytes, int, bytes]]) -> None:
-        """The posts rows ``(author, at, post)``, one transaction per server."""
+    def _write_posts(self, posts: list[tuple[bytes, int, bytes]]) -> dict[bytes, int]:
+        """The posts rows ``(author, at, post)``, one transaction per server (a post
+        present keeps its row); each post's time as stored: its first version's, so
+        the inbox rows of a fan-out done again (or of a later version) are the same."""
 
-        def run() -> None:
+        def run() -> dict[bytes, int]:
             topo = self.ds.cluster.current()
             table = self._q(topo, self.posts_table)
             shard = self.ds.cluster.shard_of_id
 
             def build(group: list[tuple[bytes, int, bytes]]) -> Statement:
                 values = ", ".join(f"({shard(a)}, %s, %s, %s)" for a, _, _ in group)
+                shards = sorted({shard(a) for a, _, _ in group})
                 sql = in_guarded_transaction(
                     [
                         f"INSERT IGNORE INTO {table} (`shard`, `author`, `at`, `post`)"
-                        f" VALUES {values}"
+                        f" VALUES {values}",
+                        f"SELECT `post`, `at` FROM {table} WHERE `shard` IN"
+                        f" ({', '.join(map(str, shards))}) AND (`author`, `post`) IN"
+                        f" ({', '.join(['(%s, %s)'] * len(group))})",
                     ],
                     topo.owned_db,
-                    [shard(a) for a, _, _ in group],
+                    shards,
                 )
-                return sql, [v for p in group for v in p]
+                return sql, [v for p in group for v in p] + [v for a, _, p in group for v in (a, p)]
 
-            self.ds.cluster.scatter(topo, by_server(topo, posts, lambda p: shard(p[0])), build)
+            groups = by_server(topo, posts, lambda p: shard(p[0]))
+            results = self.ds.cluster.scatter(topo, groups, build).results
+            return {bytes(p): int(at) for sets in results.values() for p, at in sets[0]}
 
-        self.ds.calls.call(run, self.timeout)
+        return self.ds.calls.call(run, self.timeout)
 
     def _insert_inbox(self, rows: Mapping[bytes, Iterable[_Row]]) -> None:
-        """Inbox rows by reader, one transaction per server (a row present: kept)."""
-        flat = [(user, r) for user, rs in rows.items() for r in rs]
-        for start in range(0, len(flat), _FAN):
-            part = flat[start : start + _FAN]
+        """Inbox rows by reader, in rounds of up to ``_FAN`` rows a server, one
+        transaction per server (a row present: kept)."""
+        flat = [
+            (shard, user, r)
+            for user, rs in rows.items()
+            for shard in [self.ds.cluster.shard_of_id(user)]
+            for r in rs
+        ]
+        step = _FAN * len(self.ds.cluster.current().servers)
+        for start in range(0, len(flat), step):
+            part = flat[start : start + step]
             self.ds.calls.call(functools.partial(self._inbox_batch, part), self.timeout)
 
-    def _inbox_batch(self, part: list[tuple[bytes, _Row]]) -> None:
+    def _inbox_batch(self, part: list[tuple[int, bytes, _Row]]) -> None:
         topo = self.ds.cluster.current()
         table = self._q(topo, self.inbox)
-        shard = self.ds.cluster.shard_of_id
 
-        def build(group: list[tuple[bytes, _Row]]) -> Statement:
-            values = ", ".join(f"({shard(u)}, %s, %s, %s, %s)" for u, _ in group)
+        def build(group: list[tuple[int, bytes, _Row]]) -> Statement:
+            values = ", ".join(f"({s}, %s, %s, %s, %s)" for s, _, _ in group)
             sql = in_guarded_transaction(
                 [
                     f"INSERT IGNORE INTO {table} (`shard`, `user`, `at`, `post`, `author`)"
                     f" VALUES {values}"
                 ],
                 topo.owned_db,
-                [shard(u) for u, _ in group],
+                [s for s, _, _ in group],
             )
-            return sql, [v for u, (at, post, author) in group for v in (u, at, post, author)]
+            return sql, [v for _, u, (at, post, author) in group for v in (u, at, post, author)]
 
-        self.ds.cluster.scatter(topo, by_server(topo, part, lambda p: shard(p[0])), build)
+        self.ds.cluster.scatter(topo, by_server(topo, part, lambda p: p[0]), build)
 
     # -- the fan-out worker -------------------------------------------------------------
 
@@ -349,15 +404,15 @@ class Feeds:
         ]
         if not posts:
             return 0
-        self._write_posts(posts)
+        stored = self._write_posts(posts)
         counts = self.graph.counts_inverse({a for a, _, _ in posts} - self._pulled)
         for author, n in counts.items():
             if n > self.pull_threshold:
                 self._pull(author)
         by_author: dict[bytes, list[_Row]] = {}
-        for author, at, post in posts:
+        for author, _, post in posts:
             if author not in self._pulled:
-                by_author.setdefault(author, []).append((at, post, author))
+                by_author.setdefault(author, []).append((stored[post], post, author))
         inbox: dict[bytes, list[_Row]] = {}
         for author, rows in by_author.items():
             for chunk in self.graph.sources(author, _FAN):

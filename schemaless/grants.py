@@ -9,7 +9,9 @@ index, and in the layout of a database per logical shard after moving shards):
   ``feed_positions`` (subscriptions); INSERT, UPDATE on ``blocks`` (a write that meets a
   building index with values it cannot hold); SELECT, INSERT, UPDATE, DELETE on every
   shard database (owned layout: the data database ``<prefix>_data``), on every server,
-  so a shard that moves keeps working; no DDL.
+  so a shard that moves keeps working, which covers the tables of edge types and
+  timelines too (the admin creates those: ``schemaless edges create``, ``feeds
+  create``); no DDL.
 * ``cleaner``: SELECT on the catalog; INSERT, UPDATE, DELETE on its ``checkpoints``,
   ``deferrals`` and ``status``; UPDATE of ``state`` and ``changed`` in ``indexes`` (to
   mark an index ready).  On each shard database, on the server holding it (owned

@@ -171,3 +171,24 @@ def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> Non
     with pytest.raises(InvalidQuery, match="unknown edge type"):
         Edges(ds, "likez", create=False).count(user)
     assert "ID" in run.fails("edges", "count", "likes", "xyz")
+
+
+def test_the_hot_node_bench_counts_exactly_through_its_delay_proxy(
+    local_cluster: LocalCluster,
+) -> None:
+    """``bench.hotnode`` at a tiny size: both sides like through the delay proxy (the
+    bench asserts the hot counts exact), and the proxy's 1 ms each way shows."""
+    from bench.env import Servers
+    from bench.harness import drop_prefix
+    from bench.hotnode import hot_node
+
+    servers = Servers(tuple(local_cluster.addresses), str(local_cluster.option_file))
+    prefix = "hot" + new_id().hex()[:8]
+    try:
+        got = hot_node(servers, prefix, threads=2, seconds=0.8, delay_ms=1.0, rounds=1)
+    finally:
+        drop_prefix(servers, prefix)
+    assert got["naive"]["exact"] and got["Edges.add"]["exact"]
+    assert min(got[side]["ops"] for side in ("naive", "Edges.add")) > 0
+    # a naive like is eight round trips of at least 2 ms through the proxy
+    assert got["naive"]["per_s"] < 2 / 0.016

@@ -13,7 +13,7 @@
 __version__ = "0.1.0"
 
 from .catalog import IndexState
-from .edges import Edges
+from .edges import Edges, NotCreated
 from .entity import Entity
 from .errors import (
     CatalogError,
@@ -67,6 +67,7 @@ __all__ = [
     "InvalidEntity",
     "InvalidId",
     "InvalidQuery",
+    "NotCreated",
     "OutcomeUnknown",
     "Page",
     "PermissionDenied",

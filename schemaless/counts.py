@@ -1,0 +1,143 @@
+"""Counted indexes: per-key counters kept by step 2 (docs/architecture.md, "Counts").
+
+An entity contributes one key per distinct equality prefix (lengths 0..k) of its rows
+in a counted index; ``counts`` holds, per logical shard and key, how many live
+entities contribute it, and ``counted_keys`` which keys each live entity contributed.
+Step 2 changes both in the entity's own transaction, only when its write applied
+(``maintain_sql``); ``schemaless.counting`` reads them.  Owned layout only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .errors import CatalogError
+from .index import Index
+from .keys import key_encode
+from .names import quote
+from .owned import guard_sql
+from .topology import Topology
+
+__all__ = [
+    "APPLIED",
+    "count_keys",
+    "entity_keys",
+    "maintain_sql",
+    "need_owned",
+    "prefix_key",
+    "tables_sql",
+]
+
+#: The session variable step 2 sets after each counted write: its affected rows,
+#: suffixed by the write's place in the batch.
+APPLIED = "@schemaless_ck"
+
+
+def need_owned(topo: Topology, what: str) -> None:
+    """Refuse ``what`` on a datastore in the layout of a database per logical shard."""
+    if topo.owned_db is None:
+        raise CatalogError(
+            f"{what} needs the owned layout; this datastore has a database per logical"
+            " shard: move it over with `schemaless dump` and `schemaless restore` into a new"
+            " datastore (owned by default)"
+        )
+
+
+def tables_sql(db: str) -> list[str]:
+    """``counts`` and ``counted_keys`` in the data database, with their guards."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'counts')} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL,"
+        " `key` BINARY(16) NOT NULL,"
+        " `n` BIGINT NOT NULL,"
+        " PRIMARY KEY (`shard`, `key`)"
+        ") ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, 'counted_keys')} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL,"
+        " `id` BINARY(16) NOT NULL,"
+        " `key` BINARY(16) NOT NULL,"
+        " PRIMARY KEY (`shard`, `id`, `key`)"
+        ") ENGINE=InnoDB",
+        *guard_sql(db, "counts"),
+        *guard_sql(db, "counted_keys"),
+    ]
+
+
+def prefix_key(index: Index, created: int, values: Sequence[Any]) -> bytes:
+    """The 16-byte key of an equality prefix (coerced values) of a counted index
+    (``created``: the index's creation time in the catalog)."""
+    h = hashlib.blake2b(digest_size=16, person=b"schemaless-cnt")
+    h.update(f"{index.name}\0{created}\0{len(values)}".encode())
+    for value in values:
+        encoded = key_encode(value)
+        h.update(len(encoded).to_bytes(4, "big"))
+        h.update(encoded)
+    return h.digest()
+
+
+def count_keys(index: Index, created: int, rows: Iterable[tuple[Any, ...]]) -> set[bytes]:
+    """The keys an entity with these index rows contributes: one per distinct prefix
+    of length 0..k of its rows (none without rows)."""
+    prefixes = {row[:j] for row in rows for j in range(len(row) + 1)}
+    return {prefix_key(index, created, p) for p in prefixes}
+
+
+def entity_keys(
+    topo: Topology, rows: Mapping[str, Iterable[tuple[Any, ...]]]
+) -> tuple[bytes, ...] | None:
+    """The sorted keys of an entity whose rows by index name are ``rows`` (an absent
+    name: no rows), over every counted index writers maintain; None when there is none
+    (nothing for step 2 to keep)."""
+    counted = [index for index in topo.maintained() if index.counted]
+    if not counted or topo.owned_db is None:
+        return None
+    keys: set[bytes] = set()
+    for index in counted:
+        created = topo.indexes[index.name].created
+        keys |= count_keys(index, created, rows.get(index.name, ()))
+    return tuple(sorted(keys))
+
+
+def maintain_sql(
+    db: str, shard: int, entity_id: bytes, keys: Sequence[bytes], applied: str
+) -> tuple[list[str], list[Any]]:
+    """Step 2's count statements for one entity whose write set ``applied`` (a session
+    variable) to its affected rows.  Only if it applied: count the new ``keys`` the
+    entity did not contribute, uncount its old keys that are not among them, and store
+    the new ones as its keys (the old ones are read on the server: the writer needs
+    no knowledge of the old body)."""
+    counts, ckeys = quote(db, "counts"), quote(db, "counted_keys")
+    marks = ", ".join(["UNHEX(%s)"] * len(keys))
+    # hex: a bare parameter in a derived table would be a utf8mb4 string, not bytes
+    new = " UNION ALL ".join(["SELECT UNHEX(%s) AS `k`"] * len(keys))
+    hexed = [key.hex() for key in keys]
+    gone = f" AND c.`key` NOT IN ({marks})" if keys else ""
+    stmts: list[str] = []
+    params: list[Any] = []
+    if keys:
+        stmts.append(
+            f"INSERT INTO {counts} (`shard`, `key`, `n`) SELECT %s, v.`k`, 1 FROM ({new}) v"
+            f" WHERE {applied} > 0 AND NOT EXISTS (SELECT 1 FROM {ckeys} c"
+            " WHERE c.`shard` = %s AND c.`id` = %s AND c.`key` = v.`k`)"
+            " ON DUPLICATE KEY UPDATE `n` = `n` + 1"
+        )
+        params += [shard, *hexed, shard, entity_id]
+    stmts.append(
+        f"UPDATE {counts} n JOIN {ckeys} c ON n.`shard` = c.`shard` AND n.`key` = c.`key`"
+        f" SET n.`n` = n.`n` - 1 WHERE {applied} > 0 AND c.`shard` = %s AND c.`id` = %s{gone}"
+    )
+    params += [shard, entity_id, *hexed]
+    stmts.append(
+        f"DELETE FROM {ckeys} WHERE {applied} > 0 AND `shard` = %s AND `id` = %s"
+        + gone.replace("c.", "")
+    )
+    params += [shard, entity_id, *hexed]
+    if keys:
+        stmts.append(
+            f"INSERT INTO {ckeys} (`shard`, `id`, `key`) SELECT %s, %s, v.`k` FROM ({new}) v"
+            f" WHERE {applied} > 0 ON DUPLICATE KEY UPDATE `key` = VALUES(`key`)"
+        )
+        params += [shard, entity_id, *hexed]
+    return stmts, params

@@ -1,0 +1,136 @@
+"""Counted indexes (``Index(..., counted=True)``) and ``DataStore.count``: the keys
+(pure), the counters step 2 keeps against a brute-force count of the datastore's
+contents, with concurrent writers, a writer killed between steps, the Cleaner's
+repair, a shard move and a backfill (docs/architecture.md, "Counts")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemaless import Index
+from schemaless.counts import count_keys, prefix_key
+from schemaless.errors import CatalogError, IndexDefinitionError, InvalidQuery
+from schemaless.names import quote
+from schemaless.owned import admin
+
+LIKES = Index("likes", {"entry": "int", "user": "int"}, counted=True)
+TAGS = Index("tags", {"tags": "str(20)", "n": "int"}, multi="tags", counted=True)
+POSTS = Index("posts", {"user": "int"}, where={"kind": "post"}, counted=True)
+
+
+# -- keys (no server) ---------------------------------------------------------------------
+
+
+def test_counted_is_part_of_the_definition() -> None:
+    assert LIKES.to_dict()["counted"] is True
+    assert Index.from_dict(LIKES.to_dict()) == LIKES
+    assert Index("likes", {"entry": "int", "user": "int"}) != LIKES
+    assert "counted" not in Index("x", {"a": "int"}).to_dict()  # old catalogs read the same
+    with pytest.raises(IndexDefinitionError, match="counted of index 'x' must be True or False"):
+        Index("x", {"a": "int"}, counted=1)  # type: ignore[arg-type]
+
+
+def test_keys_are_one_per_distinct_prefix() -> None:
+    keys = count_keys(LIKES, 7, LIKES.rows({"entry": 1, "user": 2}))
+    assert keys == {prefix_key(LIKES, 7, p) for p in [(), (1,), (1, 2)]}
+    # a multi-valued property: one key per element, the empty prefix once
+    rows = TAGS.rows({"tags": ["a", "b", "a"], "n": 3})
+    assert count_keys(TAGS, 7, rows) == {
+        prefix_key(TAGS, 7, p) for p in [(), ("a",), ("b",), ("a", 3), ("b", 3)]
+    }
+    # no rows, no keys: outside a partial filter, or a property missing
+    assert count_keys(POSTS, 7, POSTS.rows({"user": 1, "kind": "like"})) == set()
+    assert count_keys(LIKES, 7, LIKES.rows({"entry": 1})) == set()
+
+
+def test_keys_tell_apart_indexes_lengths_values_and_declarations() -> None:
+    base = prefix_key(LIKES, 7, (1,))
+    assert len(base) == 16
+    assert prefix_key(LIKES, 8, (1,)) != base  # declared again: other counters
+    assert prefix_key(Index("other", {"entry": "int"}), 7, (1,)) != base
+    assert prefix_key(LIKES, 7, (2,)) != base
+    assert prefix_key(LIKES, 7, ("1",)) != prefix_key(LIKES, 7, (1,))
+    assert prefix_key(LIKES, 7, (1, 2)) != prefix_key(LIKES, 7, (12,))
+
+
+# -- on real servers ----------------------------------------------------------------------
+
+
+def _brute(store: Any, index: Index, **eq: Any) -> int:
+    """How many live entities produce a row with these leading values (every entity)."""
+    n = 0
+    for entity in _everything(store):
+        rows = index.rows(entity)
+        if any(all(r[index.properties.index(p)] == v for p, v in eq.items()) for r in rows):
+            n += 1
+    return n
+
+
+def _everything(store: Any) -> list[Any]:
+    return list(store.iter(EVERY))
+
+
+EVERY = Index("every", {"seq": "int"})
+
+
+def test_counts_follow_puts_updates_and_deletes(make_store: Any) -> None:
+    store = make_store([LIKES, POSTS, EVERY])
+    a = {"entry": 1, "user": 10, "kind": "post", "seq": 1}
+    store.put(a)
+    store.put({"entry": 1, "user": 11, "kind": "like", "seq": 2})
+    store.put({"entry": 2, "user": 10, "kind": "post", "seq": 3})
+    assert store.count(LIKES, entry=1) == 2
+    assert store.count("likes", entry=1, user=10) == 1
+    assert store.count(LIKES) == 3
+    assert store.count(POSTS) == 2 and store.count(POSTS, user=10) == 2
+    store.put({**a, "entry": 2, "kind": "like"})  # a blind overwrite moves it
+    assert store.count(LIKES, entry=1) == 1 and store.count(LIKES, entry=2) == 2
+    assert store.count(POSTS) == 1  # left the partial filter
+    store.delete(a["id"])
+    assert store.count(LIKES, entry=2) == 1 and store.count(LIKES) == 2
+    assert store.count(LIKES, entry__in=[1, 2, 3]) == 2
+
+
+def _counters(store: Any) -> list[Any]:
+    topo = store.cluster.refresh()
+    db = quote(topo.owned_db, "counts")
+    return [
+        sorted(server.run(admin([f"SELECT `shard`, `key`, `n` FROM {db}"]))[0])
+        for server in store.cluster.all_servers(topo).values()
+    ]
+
+
+def test_bad_counts_are_typed_errors_and_write_nothing(make_store: Any) -> None:
+    plain = Index("plain", {"entry": "int", "user": "int"})
+    store = make_store([LIKES, TAGS, plain])
+    store.put({"entry": 1, "user": 2, "tags": ["a", "b"], "n": 1})
+    before = _counters(store)
+    bad = [
+        (dict(index=plain, entry=1), "index 'plain' is not counted"),
+        (dict(index=LIKES, entry=1, user__gt=1), "needs exact=False"),
+        (dict(index=LIKES, user=2), "must fix a prefix"),
+        (dict(index=LIKES, nope=2), "has no property 'nope'"),
+        (dict(index=LIKES, entry="x"), "entry"),
+        (dict(index=TAGS, tags__in=["a", "b"]), "multi-valued property 'tags'"),
+        (dict(index=LIKES, exact="yes"), "exact must be True or False"),
+        (dict(index="missing"), "no index named 'missing'"),
+    ]
+    for kwargs, needle in bad:
+        with pytest.raises(InvalidQuery, match=needle):
+            store.count(**kwargs)
+    assert _counters(store) == before
+    # exact=False takes what a query takes, on any index: the rows (an upper bound)
+    assert store.count(plain, exact=False, entry=1, user__gt=1) == 1
+    assert store.count(TAGS, exact=False, tags__in=["a", "b"]) == 2  # one entity, two rows
+    assert store.count(TAGS, exact=False, tags__startswith="a") == 1
+
+
+def test_the_databases_layout_is_refused_naming_the_way_over(make_store: Any) -> None:
+    store = make_store([Index("plain", {"entry": "int"})], layout="databases")
+    with pytest.raises(CatalogError, match=r"owned layout.*schemaless dump"):
+        store.declare_index(LIKES)
+    with pytest.raises(CatalogError, match="owned layout"):
+        store.count("plain", exact=False, entry=1)
+    assert "likes" not in store.cluster.refresh().indexes

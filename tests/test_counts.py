@@ -5,13 +5,17 @@ repair, a shard move and a backfill (docs/architecture.md, "Counts")."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 import pytest
+from test_cli import Cli, cluster_env, drop_prefix
 
 from schemaless import Index
 from schemaless.counts import count_keys, prefix_key
 from schemaless.errors import CatalogError, IndexDefinitionError, InvalidQuery
+from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.owned import admin
 
@@ -134,3 +138,28 @@ def test_the_databases_layout_is_refused_naming_the_way_over(make_store: Any) ->
     with pytest.raises(CatalogError, match="owned layout"):
         store.count("plain", exact=False, entry=1)
     assert "likes" not in store.cluster.refresh().indexes
+
+
+def test_the_cli_declares_counted_indexes_and_counts(local_cluster: LocalCluster) -> None:
+    prefix = "cnt_" + uuid.uuid4().hex[:8]
+    run = Cli(cluster_env(local_cluster, prefix))
+    try:
+        run.ok("init", "--shards", "4")
+        run.ok("index", "create", "likes", "--property", "entry:int", "--property", "user:int",
+               "--counted")  # fmt: skip
+        run.ok("index", "create", "plain", "--property", "entry:int")
+        lines = "".join(json.dumps({"entry": e, "user": u}) + "\n" for e, u in [(1, 1), (1, 2)])
+        run.ok("put", input=lines)
+        assert run.ok("count", "likes", "--where", "entry=1").output == "2\n"
+        assert run.ok("count", "likes").output == "2\n"
+        shown = json.loads(
+            run.ok(
+                "count", "likes", "--where", "entry=1", "--where", "user>1", "--no-exact", "--json"
+            ).output
+        )
+        assert shown == {"index": "likes", "count": 1, "exact": False}
+        assert "not counted" in run.fails("count", "plain", "--where", "entry=1")
+        assert "needs exact=False" in run.fails("count", "likes", "--where", "entry>0")
+        assert "no index named 'nope'" in run.fails("count", "nope")
+    finally:
+        drop_prefix(local_cluster, prefix)

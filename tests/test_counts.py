@@ -6,7 +6,11 @@ repair, a shard move and a backfill (docs/architecture.md, "Counts")."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import uuid
 from typing import Any
@@ -16,9 +20,11 @@ from conftest import same_store
 from test_cli import Cli, cluster_env, drop_prefix
 
 from schemaless import Index
+from schemaless.cleaner import Cleaner
 from schemaless.counts import count_keys, prefix_key
 from schemaless.errors import CatalogError, ConflictError, IndexDefinitionError, InvalidQuery
 from schemaless.local import LocalCluster
+from schemaless.move import ShardMover
 from schemaless.names import quote
 from schemaless.owned import admin
 
@@ -248,4 +254,60 @@ def test_counts_match_a_brute_force_count_under_concurrent_writers(
             c.close()
     _assert_counts(store)
     _operate(store, random.Random(9), ids, 40)  # and alone, partial-filter moves included
+    _assert_counts(store)
+
+
+_WRITER = """
+import json, sys
+from schemaless import DataStore
+servers, prefix, option_file, op, key, body = sys.argv[1:]
+ds = DataStore(servers.split(","), prefix=prefix, option_file=option_file)
+if op == "put":
+    ds.put({"id": bytes.fromhex(key), **json.loads(body)})
+else:
+    ds.delete(bytes.fromhex(key))
+"""
+
+
+def _killed(local_cluster: LocalCluster, store: Any, point: str, op: str, key: bytes) -> None:
+    """A writer process SIGKILLed at failpoint ``point`` of its ``op`` of ``key``."""
+    body = json.dumps({"seq": 0, "kind": "a", "g": 2, "h": 1, "tags": ["z"]})
+    args = [",".join(str(a) for a in local_cluster.addresses), store.cluster.topology.prefix]
+    args += [str(local_cluster.option_file), op, key.hex(), body]
+    env = {**os.environ, "SCHEMALESS_FAILPOINTS": f"{point}=kill"}
+    done = subprocess.run([sys.executable, "-c", _WRITER, *args], env=env, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+
+
+def test_a_writer_killed_between_steps_and_the_cleaners_repair_leave_counts_exact(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    store = make_store(ORACLE)
+    ids = [uuid.uuid4().bytes for _ in range(8)]
+    _operate(store, random.Random(5), ids, 30)
+    for n, point in enumerate(["put.after_index_rows", "put.after_entity"]):
+        _killed(local_cluster, store, point, "put", ids[n])
+    _killed(local_cluster, store, "delete.after_entity", "delete", ids[2])
+    _killed(local_cluster, store, "put.after_index_rows", "put", uuid.uuid4().bytes)  # orphans
+    _assert_counts(store)
+    before = _counters(store)
+    Cleaner(store).run_once()  # repairs orphan and stale index rows: no count changes
+    assert _counters(store) == before
+    _assert_counts(store)
+
+
+def test_counts_move_with_their_shard(make_store: Any) -> None:
+    store = make_store(ORACLE, shards=4)
+    ids = [uuid.uuid4().bytes for _ in range(12)]
+    _operate(store, random.Random(6), ids, 40)
+    before = _expected(store)
+    topo = store.cluster.topology
+    shard = max(range(4), key=lambda s: sum(store.cluster.shard_of_id(k) == s for k in ids))
+    there = next(sid for sid in topo.servers if sid != topo.shard_servers[shard])
+    ShardMover(store).move(shard, there)
+    ShardMover(store).drop_old_copies()
+    store.cluster.refresh()
+    assert _expected(store) == before
+    _assert_counts(store)
+    _operate(store, random.Random(7), ids, 30)  # writes on the shard's new server
     _assert_counts(store)

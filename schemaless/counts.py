@@ -17,11 +17,12 @@ from .errors import CatalogError
 from .index import Index
 from .keys import key_encode
 from .names import quote
-from .owned import guard_sql
+from .owned import guard_sql, in_guarded_transaction
 from .topology import Topology
 
 __all__ = [
     "APPLIED",
+    "backfill_sql",
     "count_keys",
     "entity_keys",
     "maintain_sql",
@@ -141,3 +142,32 @@ def maintain_sql(
         )
         params += [shard, entity_id, *hexed]
     return stmts, params
+
+
+def backfill_sql(
+    db: str, shard: int, entities: Sequence[tuple[bytes, int, Sequence[bytes]]]
+) -> tuple[str, list[Any]]:
+    """The backfill of one counted index's keys: for each ``(id, version read, its
+    keys for the index)`` whose entity is still live at that version (its row locked,
+    as a writer's write locks it), count and store the keys it does not hold yet.
+    One transaction, ending with the ownership check."""
+    counts, ckeys, table = quote(db, "counts"), quote(db, "counted_keys"), quote(db, "entities")
+    stmts: list[str] = []
+    params: list[Any] = []
+    for n, (entity_id, version, keys) in enumerate(entities):
+        live = f"{APPLIED}b{n}"
+        new = " UNION ALL ".join(["SELECT UNHEX(%s) AS `k`"] * len(keys))
+        hexed = [key.hex() for key in keys]
+        stmts += [
+            f"SELECT COUNT(*) INTO {live} FROM {table} WHERE `id` = %s AND `version` = %s"
+            " AND `body` IS NOT NULL FOR UPDATE",
+            f"INSERT INTO {counts} (`shard`, `key`, `n`) SELECT %s, v.`k`, 1 FROM ({new}) v"
+            f" WHERE {live} > 0 AND NOT EXISTS (SELECT 1 FROM {ckeys} c"
+            " WHERE c.`shard` = %s AND c.`id` = %s AND c.`key` = v.`k`)"
+            " ON DUPLICATE KEY UPDATE `n` = `n` + 1",
+            f"INSERT INTO {ckeys} (`shard`, `id`, `key`) SELECT %s, %s, v.`k` FROM ({new}) v"
+            f" WHERE {live} > 0 ON DUPLICATE KEY UPDATE `key` = VALUES(`key`)",
+        ]
+        params += [entity_id, version, shard, *hexed, shard, entity_id]
+        params += [shard, entity_id, *hexed]
+    return in_guarded_transaction(stmts, db, [shard]), params

@@ -21,8 +21,15 @@ from test_cli import Cli, cluster_env, drop_prefix
 
 from schemaless import Index
 from schemaless.cleaner import Cleaner
+from schemaless.cleaner.counted import backfill_counts
 from schemaless.counts import count_keys, prefix_key
-from schemaless.errors import CatalogError, ConflictError, IndexDefinitionError, InvalidQuery
+from schemaless.errors import (
+    CatalogError,
+    ConflictError,
+    IndexDefinitionError,
+    IndexNotReady,
+    InvalidQuery,
+)
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
@@ -311,3 +318,37 @@ def test_counts_move_with_their_shard(make_store: Any) -> None:
     _assert_counts(store)
     _operate(store, random.Random(7), ids, 30)  # writes on the shard's new server
     _assert_counts(store)
+
+
+def test_counts_of_an_index_declared_on_existing_data_are_backfilled_with_a_writer_running(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    store = make_store([EVERY])
+    ids = [uuid.uuid4().bytes for _ in range(30)]
+    store.put_many({"id": k, **_body(random.Random(i))} for i, k in enumerate(ids))
+    assert store.declare_index(GROUPS) == "building"
+    assert store.declare_index(PAIRS) == "building"
+    with pytest.raises(IndexNotReady):
+        store.count(GROUPS)
+    writer = same_store(local_cluster, store)
+    stop = threading.Event()
+
+    def write() -> None:
+        rng = random.Random(11)
+        while not stop.is_set():
+            _operate(writer, rng, ids[:10], 1)  # the other 20: only the backfill counts them
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        assert Cleaner(store).backfill("groups") == "ready"
+        assert Cleaner(store).backfill("pairs") == "ready"
+    finally:
+        stop.set()
+        thread.join()
+        writer.close()
+    store.cluster.refresh()
+    _assert_counts(store)
+    before = _counters(store)
+    assert backfill_counts(store, GROUPS) > 0  # run again: nothing counted twice
+    assert _counters(store) == before

@@ -30,6 +30,7 @@ from schemaless.errors import (
     IndexNotReady,
     InvalidQuery,
 )
+from schemaless.grants import grant_statements
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
@@ -352,3 +353,12 @@ def test_counts_of_an_index_declared_on_existing_data_are_backfilled_with_a_writ
     before = _counters(store)
     assert backfill_counts(store, GROUPS) > 0  # run again: nothing counted twice
     assert _counters(store) == before
+
+
+def test_the_cleaner_user_may_write_the_counts_of_a_counted_index(make_store: Any) -> None:
+    store = make_store([LIKES])
+    stmts = grant_statements(store, "cleaner", "'c'@'%'")
+    for table in ("counts", "counted_keys"):
+        assert sum(f".`{table}`" in s and "INSERT, UPDATE, DELETE" in s for s in stmts) == 2
+    plain = make_store([Index("plain", {"a": "int"})])
+    assert not any("`counts`" in s for s in grant_statements(plain, "cleaner", "'c'@'%'"))

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import CatalogError
 from .index import Index
 from .keys import key_encode
 from .names import quote
 from .owned import guard_sql, in_guarded_transaction
-from .topology import Topology
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 __all__ = [
     "APPLIED",

@@ -310,17 +310,7 @@ def entity_batch_sql(
             fenced.add(w.db)
             shard_fence = fence
         stmts.append(_entity_sql(w.db, kind, w.want_body, shard_fence, shard))
-        if w.want_body:
-            params.append(w.entity_id)
-        if kind in ("blind", "create", "new"):
-            params += [w.shard] if shard else []
-            params += [w.entity_id, w.version, w.updated, w.body]
-        elif kind == "cas":
-            params += [w.body, w.updated, w.version, w.entity_id, w.mode.expected]
-        elif kind == "delete":
-            params += [w.updated, w.version, w.entity_id, w.version]
-        else:
-            params += [w.updated, w.version, w.entity_id, w.mode.expected]
+        params += _entity_params(w, kind, shard)
         if w.keys is not None:
             stmts.append(f"SET {APPLIED}{n} = ROW_COUNT()")
             more, values = maintain_sql(w.db, w.shard, w.entity_id, w.keys, f"{APPLIED}{n}")
@@ -338,6 +328,18 @@ def write_position(first: int, n: int, writes: Sequence[EntityWrite]) -> int:
     """The place, among a step 2 batch's statements without a result set, of the
     affected rows of its ``n``-th write in (shard, id) order (``first``: of the first)."""
     return first + n * (2 if writes and writes[0].keys is not None else 1)
+
+
+def _entity_params(w: EntityWrite, kind: str, shard: bool) -> list[Any]:
+    """The parameters of ``_entity_sql``'s statements for one write."""
+    read: list[Any] = [w.entity_id] if w.want_body else []
+    if kind in ("blind", "create", "new"):
+        placed = [w.shard] if shard else []
+        return [*read, *placed, w.entity_id, w.version, w.updated, w.body]
+    if kind == "cas":
+        return [*read, w.body, w.updated, w.version, w.entity_id, w.mode.expected]
+    guard = w.version if kind == "delete" else w.mode.expected
+    return [*read, w.updated, w.version, w.entity_id, guard]
 
 
 #: The kinds of write whose statement always fires the guard's insert trigger (an

@@ -104,39 +104,35 @@ def entity_keys(
 
 
 def maintain_sql(
-    db: str, shard: int, entity_id: bytes, keys: Sequence[bytes], applied: str
+    db: str, shard: int, entity_id: bytes, keys: Sequence[bytes], applied: str, fresh: bool
 ) -> tuple[list[str], list[Any]]:
     """Step 2's count statements for one entity whose write set ``applied`` (a session
     variable) to its affected rows.  Only if it applied: count the new ``keys`` the
     entity did not contribute, uncount its old keys that are not among them, and store
     the new ones as its keys (the old ones are read on the server: the writer needs
-    no knowledge of the old body)."""
+    no knowledge of the old body).  ``fresh``: a plain INSERT of a new id, which only
+    applies where no row was, so there are no old keys: two statements, not four."""
     counts, ckeys = quote(db, "counts"), quote(db, "counted_keys")
-    marks = ", ".join(["UNHEX(%s)"] * len(keys))
     # hex: a bare parameter in a derived table would be a utf8mb4 string, not bytes
     new = " UNION ALL ".join(["SELECT UNHEX(%s) AS `k`"] * len(keys))
     hexed = [key.hex() for key in keys]
-    gone = f" AND c.`key` NOT IN ({marks})" if keys else ""
     stmts: list[str] = []
     params: list[Any] = []
     if keys:
+        unheld = (
+            ""
+            if fresh
+            else f" AND NOT EXISTS (SELECT 1 FROM {ckeys} c"
+            " WHERE c.`shard` = %s AND c.`id` = %s AND c.`key` = v.`k`)"
+        )
         stmts.append(
             f"INSERT INTO {counts} (`shard`, `key`, `n`) SELECT %s, v.`k`, 1 FROM ({new}) v"
-            f" WHERE {applied} > 0 AND NOT EXISTS (SELECT 1 FROM {ckeys} c"
-            " WHERE c.`shard` = %s AND c.`id` = %s AND c.`key` = v.`k`)"
-            " ON DUPLICATE KEY UPDATE `n` = `n` + 1"
+            f" WHERE {applied} > 0{unheld} ON DUPLICATE KEY UPDATE `n` = `n` + 1"
         )
-        params += [shard, *hexed, shard, entity_id]
-    stmts.append(
-        f"UPDATE {counts} n JOIN {ckeys} c ON n.`shard` = c.`shard` AND n.`key` = c.`key`"
-        f" SET n.`n` = n.`n` - 1 WHERE {applied} > 0 AND c.`shard` = %s AND c.`id` = %s{gone}"
-    )
-    params += [shard, entity_id, *hexed]
-    stmts.append(
-        f"DELETE FROM {ckeys} WHERE {applied} > 0 AND `shard` = %s AND `id` = %s"
-        + gone.replace("c.", "")
-    )
-    params += [shard, entity_id, *hexed]
+        params += [shard, *hexed] + ([] if fresh else [shard, entity_id])
+    if not fresh:
+        stmts += _uncount_sql(counts, ckeys, applied, len(keys))
+        params += [shard, entity_id, *hexed, shard, entity_id, *hexed]
     if keys:
         stmts.append(
             f"INSERT INTO {ckeys} (`shard`, `id`, `key`) SELECT %s, %s, v.`k` FROM ({new}) v"
@@ -144,6 +140,19 @@ def maintain_sql(
         )
         params += [shard, entity_id, *hexed]
     return stmts, params
+
+
+def _uncount_sql(counts: str, ckeys: str, applied: str, kept: int) -> list[str]:
+    """Uncount and forget an entity's old keys but the ``kept`` new ones (parameters:
+    shard, id and the new keys, twice)."""
+    marks = ", ".join(["UNHEX(%s)"] * kept)
+    gone = f" AND `key` NOT IN ({marks})" if kept else ""
+    return [
+        f"UPDATE {counts} n JOIN {ckeys} c ON n.`shard` = c.`shard` AND n.`key` = c.`key`"
+        f" SET n.`n` = n.`n` - 1 WHERE {applied} > 0 AND c.`shard` = %s AND c.`id` = %s"
+        + gone.replace("`key`", "c.`key`"),
+        f"DELETE FROM {ckeys} WHERE {applied} > 0 AND `shard` = %s AND `id` = %s{gone}",
+    ]
 
 
 def backfill_sql(

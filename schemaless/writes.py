@@ -313,7 +313,8 @@ def entity_batch_sql(
         params += _entity_params(w, kind, shard)
         if w.keys is not None:
             stmts.append(f"SET {APPLIED}{n} = ROW_COUNT()")
-            more, values = maintain_sql(w.db, w.shard, w.entity_id, w.keys, f"{APPLIED}{n}")
+            applied, fresh = f"{APPLIED}{n}", kind == "new"
+            more, values = maintain_sql(w.db, w.shard, w.entity_id, w.keys, applied, fresh)
             counting[0].extend(more)
             counting[1].extend(values)
     stmts += feed_tail[0] + counting[0]

@@ -116,23 +116,20 @@ def maintain_sql(
     # hex: a bare parameter in a derived table would be a utf8mb4 string, not bytes
     new = " UNION ALL ".join(["SELECT UNHEX(%s) AS `k`"] * len(keys))
     hexed = [key.hex() for key in keys]
+    if fresh:
+        return _fresh_sql(counts, ckeys, shard, entity_id, hexed)
     stmts: list[str] = []
     params: list[Any] = []
     if keys:
-        unheld = (
-            ""
-            if fresh
-            else f" AND NOT EXISTS (SELECT 1 FROM {ckeys} c"
-            " WHERE c.`shard` = %s AND c.`id` = %s AND c.`key` = v.`k`)"
-        )
         stmts.append(
             f"INSERT INTO {counts} (`shard`, `key`, `n`) SELECT %s, v.`k`, 1 FROM ({new}) v"
-            f" WHERE {applied} > 0{unheld} ON DUPLICATE KEY UPDATE `n` = `n` + 1"
+            f" WHERE {applied} > 0 AND NOT EXISTS (SELECT 1 FROM {ckeys} c"
+            " WHERE c.`shard` = %s AND c.`id` = %s AND c.`key` = v.`k`)"
+            " ON DUPLICATE KEY UPDATE `n` = `n` + 1"
         )
-        params += [shard, *hexed] + ([] if fresh else [shard, entity_id])
-    if not fresh:
-        stmts += _uncount_sql(counts, ckeys, applied, len(keys))
-        params += [shard, entity_id, *hexed, shard, entity_id, *hexed]
+        params += [shard, *hexed, shard, entity_id]
+    stmts += _uncount_sql(counts, ckeys, applied, len(keys))
+    params += [shard, entity_id, *hexed, shard, entity_id, *hexed]
     if keys:
         stmts.append(
             f"INSERT INTO {ckeys} (`shard`, `id`, `key`) SELECT %s, %s, v.`k` FROM ({new}) v"
@@ -140,6 +137,22 @@ def maintain_sql(
         )
         params += [shard, entity_id, *hexed]
     return stmts, params
+
+
+def _fresh_sql(
+    counts: str, ckeys: str, shard: int, entity_id: bytes, hexed: Sequence[str]
+) -> tuple[list[str], list[Any]]:
+    """A new id's count statements: its INSERT applied, or it failed the batch (no
+    condition, no old key; plain multi-row inserts, the cheapest form)."""
+    if not hexed:
+        return [], []
+    rows = ", ".join(["(%s, UNHEX(%s), 1)"] * len(hexed))
+    held = ", ".join(["(%s, %s, UNHEX(%s))"] * len(hexed))
+    return [
+        f"INSERT INTO {counts} (`shard`, `key`, `n`) VALUES {rows}"
+        " ON DUPLICATE KEY UPDATE `n` = `n` + 1",
+        f"INSERT INTO {ckeys} (`shard`, `id`, `key`) VALUES {held}",
+    ], [*(v for k in hexed for v in (shard, k)), *(v for k in hexed for v in (shard, entity_id, k))]
 
 
 def _uncount_sql(counts: str, ckeys: str, applied: str, kept: int) -> list[str]:

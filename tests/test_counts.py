@@ -162,8 +162,9 @@ def test_the_cli_declares_counted_indexes_and_counts(local_cluster: LocalCluster
     run = Cli(cluster_env(local_cluster, prefix))
     try:
         run.ok("init", "--shards", "4")
-        run.ok("index", "create", "likes", "--property", "entry:int", "--property", "user:int",
-               "--counted")  # fmt: skip
+        made = run.ok("index", "create", "likes", "--property", "entry:int",
+                      "--property", "user:int", "--counted")  # fmt: skip
+        assert "counted" in made.output.splitlines()[0]
         run.ok("index", "create", "plain", "--property", "entry:int")
         lines = "".join(json.dumps({"entry": e, "user": u}) + "\n" for e, u in [(1, 1), (1, 2)])
         run.ok("put", input=lines)

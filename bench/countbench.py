@@ -74,9 +74,9 @@ def _raw_count(raw: RawClient, ds: DataStore) -> Any:
 
 
 def _writes(ds: DataStore) -> dict[str, Any]:
-    """put / update / delete of likes on entry 3 (updates and deletes start on 2,000
+    """put / update / delete of likes on entry 3 (updates and deletes start on 5,000
     likes made first)."""
-    made = [{"id": new_id(), "entry": 3, "user": u} for u in range(2000)]
+    made = [{"id": new_id(), "entry": 3, "user": u} for u in range(5000)]
     ds.put_many(made)
     turn = itertools.count()
 
@@ -124,12 +124,12 @@ def main(argv: list[str] | None = None) -> None:
                 lambda e: counted.count("likes", entry=e, exact=False),
                 itertools.repeat(entry),
             )
-        reads = run_interleaved(calls, 1, args.seconds * len(calls), args.rounds)
+        reads = run_interleaved(calls, 1, args.seconds, args.rounds)
         writes: dict[str, tuple[Any, Iterator[Any]]] = {}
         for name, ds in (("counted", counted), ("plain", plain)):
             for op, fn in _writes(ds).items():
                 writes[f"{op} {name}"] = (fn, itertools.repeat(None))
-        wrote = run_interleaved(writes, 1, args.seconds * len(writes), args.rounds)
+        wrote = run_interleaved(writes, 1, args.seconds, args.rounds)
         print(json.dumps(_report(reads, wrote, args.big), indent=2))
     finally:
         raw.close()

@@ -79,17 +79,8 @@ def test_keys_tell_apart_indexes_lengths_values_and_declarations() -> None:
 # -- on real servers ----------------------------------------------------------------------
 
 
-def _brute(store: Any, index: Index, **eq: Any) -> int:
-    """How many live entities produce a row with these leading values (every entity)."""
-    n = 0
-    for entity in _everything(store):
-        rows = index.rows(entity)
-        if any(all(r[index.properties.index(p)] == v for p, v in eq.items()) for r in rows):
-            n += 1
-    return n
-
-
 def _everything(store: Any) -> list[Any]:
+    """Every live entity (each has ``seq``, so each has a row in ``EVERY``)."""
     return list(store.iter(EVERY))
 
 
@@ -112,6 +103,15 @@ def test_counts_follow_puts_updates_and_deletes(make_store: Any) -> None:
     store.delete(a["id"])
     assert store.count(LIKES, entry=2) == 1 and store.count(LIKES) == 2
     assert store.count(LIKES, entry__in=[1, 2, 3]) == 2
+    # a compare-and-set that loses (the same expected version) changes no count
+    b = store.query(LIKES, entry=1)[0]
+    store.put({**b, "entry": 5}, expect_version=b.version)
+    with pytest.raises(ConflictError):
+        store.put({**b, "entry": 6}, expect_version=b.version)
+    with pytest.raises(ConflictError):
+        store.put({**b, "entry": 7}, expect_version=0)  # a create over a live entity
+    assert [store.count(LIKES, entry=e) for e in (1, 5, 6, 7)] == [0, 1, 0, 0]
+    assert store.count(LIKES) == 2
 
 
 def _counters(store: Any) -> list[Any]:

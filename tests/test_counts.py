@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from conftest import same_store
 from test_cli import Cli, cluster_env, drop_prefix
 
 from schemaless import Index
+from schemaless import dump as dumping
 from schemaless.cleaner import Cleaner
 from schemaless.cleaner.counted import backfill_counts
 from schemaless.counts import count_keys, prefix_key
@@ -363,3 +365,15 @@ def test_the_cleaner_user_may_write_the_counts_of_a_counted_index(make_store: An
         assert sum(f".`{table}`" in s and "INSERT, UPDATE, DELETE" in s for s in stmts) == 2
     plain = make_store([Index("plain", {"a": "int"})])
     assert not any("`counts`" in s for s in grant_statements(plain, "cleaner", "'c'@'%'"))
+
+
+def test_a_restore_counts_through_the_cleaners_backfill(make_store: Any, tmp_path: Path) -> None:
+    src = make_store(ORACLE)
+    _operate(src, random.Random(8), [uuid.uuid4().bytes for _ in range(12)], 30)
+    dumping.dump(src, tmp_path / "d")
+    target = make_store(shards=3)
+    for name in dumping.restore(target, tmp_path / "d"):
+        assert Cleaner(target).backfill(name) == "ready"
+    target.cluster.refresh()
+    assert _expected(target) == _expected(src)
+    _assert_counts(target)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -377,3 +378,12 @@ def test_a_restore_counts_through_the_cleaners_backfill(make_store: Any, tmp_pat
     target.cluster.refresh()
     assert _expected(target) == _expected(src)
     _assert_counts(target)
+
+
+def test_the_cleaners_expiry_uncounts_what_expired(make_store: Any) -> None:
+    store = make_store([LIKES], expire_on="exp")
+    now = time.time()
+    store.put_many([{"entry": 1, "user": u, "exp": now + 3600 * (u % 2) - 60} for u in range(10)])
+    assert store.count(LIKES, entry=1) == 10  # the counters know nothing of expiry
+    assert Cleaner(store).run_once()["expired_purged"] == 5
+    assert store.count(LIKES, entry=1) == 5 and store.count(LIKES) == 5

@@ -243,7 +243,6 @@ def _echo_created(definition: Index, existed: bool, state: str, refresh: float) 
         f"index {name}: {describe(definition)}, shard on {definition.shard_on}"
         + (f", multi {multi}" if multi else "")
         + (", unique" if unique else "")
-        + (", counted" if definition.counted else "")
     )
     if existed:
         click.echo(f"index {name} already exists and is {state}; nothing changed")

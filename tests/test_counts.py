@@ -168,6 +168,7 @@ def test_the_cli_declares_counted_indexes_and_counts(local_cluster: LocalCluster
         made = run.ok("index", "create", "likes", "--property", "entry:int",
                       "--property", "user:int", "--counted")  # fmt: skip
         assert "counted" in made.output.splitlines()[0]
+        assert "entry:int, user:int, counted" in run.ok("index", "list").output
         run.ok("index", "create", "plain", "--property", "entry:int")
         lines = "".join(json.dumps({"entry": e, "user": u}) + "\n" for e, u in [(1, 1), (1, 2)])
         run.ok("put", input=lines)

@@ -13,7 +13,7 @@ import pytest
 from schemaless import DataStore, Index, TableMissing
 from schemaless.batch import Batch
 from schemaless.connection import ConnectOptions, Server
-from schemaless.counts import APPLIED
+from schemaless.counts import APPLIED, backfill_sql
 from schemaless.dsn import Address
 from schemaless.names import quote
 from schemaless.owned import (
@@ -107,6 +107,17 @@ def test_counted_writes_keep_their_affected_rows_and_count_on_their_shard(kind: 
         assert sql.startswith(f"{TRIGGERED} START TRANSACTION") and CHECK not in sql
     else:
         assert statements[-2] == check_sql(DB, [3, 9])
+
+
+def test_the_backfill_of_counts_is_checked_and_locks_each_entity() -> None:
+    sql, params = backfill_sql(DB, 3, [(ID, 7, [b"k" * 16]), (bytes(16), 9, [b"j" * 16])])
+    statements = sql.split(";\n")
+    assert sql.count("%s") == len(params)
+    assert statements[0] == "START TRANSACTION" and statements[-1] == "COMMIT"
+    assert statements[-2] == check_sql(DB, [3])
+    locks = [s for s in statements if s.endswith("FOR UPDATE")]
+    assert len(locks) == 2 and all("`version` = %s" in s for s in locks)
+    assert all("INSERT INTO" not in s or "(`shard`, " in s for s in statements)
 
 
 def test_the_layout_of_databases_gets_the_statements_it_always_had() -> None:

@@ -52,6 +52,7 @@ from schemaless.unique import Violation
 
 from .access import read_entities, read_own, upsert_grouped, versions_proof
 from .batch import Derived, Placement, derive, proof
+from .counted import backfill_counts
 from .defer import Redo, on, only
 from .estimate import Span, added_ranges
 from .repair import Repairer
@@ -244,6 +245,9 @@ class Backfill:
         add = partial(cluster.add_entity_keys, index=info.index, rest=rest)
         rt.retry("building the by_entity key", lambda: add(cluster.current()))
         failpoints.hit("cleaner.after_entity_key")
+        if info.index.counted:
+            rt.figures.set(state="counting")
+            rt.retry("counting", lambda: backfill_counts(rt.store, info.index))
         if rt.retry("marking ready", lambda: cluster.catalog.set_ready(self.name)):
             log.info("index %r backfilled: now ready", self.name)
             return IndexState.READY

@@ -321,6 +321,49 @@ def query(
     _echo_page(index, page, next_cursor, columns, as_json)
 
 
+@click.command()
+@click.argument("index_name", metavar="INDEX")
+@click.option(
+    "--where",
+    "wheres",
+    multiple=True,
+    metavar="EXPR",
+    help="As in `query`. Exact counts take equality on a prefix of a counted index's "
+    "properties (none: every entity it holds).",
+)
+@click.option(
+    "--exact/--no-exact",
+    default=True,
+    show_default=True,
+    help="--no-exact: count the matching index rows of any index, with any `query` "
+    "condition (an upper bound: an entity with several rows, and rows a crash or the "
+    "background step left, count until the Cleaner removes them).",
+)
+@json_option
+@pass_connection
+def count(
+    conn: Connection, index_name: str, wheres: tuple[str, ...], exact: bool, as_json: bool
+) -> None:
+    """Count the entities that match, without reading them.
+
+    Exact counts come from the counters a counted index keeps (`index create
+    --counted`), one statement per server; --no-exact counts index rows.
+
+    \b
+    Example:
+        schemaless count likes_by_entry --where entry_id=0190f3a4c2e47b3d8a1f5e6d7c8b9a01
+        schemaless count posts
+        schemaless count by_user --where user_id=42 --where 'published>=1700000000' --no-exact
+    """
+    with conn.store() as ds:
+        index = _queryable(ds, index_name, False)
+        n = ds.count(index_name, exact=exact, where=parse_where(wheres, index))
+    if as_json:
+        click.echo(json_line({"index": index_name, "count": n, "exact": exact}))
+        return
+    click.echo(str(n))
+
+
 def _queryable(ds: DataStore, index_name: str, include_building: bool) -> Index:
     """The index a query may read, or the error that says why not."""
     info = ds.indexes().get(index_name)

@@ -45,9 +45,11 @@ def index_report(
 
 
 def describe(idx: Index) -> str:
-    """``user_id:uuid, published:int`` (then ``where kind='post'`` for a partial index)."""
+    """``user_id:uuid, published:int`` (then ``where kind='post'`` for a partial index,
+    ``, counted`` for a counted one)."""
     out = ", ".join(f"{p}:{t.name}" for p, t in zip(idx.properties, idx.types, strict=True))
-    return out + (f" where {_filter_text(idx)}" if idx.filter else "")
+    out += f" where {_filter_text(idx)}" if idx.filter else ""
+    return out + (", counted" if idx.counted else "")
 
 
 def _filter_text(idx: Index) -> str:

@@ -137,6 +137,12 @@ def index() -> None:
     help="At most one live entity per tuple of values (a put that would share one fails "
     "with UniqueViolation).",
 )
+@click.option(
+    "--counted",
+    is_flag=True,
+    help="Keep a count per equality prefix, updated with each write, for `schemaless count` "
+    "(owned layout).",
+)
 @pass_connection
 def create(
     conn: Connection,
@@ -149,6 +155,7 @@ def create(
     as_json: bool,
     force: bool,
     unique: bool,
+    counted: bool,
 ) -> None:
     """Declare an index: create its table on every shard and record it.
 
@@ -175,8 +182,9 @@ def create(
         schemaless index create by_tag --property tags:'str(64)' --multi tags
         schemaless index create by_email --property email:'str(254)' --unique
         schemaless index create posts_by_user --property user_id:uuid --where kind=post
+        schemaless index create likes_by_entry --property entry_id:uuid --counted
     """
-    definition = _definition(name, properties, shard_on, multi, unique, filter_)
+    definition = _definition(name, properties, shard_on, multi, unique, filter_, counted)
     with conn.store() as ds:
         if dry_run:
             show_dry_run(ds, definition, as_json)
@@ -204,6 +212,7 @@ def _definition(
     multi: str | None,
     unique: bool,
     filter_: dict[str, Any] | None = None,
+    counted: bool = False,
 ) -> Index:
     """The index ``index create`` declares; a bad option is named."""
     names = [p.partition(":")[0] for p in properties]
@@ -216,11 +225,13 @@ def _definition(
         Index(name, ["x"])  # the name alone
     except IndexDefinitionError as exc:
         raise BadOption(str(exc), "NAME") from None
-    definition = Index(name, properties, shard_on, multi=multi, unique=unique)
+    definition = Index(name, properties, shard_on, multi=multi, unique=unique, counted=counted)
     if filter_ is None:
         return definition
     try:
-        return Index(name, properties, shard_on, multi=multi, unique=unique, where=filter_)
+        return Index(
+            name, properties, shard_on, multi=multi, unique=unique, where=filter_, counted=counted
+        )
     except IndexDefinitionError as exc:
         raise BadOption(str(exc), "--where") from None
 

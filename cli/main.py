@@ -7,7 +7,7 @@ import click
 from schemaless import __version__
 
 from .admin import init
-from .data import delete, get, put, query
+from .data import count, delete, get, put, query
 from .dump import dump_command, restore_command
 from .edges import edges
 from .expiry import expiry
@@ -44,7 +44,20 @@ def cli(url: str | None, prefix: str) -> None:
     """
 
 
-for command in (local, init, index, put, get, delete, query, shards, servers, replicas, dictionary):
+for command in (
+    local,
+    init,
+    index,
+    put,
+    get,
+    delete,
+    query,
+    count,
+    shards,
+    servers,
+    replicas,
+    dictionary,
+):
     cli.add_command(command)
 cli.add_command(grants)
 cli.add_command(expiry)

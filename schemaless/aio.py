@@ -205,6 +205,10 @@ class DataStore:
         """One page of matching entities (arguments as :meth:`schemaless.DataStore.query`)."""
         return await self._run(self.sync.query, index, **kwargs)
 
+    async def count(self, index: Index | str, **kwargs: Any) -> int:
+        """How many entities match (arguments as :meth:`schemaless.DataStore.count`)."""
+        return await self._run(self.sync.count, index, **kwargs)
+
     async def iter(
         self, index: Index | str, *, page_size: int = 100, **kwargs: Any
     ) -> AsyncIterator[Entity]:

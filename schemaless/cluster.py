@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TypeVar
 
-from . import forking, owned
+from . import counts, forking, owned
 from .catalog import Catalog, Topology
 from .codec import Codec
 from .connection import ConnectOptions, Server, Tracer
@@ -413,7 +413,8 @@ class Cluster:
         def sql(db: str) -> list[str]:
             first = [f"DROP TABLE IF EXISTS {quote(db, index.table)}"] if fresh else []
             made = index.create_table_sql(db, entity_key=entity_key, shard=shard)
-            return [*first, made, *(owned.guard_sql(db, index.table) if shard else [])]
+            counted = counts.tables_sql(db) if index.counted and shard else []
+            return [*first, made, *(owned.guard_sql(db, index.table) if shard else []), *counted]
 
         self._on_dbs(topo, sql)
 

@@ -22,8 +22,10 @@ index, and in the layout of a database per logical shard after moving shards):
   (body)`` in a datastore with an expiry property: tombstones of expired entities),
   never a delete (so no tombstone purge); DELETE on the change feed's ``changes`` (its
   trim; with an expiry property also INSERT there and UPDATE on ``changes_head``: an
-  expiry's delete writes its change).  On every server, CREATE, SELECT, INSERT, UPDATE
-  on the throttle's canary database (``<prefix>_canary``, which holds no data).
+  expiry's delete writes its change); with a counted index, INSERT, UPDATE, DELETE on
+  ``counts`` and ``counted_keys`` (the counts' backfill; an expiry's delete).  On every
+  server, CREATE, SELECT, INSERT, UPDATE on the throttle's canary database
+  (``<prefix>_canary``, which holds no data).
 * ``admin``: ALL PRIVILEGES on every database of the datastore (``<prefix>\\_%``, which
   also covers the side copies of shard moves and the data database), on every server.
 
@@ -179,6 +181,9 @@ def _cleaner_data(topo: Topology) -> Iterator[tuple[Address, str, str]]:
         yield at, f"INSERT ({inserts}), UPDATE ({updates})", quote(db, "entities")
         for index in maintained:
             yield at, "INSERT, UPDATE, DELETE, INDEX", quote(db, index.table)
+        if any(index.counted for index in maintained):  # the counts' backfill, the expiry
+            for table in ("counts", "counted_keys"):
+                yield at, "INSERT, UPDATE, DELETE", quote(db, table)
         if topo.changes:  # the trim of the change feed
             yield at, "INSERT, DELETE" if expiring else "DELETE", quote(db, "changes")
             if expiring:

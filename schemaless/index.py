@@ -230,7 +230,9 @@ class Index:
     define the same kind of object; untyped properties are ``auto``.  ``unique=True``:
     at most one live entity produces a given tuple of values (``UniqueViolation``).
     ``where={"kind": "post"}``: a partial index, rows only for the entities whose
-    properties (or paths) equal these values.
+    properties (or paths) equal these values.  ``counted=True``: step 2 keeps a count
+    per equality prefix of its rows, for ``DataStore.count`` (owned layout; see
+    ``schemaless.counts``).
     """
 
     __slots__ = (
@@ -240,6 +242,7 @@ class Index:
         "_paths",
         "_pos",
         "columns",
+        "counted",
         "filter",
         "multi",
         "multi_pos",
@@ -262,6 +265,7 @@ class Index:
     multi: str | None
     multi_pos: int | None
     unique: bool
+    counted: bool
     filter: tuple[tuple[str, tuple[str, ...], Any], ...]
 
     def __init__(
@@ -274,6 +278,7 @@ class Index:
         multi: str | None = None,
         unique: bool = False,
         where: Mapping[str, Any] | None = None,
+        counted: bool = False,
     ) -> None:
         self.name = _resolve_name(name, table)
         self.table = "index_" + self.name
@@ -310,6 +315,9 @@ class Index:
         if not isinstance(unique, bool):
             raise IndexDefinitionError(f"unique of {label} must be True or False, got {unique!r}")
         self.unique = unique
+        if not isinstance(counted, bool):
+            raise IndexDefinitionError(f"counted of {label} must be True or False, got {counted!r}")
+        self.counted = counted
 
         _check_key_size(label, props, types)
 
@@ -319,7 +327,7 @@ class Index:
         self.filter = _filter(label, where, self)
         kinds = tuple(t.name for t in types)
         shown = tuple((p, v, type(v).__name__) for p, _, v in self.filter)
-        self._key = (self.name, self.properties, kinds, shard_on, multi, unique, shown)
+        self._key = (self.name, self.properties, kinds, shard_on, multi, unique, shown, counted)
 
     # -- rows --------------------------------------------------------------------------
 
@@ -543,8 +551,8 @@ class Index:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable definition (see :meth:`from_dict`); ``unique`` and
-        ``where`` only when set, so a catalog written before them reads the same."""
+        """A JSON-serialisable definition (see :meth:`from_dict`); ``unique``, ``where``
+        and ``counted`` only when set, so a catalog written before them reads the same."""
         out: dict[str, Any] = {
             "name": self.name,
             "properties": [[p, t.name] for p, t in zip(self.properties, self.types, strict=True)],
@@ -555,6 +563,8 @@ class Index:
             out["unique"] = True
         if self.filter:
             out["where"] = {prop: value for prop, _, value in self.filter}
+        if self.counted:
+            out["counted"] = True
         return out
 
     @classmethod
@@ -562,11 +572,11 @@ class Index:
         """Rebuild an index from :meth:`to_dict` output; IndexDefinitionError if malformed."""
         if not isinstance(d, Mapping):
             raise IndexDefinitionError(f"an index definition must be a dict, got {type_name(d)}")
-        unknown = set(d) - {"name", "properties", "shard_on", "multi", "unique", "where"}
+        unknown = set(d) - {"name", "properties", "shard_on", "multi", "unique", "where", "counted"}
         if unknown or "name" not in d or "properties" not in d:
             raise IndexDefinitionError(
                 f"malformed index definition (keys {sorted(map(str, d))}): expected "
-                "name, properties, shard_on, multi, unique, where"
+                "name, properties, shard_on, multi, unique, where, counted"
             )
         properties = d["properties"]
         if not isinstance(properties, (list, tuple)):
@@ -578,6 +588,7 @@ class Index:
             multi=d.get("multi"),
             unique=d.get("unique", False),
             where=d.get("where"),
+            counted=d.get("counted", False),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -593,6 +604,7 @@ class Index:
         extra = f", multi={self.multi!r}" if self.multi is not None else ""
         extra += ", unique=True" if self.unique else ""
         extra += f", where={self.to_dict()['where']!r}" if self.filter else ""
+        extra += ", counted=True" if self.counted else ""
         return f"Index({self.name!r}, {props!r}, shard_on={self.shard_on!r}{extra})"
 
     # -- FriendFeed-style query --------------------------------------------------------

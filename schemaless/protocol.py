@@ -10,6 +10,7 @@ parallel), again with larger versions for those whose stored version was ahead;
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from .catalog import IndexState, Topology
 from .clock import VersionClock
 from .cluster import Cluster
 from .codec import Codec
+from .counts import entity_keys
 from .entity import Entity
 from .errors import (
     ConflictError,
@@ -46,6 +48,7 @@ from .writes import (
     entity_batch_sql,
     release_sql,
     upsert_rows_sql,
+    write_position,
 )
 
 __all__ = ["Writer"]
@@ -76,12 +79,15 @@ def _conflict(key: bytes, mode: WriteMode, out: Outcome) -> ConflictError:
     )
 
 
-def _write_bytes(prepared: PreparedWrite) -> int:
+def _write_bytes(prepared: PreparedWrite, counted: bool = False) -> int:
     """At most the SQL of one entity's write: its statements, its body and its index
-    rows (a statement each)."""
+    rows (a statement each); ``counted``: its count statements, each naming every key
+    (at most one per prefix of each row, 16 bytes written as 35)."""
     rows = [row for group in prepared.rows.values() for row in group]
+    keys = sum(len(row) + 1 for row in rows) if counted else 0
     return (
-        2 * STATEMENT_BYTES
+        (7 if counted else 2) * STATEMENT_BYTES
+        + 4 * 40 * keys
         + sql_bytes((prepared.body,))
         + sum(STATEMENT_BYTES + sql_bytes(row) for row in rows)
     )
@@ -188,7 +194,8 @@ class Writer:
             if not self._block(topo, index, key, error):
                 raise error
         versions: dict[bytes, int] = {}
-        for pending in chunks(prepared, _write_bytes, self.cluster.max_batch_bytes):
+        size = functools.partial(_write_bytes, counted=any(i.counted for i in indexes))
+        for pending in chunks(prepared, size, self.cluster.max_batch_bytes):
             for attempt in range(_BLIND_ATTEMPTS):
                 pending = self._attempt(topo, indexes, pending, mode, versions, fresh, attempt == 0)
                 if not pending:
@@ -286,8 +293,9 @@ class Writer:
             versions[key] = version
             kind = (NEW if first else CREATE) if key in fresh else mode
             want_body = bool(by_name) and key not in fresh
+            keys = entity_keys(topo, p.rows)
             writes.append(
-                EntityWrite(dbs[shard], shard, key, version, now, p.body, kind, want_body)
+                EntityWrite(dbs[shard], shard, key, version, now, p.body, kind, want_body, keys)
             )
             home = topo.shard_servers[shard]
             for name, values in p.rows.items():
@@ -381,7 +389,8 @@ class Writer:
 
     def delete(self, keys: list[bytes], mode: WriteMode) -> int:
         """Write tombstones, then queue the old bodies' rows; return how many existed."""
-        step = self.cluster.max_batch_bytes // _DELETE_BYTES
+        counted = any(i.counted for i in self.cluster.current().maintained())
+        step = self.cluster.max_batch_bytes // (_DELETE_BYTES + 3 * STATEMENT_BYTES * counted)
         return sum(self._delete(keys[i : i + step], mode) for i in range(0, len(keys), step))
 
     def _delete(self, keys: list[bytes], mode: WriteMode) -> int:
@@ -390,6 +399,7 @@ class Writer:
         by_name = {index.name: index for index in indexes}
         dbs = topo.dbs
         shards = {key: self.cluster.shard_of_id(key) for key in keys}
+        counted = entity_keys(topo, {})  # a tombstone contributes no key
         deleted = 0
         stale: list[IndexRow] = []
         pending = keys
@@ -405,6 +415,7 @@ class Writer:
                     None,
                     mode,
                     bool(indexes),
+                    counted,
                 )
                 for key in pending
             ]
@@ -499,7 +510,7 @@ class Writer:
                 if w.want_body:
                     before, pos = sets[pos], pos + 1
                     body = before[0][0] if before else None
-                applied = done[first + n] > 0
+                applied = done[write_position(first, n, ordered)] > 0
                 out[w.entity_id] = Outcome(
                     applied=applied,
                     old_body=bytes(body) if body is not None else None,

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import failpoints, fit
+from . import counting, counts, failpoints, fit
 from .catalog import IndexInfo, IndexState, Topology
 from .clock import VersionClock
 from .cluster import Cluster
@@ -447,6 +447,8 @@ class DataStore:
         if not isinstance(index, Index):
             raise IndexDefinitionError(f"expected an Index, got {type(index).__name__}")
         topo = self.cluster.refresh()
+        if index.counted:
+            counts.need_owned(topo, f"counted index {index.name!r}")
         state = self._declared(index, topo)  # no lock for a known one
         if state is not None:
             return state
@@ -588,6 +590,27 @@ class DataStore:
             index, _merge(where, conditions), order, limit, include_building, partial, consistency
         )
         return self.calls.call(lambda: self._query.page(q, cursor), timeout)
+
+    def count(
+        self,
+        index: Index | str,
+        *,
+        exact: bool = True,
+        timeout: float | None = None,
+        where: Mapping[str, Any] | None = None,
+        **conditions: Any,
+    ) -> int:
+        """How many entities match: ``ds.count("likes_by_entry", entry_id=e)``.
+
+        ``exact=True``: equality (or one ``__in`` list) on a prefix of a counted index's
+        properties (``Index(..., counted=True)``), none to count every entity it holds;
+        read from the counters step 2 keeps (one statement per server, no entity
+        read).  ``exact=False``: any index and any conditions of ``query``, the matching
+        index rows (an upper bound: an entity with several rows, orphan and stale rows
+        count; a committed match is never missed).  Owned layout only;
+        docs/architecture.md, "Counts".  ``timeout``: as in ``get``."""
+        merged = _merge(where, conditions)
+        return self.calls.call(lambda: counting.count(self._query, index, merged, exact), timeout)
 
     def get_by(
         self, index: Index | str, *, consistency: str = "primary", **values: Any

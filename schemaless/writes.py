@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .counts import APPLIED, maintain_sql
 from .index import Index
 from .names import quote
 from .owned import in_guarded_transaction, in_transaction, locked, triggered
@@ -42,6 +43,7 @@ __all__ = [
     "upsert_sql",
     "upsert_text_sql",
     "upserts_sql",
+    "write_position",
 ]
 
 
@@ -100,6 +102,7 @@ class EntityWrite:
     body: bytes | None  # None: delete (write a tombstone)
     mode: WriteMode
     want_body: bool  # return the old body (needed when indexes are maintained)
+    keys: tuple[bytes, ...] | None = None  # counted indexes' keys of the body (schemaless.counts)
 
 
 #: From this many rows a step 1 batch locks its shards' ``owned`` rows once
@@ -294,6 +297,11 @@ def entity_batch_sql(
 
     ``owned``: the owned layout's data database: rows carry their shard, and the
     batch is one transaction with the ownership check before its commit.
+
+    Writes with ``keys`` (counted indexes) are each followed by a statement that keeps
+    their affected rows in a session variable (so the writes' counts are every other
+    statement: ``write_position``), and the batch ends with their count statements
+    (``counts.maintain_sql``: only a write that applied changes a count).
     """
     shard = owned is not None
     stmts, params = upserts_sql(rows, dbs, shard)
@@ -304,30 +312,45 @@ def entity_batch_sql(
         stmts += heads
     upserts = len(stmts)
     fenced: set[str] = set()
-    for w in ordered:
+    counting: tuple[list[str], list[Any]] = ([], [])
+    for n, w in enumerate(ordered):
         kind = _kind(w)
         shard_fence = None
         if fence is not None and w.body is not None and w.db not in fenced:
             fenced.add(w.db)
             shard_fence = fence
         stmts.append(_entity_sql(w.db, kind, w.want_body, shard_fence, shard))
-        if w.want_body:
-            params.append(w.entity_id)
-        if kind in ("blind", "create", "new"):
-            params += [w.shard] if shard else []
-            params += [w.entity_id, w.version, w.updated, w.body]
-        elif kind == "cas":
-            params += [w.body, w.updated, w.version, w.entity_id, w.mode.expected]
-        elif kind == "delete":
-            params += [w.updated, w.version, w.entity_id, w.version]
-        else:
-            params += [w.updated, w.version, w.entity_id, w.mode.expected]
-    stmts += feed_tail[0]
-    params += feed_tail[1]
+        params += _entity_params(w, kind, shard)
+        if w.keys is not None:
+            stmts.append(f"SET {APPLIED}{n} = ROW_COUNT()")
+            applied, fresh = f"{APPLIED}{n}", kind == "new"
+            more, values = maintain_sql(w.db, w.shard, w.entity_id, w.keys, applied, fresh)
+            counting[0].extend(more)
+            counting[1].extend(values)
+    stmts += feed_tail[0] + counting[0]
+    params += feed_tail[1] + counting[1]
     if owned is not None and any(_kind(w) not in _FIRES for w in writes):
         shards = [w.shard for w in writes] + [r.shard for r in rows]
         return in_guarded_transaction(stmts, owned, shards), params, 1 + upserts
     return triggered(stmts, owned), params, 1 + upserts if len(stmts) > 1 else 0
+
+
+def write_position(first: int, n: int, writes: Sequence[EntityWrite]) -> int:
+    """The place, among a step 2 batch's statements without a result set, of the
+    affected rows of its ``n``-th write in (shard, id) order (``first``: of the first)."""
+    return first + n * (2 if writes and writes[0].keys is not None else 1)
+
+
+def _entity_params(w: EntityWrite, kind: str, shard: bool) -> list[Any]:
+    """The parameters of ``_entity_sql``'s statements for one write."""
+    read: list[Any] = [w.entity_id] if w.want_body else []
+    if kind in ("blind", "create", "new"):
+        placed = [w.shard] if shard else []
+        return [*read, *placed, w.entity_id, w.version, w.updated, w.body]
+    if kind == "cas":
+        return [*read, w.body, w.updated, w.version, w.entity_id, w.mode.expected]
+    guard = w.version if kind == "delete" else w.mode.expected
+    return [*read, w.updated, w.version, w.entity_id, guard]
 
 
 #: The kinds of write whose statement always fires the guard's insert trigger (an

@@ -72,6 +72,7 @@ def test_verbs(ads: DataStore) -> None:
         many = await ads.get_many([items[5]["id"], new_id(), items[0]["id"]])
         assert [e and e["n"] for e in many] == [5, None, 0]
 
+        assert await ads.count(BY_USER, exact=False, user_id=user, n__gte=20) == 5
         page = await ads.query(BY_USER, user_id=user, order="desc", limit=10)
         assert [e["n"] for e in page] == list(range(24, 14, -1)) and page.cursor
         rest = await ads.query("by_user", user_id=user, order="desc", cursor=page.cursor)

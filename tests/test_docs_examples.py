@@ -117,7 +117,7 @@ def test_readme_examples_run_as_written(
     )
     assert demo.returncode == 0 and "all equal to what was put" in demo.stdout, demo.stderr
     blocks = _PYTHON.findall(README.read_text())
-    assert len(blocks) == 6  # from_env, own servers, asyncio, documents (2), the change feed
+    assert len(blocks) == 7  # from_env, own servers, asyncio, documents (3), the change feed
     # what `schemaless local up` prints for connecting explicitly
     monkeypatch.setenv("SCHEMALESS_OPTION_FILE", str(newcomer.option_file))
     ns: dict[str, Any] = {"SERVERS": newcomer.addresses, "PREFIX": "schemaless"}

@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
         "local",  # the development cluster: never imported by the library
     },
     {"entity", "schema", "index", "batch", "expiry", "locate", "owned"},
-    {"connection"},  # a server's pool
+    {"connection", "counts"},  # a server's pool; counted indexes' keys and SQL
     {"catalogdb", "topology", "tables", "writes"},  # SQL builders; the catalog's base, snapshot
     {"shardmap", "indexstates", "checkpoints", "heartbeats", "dictionaries"},  # catalog parts
     {"catalog"},  # the catalog: created, loaded, its parts as one object
@@ -40,6 +40,7 @@ LAYERS: list[set[str]] = [
     {"follow"},  # a call's deadline, following the map
     {"reader", "unique", "feed"},
     {"query", "protocol", "subscriptions", "fit"},  # fit: reader's newest entities
+    {"counting"},  # DataStore.count's reads
     {"store"},  # DataStore, the facade
     {"aio", "connect", "dump", "grants", "move", "hooks", "edges"},
     {"feeds"},  # timelines on edges

@@ -13,6 +13,7 @@ import pytest
 from schemaless import DataStore, Index, TableMissing
 from schemaless.batch import Batch
 from schemaless.connection import ConnectOptions, Server
+from schemaless.counts import APPLIED, backfill_sql
 from schemaless.dsn import Address
 from schemaless.names import quote
 from schemaless.owned import (
@@ -45,6 +46,7 @@ from schemaless.writes import (
     entity_batch_sql,
     release_sql,
     upsert_rows_sql,
+    write_position,
 )
 
 DB = data_db("p")
@@ -97,6 +99,41 @@ def test_every_entity_write_is_triggered_or_checked(kind: str, changes: bool) ->
         assert statements[-2] == check_sql(DB, [3, 9]) and statements[-1] == "COMMIT"
     assert all("INSERT INTO" not in s or "(`shard`, " in s for s in statements)
     assert statements[first].split()[0] in ("SELECT", "INSERT", "UPDATE")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_counted_writes_keep_their_affected_rows_and_count_on_their_shard(kind: str) -> None:
+    mode, body = KINDS[kind]
+    keys = () if body is None else (b"k" * 16, b"j" * 16)
+    writes = [EntityWrite(DB, s, bytes([s]) * 16, 7, 1, body, mode, True, keys) for s in (9, 3)]
+    sql, params, first = entity_batch_sql(writes, [_row(3)], DBS, "fence_1", False, DB)
+    assert sql.count("%s") == len(params)
+    statements = sql.split(";\n")
+    writes_at = [i for i, s in enumerate(statements) if " `entities` " in s or "`entities` (" in s]
+    writes_at = [i for i in writes_at if not statements[i].startswith("SELECT")]
+    for n, at in enumerate(writes_at):  # each write's affected rows, kept at once
+        assert statements[at + 1] == f"SET {APPLIED}{n} = ROW_COUNT()"
+    assert write_position(first, 1, writes) - write_position(first, 0, writes) == 2
+    counting = [s for s in statements if "`counts`" in s or "`counted_keys`" in s]
+    assert len(counting) == (2 if kind == "new" else 4 if keys else 2) * 2
+    # only if the write applied (a new id's INSERT applies or fails the whole batch)
+    assert all(kind == "new" or f"{APPLIED}0 > 0" in s or f"{APPLIED}1 > 0" in s for s in counting)
+    assert all("INSERT INTO" not in s or "(`shard`, " in s for s in counting)
+    if kind in ("blind", "create", "new"):  # the entity's insert fires the trigger first
+        assert sql.startswith(f"{TRIGGERED} START TRANSACTION") and CHECK not in sql
+    else:
+        assert statements[-2] == check_sql(DB, [3, 9])
+
+
+def test_the_backfill_of_counts_is_checked_and_locks_each_entity() -> None:
+    sql, params = backfill_sql(DB, 3, [(ID, 7, [b"k" * 16]), (bytes(16), 9, [b"j" * 16])])
+    statements = sql.split(";\n")
+    assert sql.count("%s") == len(params)
+    assert statements[0] == "START TRANSACTION" and statements[-1] == "COMMIT"
+    assert statements[-2] == check_sql(DB, [3])
+    locks = [s for s in statements if s.endswith("FOR UPDATE")]
+    assert len(locks) == 2 and all("`version` = %s" in s for s in locks)
+    assert all("INSERT INTO" not in s or "(`shard`, " in s for s in statements)
 
 
 def test_the_layout_of_databases_gets_the_statements_it_always_had() -> None:

@@ -380,7 +380,8 @@ class QueryEngine:
                 params += rest
             # bare: in parentheses it costs the server about 7 µs more
             sql = parts[0] if len(parts) == 1 else union_all([f"({p})" for p in parts], tail)
-            return guarded([sql], owned, set().union(*(shards for shards, _ in group))), params
+            named = group[0][0] if len(group) == 1 else set().union(*(s for s, _ in group))
+            return guarded([sql], owned, named), params
 
         return build
 

@@ -167,7 +167,8 @@ def connection_options(f: F) -> F:
         show_default=True,
         show_envvar=True,
         callback=_check_prefix,
-        help="Datastore name: its databases are <prefix>_catalog and <prefix>_NNNN.",
+        help="Datastore name: its databases are <prefix>_catalog and <prefix>_data"
+        " (<prefix>_NNNN per shard in a datastore made before the owned layout).",
     )(f)
     f = click.option(
         "--url",

@@ -39,6 +39,7 @@ __all__ = [
     "LOCKED",
     "OWNED",
     "TRIGGERED",
+    "Shards",
     "admin",
     "among",
     "changes_tables_sql",
@@ -93,9 +94,21 @@ def data_db(prefix: str) -> str:
     return f"{prefix}_data"
 
 
+class Shards(tuple[int, ...]):
+    """Logical shard numbers, sorted and distinct, hashed once: a map's shards of one
+    server (``Topology.placed``), which every scatter's check, scan and digest names
+    (re-sorting and re-hashing 2,048 of them cost a query about 0.3 ms)."""
+
+    def __hash__(self) -> int:
+        known: int | None = self.__dict__.get("hash")
+        if known is None:
+            known = self.__dict__["hash"] = super().__hash__()
+        return known
+
+
 def check_sql(db: str, shards: Iterable[int]) -> str:
     """Fail the batch (error 1146) unless every shard named is owned here."""
-    return _check(db, tuple(sorted(set(shards))))
+    return _check(db, shards if isinstance(shards, Shards) else tuple(sorted(set(shards))))
 
 
 @functools.lru_cache(maxsize=4096)

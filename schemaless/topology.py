@@ -12,7 +12,7 @@ from functools import cached_property
 
 from .dsn import Address
 from .index import Index
-from .owned import DATABASES, OWNED, data_db
+from .owned import DATABASES, OWNED, Shards, data_db
 from .schema import fence_table, shard_db
 
 __all__ = ["IndexInfo", "IndexState", "Topology"]
@@ -94,7 +94,7 @@ class Topology:
         out: dict[int, list[int]] = {}
         for s, sid in enumerate(self.shard_servers):
             out.setdefault(sid, []).append(s)
-        return {sid: tuple(shards) for sid, shards in out.items()}
+        return {sid: Shards(shards) for sid, shards in out.items()}
 
     def maintained(self) -> list[Index]:
         """Indexes that writers keep up to date (building or ready)."""

@@ -22,6 +22,7 @@ from schemaless.owned import (
     DATABASES,
     OWNED,
     TRIGGERED,
+    Shards,
     admin,
     check_sql,
     data_db,
@@ -316,3 +317,10 @@ def test_a_checked_batch_of_a_fenced_shard_commits_nothing(
         with pytest.raises(TableMissing):  # never a silent "absent"
             read()
     assert store.get(a) == {"id": a, "v": 1}  # the shard still owned reads as before
+
+
+def test_a_maps_shards_are_checked_as_they_are_and_hash_as_a_tuple() -> None:
+    placed = Shards(range(0, 4096, 2))
+    assert placed == tuple(range(0, 4096, 2)) and hash(placed) == hash(tuple(placed))
+    assert check_sql(DB, placed) == check_sql(DB, list(reversed(placed)) + [0])
+    assert {placed: 1}[tuple(placed)] == 1  # the same key in the caches

@@ -322,5 +322,5 @@ def test_a_checked_batch_of_a_fenced_shard_commits_nothing(
 def test_a_maps_shards_are_checked_as_they_are_and_hash_as_a_tuple() -> None:
     placed = Shards(range(0, 4096, 2))
     assert placed == tuple(range(0, 4096, 2)) and hash(placed) == hash(tuple(placed))
-    assert check_sql(DB, placed) == check_sql(DB, list(reversed(placed)) + [0])
+    assert check_sql(DB, placed) == check_sql(DB, [*reversed(placed), 0])
     assert {placed: 1}[tuple(placed)] == 1  # the same key in the caches

@@ -38,13 +38,13 @@ def _exact(engine: QueryEngine, topo: Topology, q: Query) -> int:
     if not idx.counted:
         raise InvalidQuery(
             f"index {idx.name!r} is not counted: declare one with counted=True "
-            "(`schemaless index create ... --counted`), or pass exact=False"
+            "(`schemaless index create ... --counted`), or pass exact=False (`--no-exact`)"
         )
     if q.lower is not None or q.upper is not None:
         raise InvalidQuery(
             f"an exact count takes equality on a prefix of index {idx.name!r} "
             f"({', '.join(idx.properties)}); a range or a prefix match needs exact=False "
-            "(an upper bound) or a query"
+            "(`count --no-exact`: an upper bound) or a query"
         )
     if len(q.eqs) > 1 and idx.multi_pos is not None and idx.multi_pos < q.k:
         raise InvalidQuery(

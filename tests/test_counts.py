@@ -251,13 +251,19 @@ def test_counts_match_a_brute_force_count_under_concurrent_writers(
     make_store: Any, local_cluster: LocalCluster
 ) -> None:
     store = make_store(ORACLE)
+    store.put({"seq": 0, "kind": "a", "g": 1, "h": 1, "tags": ["x"]})  # never touched below
     ids = [uuid.uuid4().bytes for _ in range(10)]
     clients = [same_store(local_cluster, store) for _ in range(3)]
+    failed: list[BaseException] = []
+
+    def operate(client: Any, seed: int) -> None:
+        try:
+            _operate(client, random.Random(seed), ids, 50)
+        except BaseException as exc:  # a writer's error fails the test, not its thread
+            failed.append(exc)
+
     try:
-        threads = [
-            threading.Thread(target=_operate, args=(c, random.Random(i), ids, 50))
-            for i, c in enumerate(clients)
-        ]
+        threads = [threading.Thread(target=operate, args=(c, i)) for i, c in enumerate(clients)]
         for t in threads:
             t.start()
         for t in threads:
@@ -265,6 +271,7 @@ def test_counts_match_a_brute_force_count_under_concurrent_writers(
     finally:
         for c in clients:
             c.close()
+    assert not failed, failed
     _assert_counts(store)
     _operate(store, random.Random(9), ids, 40)  # and alone, partial-filter moves included
     _assert_counts(store)

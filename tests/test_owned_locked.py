@@ -16,7 +16,7 @@ from schemaless.names import quote
 from schemaless.owned import LOCKED, admin, locked
 
 BY_N = Index("by_n", {"n": "int"})
-_SLEEPING = "SELECT 1 FROM information_schema.PROCESSLIST WHERE `INFO` = 'DO SLEEP(0.6)'"
+_SLEEPING = "SELECT 1 FROM information_schema.PROCESSLIST WHERE `INFO` = 'DO SLEEP(1)'"
 
 
 def _setup(make_store: Any) -> tuple[DataStore, Any, str, int, int]:
@@ -56,16 +56,22 @@ def test_a_locked_batch_of_a_shard_not_owned_writes_nothing(make_store: Any) -> 
 
 def test_a_fence_waits_for_a_locked_batch_and_fails_the_next(make_store: Any) -> None:
     _, server, db, s, _ = _setup(make_store)
-    batch = locked(["DO SLEEP(0.6)", _insert(db, s, 3)], db, [s])
-    done: list[float] = []
-    writer = threading.Thread(target=lambda: (server.run(batch), done.append(time.monotonic())))
+    batch = locked(["DO SLEEP(1)", _insert(db, s, 3)], db, [s])
+    done: list[bool] = []
+
+    def write() -> None:
+        server.run(batch)
+        done.append(True)  # not reached if the batch failed
+
+    writer = threading.Thread(target=write)
     writer.start()
     while not server.run(admin([_SLEEPING]))[0]:  # then it holds the owned row's lock
         time.sleep(0.01)
+    started = time.monotonic()
     _fence(server, db, s)
-    fenced = time.monotonic()
+    waited = time.monotonic() - started
     writer.join()
-    assert done and done[0] <= fenced  # the fence waited for the batch's commit
+    assert done == [True] and waited >= 0.5  # the fence waited for the batch's commit
     assert _rows(server, db, 3) == 1
     with pytest.raises(TableMissing):
         server.run(locked([_insert(db, s, 4)], db, [s]))

@@ -108,7 +108,12 @@ class Shards(tuple[int, ...]):
 
 def check_sql(db: str, shards: Iterable[int]) -> str:
     """Fail the batch (error 1146) unless every shard named is owned here."""
-    return _check(db, shards if isinstance(shards, Shards) else tuple(sorted(set(shards))))
+    return _check(db, _names(shards))
+
+
+def _names(shards: Iterable[int]) -> tuple[int, ...]:
+    """Shard numbers sorted and distinct (a map's ``Shards`` already are: kept)."""
+    return shards if isinstance(shards, Shards) else tuple(sorted({int(s) for s in shards}))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,7 +121,7 @@ def _check(db: str, names: tuple[int, ...]) -> str:
     # cached by the tuple: rendering thousands of shards anew cost a scatter 1 ms
     short = ""
     if len(names) > LISTED_MAX:  # a scatter names all its server's shards: one row read
-        digest_row = f"SELECT 1 FROM {quote(db, 'owned_digest')} d WHERE {_matches(names)}"
+        digest_row = f"SELECT 1 FROM {quote(db, 'owned_digest')} d WHERE {owns_sql(names)}"
         short = f"NOT EXISTS ({digest_row}) AND "
     return _refuse_unless(f"{short}{_count(db, names)} < {len(names)}")
 
@@ -133,12 +138,6 @@ def _refuse_unless(failing: str) -> str:
 def _count(db: str, names: tuple[int, ...], lock: str = "") -> str:
     """How many of ``names`` are owned here (a subquery; ``lock``: its locking clause)."""
     return f"(SELECT COUNT(*) FROM {quote(db, 'owned')} WHERE {among(names)}{lock})"
-
-
-def owns_sql(placed: tuple[int, ...]) -> str:
-    """A condition on ``owned_digest`` (aliased ``d``) that holds only if the server
-    owns exactly the shards the map ``placed`` on it (sorted): one row read."""
-    return _matches(placed)
 
 
 #: The salt of each shard's hash in the digest (the same in ``digest_sql``'s triggers).
@@ -163,8 +162,9 @@ def digest(names: tuple[int, ...]) -> tuple[int, int, int]:
     return len(names), d0, d1
 
 
-def _matches(names: tuple[int, ...]) -> str:
-    """``owned_digest`` (aliased ``d``) holds the digest of exactly these shards."""
+def owns_sql(names: tuple[int, ...]) -> str:
+    """A condition on ``owned_digest`` (aliased ``d``) that holds only if the server
+    owns exactly these shards (sorted, distinct: a map's of that server): one row read."""
     n, d0, d1 = digest(names)
     return f"d.`one` = 1 AND d.`n` = {n} AND d.`d0` = {d0} AND d.`d1` = {d1}"
 
@@ -250,7 +250,7 @@ def among(names: tuple[int, ...]) -> str:
 
 def shards_sql(shards: Iterable[int]) -> str:
     """The condition that a row's ``shard`` is one of these (``among``'s form)."""
-    return among(tuple(sorted({int(s) for s in shards})))
+    return among(_names(shards))
 
 
 def placement(n_shards: int, servers: int, layout: str) -> list[int]:
@@ -298,7 +298,7 @@ def locked(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     connection is dropped with it)."""
     if db is None:
         return in_transaction(stmts)
-    names = tuple(sorted(set(shards)))
+    names = _names(shards)
     check = _refuse_unless(f"{_count(db, names, ' LOCK IN SHARE MODE')} < {len(names)}")
     listed = ",".join(map(str, names))
     batch = [f"SET {LOCKED} = '{listed}'", "START TRANSACTION", check, *stmts, "COMMIT"]

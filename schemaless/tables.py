@@ -22,9 +22,9 @@ def by_id_sql(
     topo: Topology, ids: Mapping[int, Sequence[bytes]], columns: str, *, counted: bool = False
 ) -> tuple[str, list[Any]]:
     """``SELECT <columns>`` of entities by id (``shard -> ids``, all on one server),
-    tombstones included, in one ``UNION ALL`` statement (``Cluster.by_id`` sends
-    it, its first column the id).  (Filtering tombstones, or naming each row's shard, in the SQL
-    costs the server more than doing it in the client.)  In the owned layout one
+    tombstones included, in one ``UNION ALL`` statement (``Cluster.by_id`` sends it,
+    its first column the id).  (Filtering tombstones, or naming each row's shard, in
+    the SQL costs the server more than doing it in the client.)  In the owned layout one
     ``SELECT`` joined to the server's ``owned_digest`` row: it returns no row at all
     unless the server owns exactly the shards the map places on it (a row of NULLs
     if none of the ids is stored), one row read for the proof; ``counted``: the

@@ -77,13 +77,17 @@ def make_store(local_cluster: LocalCluster) -> Iterator[Callable[..., DataStore]
         drop_datastore(store)
 
 
-def same_store(local_cluster: LocalCluster, store: DataStore, create: bool = False) -> DataStore:
-    """Another client of the same datastore (its own pools and catalog refreshes)."""
+def same_store(
+    local_cluster: LocalCluster, store: DataStore, create: bool = False, **options: Any
+) -> DataStore:
+    """Another client of the same datastore (its own pools and catalog refreshes;
+    ``options``: the constructor's, a ``tracer`` say)."""
     return DataStore(
         local_cluster.addresses,
         option_file=str(local_cluster.option_file),
         prefix=store.cluster.topology.prefix,
         create=create,
+        **options,
     )
 
 

@@ -160,13 +160,7 @@ def test_a_round_reads_idle_shards_by_one_statement_of_heads(
     within the same ``events()``."""
     store = make_store(changes=True, shards=8)
     sent: list[str] = []
-    traced = DataStore(
-        local_cluster.addresses,
-        option_file=str(local_cluster.option_file),
-        prefix=store.cluster.topology.prefix,
-        create=False,
-        tracer=lambda server, sql, seconds: sent.append(sql),
-    )
+    traced = same_store(local_cluster, store, tracer=lambda server, sql, seconds: sent.append(sql))
     store.put_many({"n": i} for i in range(16))
     feed = ChangeFeed(traced.reader, {}, range(8))
     assert len(list(feed.events())) == 16
@@ -222,13 +216,7 @@ def test_the_feed_in_the_layout_of_a_database_per_shard(make_store: Make) -> Non
 def test_feed_off_writes_nothing_extra(make_store: Make, local_cluster: Any) -> None:
     sent: list[str] = []
     store = make_store([Index(table="index_n", properties=["n"], shard_on="n")])
-    traced = DataStore(
-        local_cluster.addresses,
-        option_file=str(local_cluster.option_file),
-        prefix=store.cluster.topology.prefix,
-        create=False,
-        tracer=lambda server, sql, seconds: sent.append(sql),
-    )
+    traced = same_store(local_cluster, store, tracer=lambda server, sql, seconds: sent.append(sql))
     key = new_id()
     traced.put({"id": key, "n": 1})
     traced.update(key, lambda e: {**e, "n": 2})

@@ -63,6 +63,20 @@ def _value(store: DataStore, avoid: int, start: int = 0) -> int:
     )
 
 
+def _second_locked(store: DataStore, locker: Any, shard: int) -> tuple[bytes, bytes, int, Any]:
+    """Two new ids of ``shard`` and an ``n`` for them; the second stored, its row locked
+    by ``locker``'s open transaction (its cursor returned: ``ROLLBACK`` lets it go), so
+    step 2 of a write of both stops at the second."""
+    first, second = _ids(store, shard, 2)
+    n = _value(store, shard)
+    store.put({"id": second, "n": n})
+    cur = locker.cursor()
+    cur.execute("START TRANSACTION")
+    db = quote(store.cluster.topology.dbs[shard], "entities")
+    cur.execute(f"SELECT `id` FROM {db} WHERE `id` = %s FOR UPDATE", (second,))
+    return first, second, n, cur
+
+
 def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     """Run ``fn`` in a thread; its result (or error) lands in the dict."""
     out: dict[str, Any] = {}
@@ -124,13 +138,7 @@ def test_a_put_inside_step_2_delays_the_fence_and_no_other_shard(
     the lock goes, the put commits before the fence, and its entities stay."""
     topo = store.cluster.topology
     a, b = topo.shards_of(0)[:2]
-    first, second = _ids(store, a, 2)
-    n = _value(store, a)
-    store.put({"id": second, "n": n})
-    cur = locker.cursor()
-    cur.execute("START TRANSACTION")
-    db = quote(topo.dbs[a], "entities")
-    cur.execute(f"SELECT `id` FROM {db} WHERE `id` = %s FOR UPDATE", (second,))
+    first, second, n, cur = _second_locked(store, locker, a)
     writes = [{"id": first, "n": n}, {"id": second, "n": n + 1}]
     writer, wrote = _in_thread(lambda: store.put_many(writes))
     _wait_for(lambda: _lock_waits(store, 0) == 1)  # step 2 stopped at the second entity
@@ -204,13 +212,7 @@ def test_a_stopped_writer_holds_the_fence_no_longer_than_its_batch_runs(
     follows at once; woken, the writer is told its versions, which are what is stored."""
     topo = store.cluster.topology
     a = topo.shards_of(0)[0]
-    first, second = _ids(store, a, 2)
-    n = _value(store, a)
-    store.put({"id": second, "n": n})
-    cur = locker.cursor()
-    cur.execute("START TRANSACTION")
-    db = quote(topo.dbs[a], "entities")
-    cur.execute(f"SELECT `id` FROM {db} WHERE `id` = %s FOR UPDATE", (second,))
+    first, second, n, cur = _second_locked(store, locker, a)
     args = [",".join(local_cluster.addresses), str(local_cluster.option_file), topo.prefix]
     args += [first.hex(), second.hex(), str(n)]
     proc = subprocess.Popen([sys.executable, "-c", WRITER, *args], stdout=subprocess.PIPE)

@@ -611,6 +611,19 @@ if __name__ == "__main__":
 # -- fan-out and Oku's table with the library (issue 41) ------------------------------
 
 
+def _feeds_store(servers: Servers, prefix: str, threads: int) -> DataStore:
+    """A datastore for the library's feeds: 16 logical shards, the change feed on, a
+    pool for ``threads`` readers and the fan-out worker."""
+    return DataStore(
+        list(servers.addresses),
+        prefix=prefix,
+        shards=16,
+        changes=True,
+        option_file=servers.option_file,
+        pool_size=threads + 8,
+    )
+
+
 def fanout(servers: Servers, prefix: str, followers: int, threads: int = 8) -> dict[str, Any]:
     """One post to ``followers`` followers: seconds from its acknowledgement until the
     worker (running, polling every 10 ms) has fanned it out and every follower's
@@ -619,14 +632,7 @@ def fanout(servers: Servers, prefix: str, followers: int, threads: int = 8) -> d
 
     from schemaless import Feeds, new_id
 
-    ds = DataStore(
-        list(servers.addresses),
-        prefix=f"{prefix}_tl_fan",
-        shards=16,
-        changes=True,
-        option_file=servers.option_file,
-        pool_size=threads + 8,
-    )
+    ds = _feeds_store(servers, f"{prefix}_tl_fan", threads)
     try:
         feeds = Feeds(ds, "home", pull_threshold=followers + 1, backfill=0)
         star, fans = new_id(), [new_id() for _ in range(followers)]
@@ -722,14 +728,7 @@ def feeds_table(
     tl = Timeline(servers, TimelineConfig(prefix=prefix), graph)
     try:
         for model, threshold in (("push", 10**9), ("pull", 0), ("hybrid", top)):
-            ds = DataStore(
-                list(servers.addresses),
-                prefix=f"{prefix}_tl_feeds_{model}",
-                shards=16,
-                changes=True,
-                option_file=servers.option_file,
-                pool_size=threads + 8,
-            )
+            ds = _feeds_store(servers, f"{prefix}_tl_feeds_{model}", threads)
             stores.append(ds)
             out[model], reads[model] = _feeds_model(ds, graph, threshold, threads, readers)
             _log(f"  feeds {model} (pulled above {threshold} followers): {out[model]}")

@@ -93,11 +93,10 @@ def entity_keys(
     """The sorted keys of an entity whose rows by index name are ``rows`` (an absent
     name: no rows), over every counted index writers maintain; None when there is none
     (nothing for step 2 to keep)."""
-    counted = [index for index in topo.maintained() if index.counted]
-    if not counted or topo.owned_db is None:
+    if not topo.counted or topo.owned_db is None:
         return None
     keys: set[bytes] = set()
-    for index in counted:
+    for index in topo.counted:
         created = topo.indexes[index.name].created
         keys |= count_keys(index, created, rows.get(index.name, ()))
     return tuple(sorted(keys))

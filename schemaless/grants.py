@@ -181,7 +181,7 @@ def _cleaner_data(topo: Topology) -> Iterator[tuple[Address, str, str]]:
         yield at, f"INSERT ({inserts}), UPDATE ({updates})", quote(db, "entities")
         for index in maintained:
             yield at, "INSERT, UPDATE, DELETE, INDEX", quote(db, index.table)
-        if any(index.counted for index in maintained):  # the counts' backfill, the expiry
+        if topo.counted:  # the counts' backfill, the expiry
             for table in ("counts", "counted_keys"):
                 yield at, "INSERT, UPDATE, DELETE", quote(db, table)
         if topo.changes:  # the trim of the change feed

@@ -194,7 +194,7 @@ class Writer:
             if not self._block(topo, index, key, error):
                 raise error
         versions: dict[bytes, int] = {}
-        size = functools.partial(_write_bytes, counted=any(i.counted for i in indexes))
+        size = functools.partial(_write_bytes, counted=bool(topo.counted))
         for pending in chunks(prepared, size, self.cluster.max_batch_bytes):
             for attempt in range(_BLIND_ATTEMPTS):
                 pending = self._attempt(topo, indexes, pending, mode, versions, fresh, attempt == 0)
@@ -389,7 +389,7 @@ class Writer:
 
     def delete(self, keys: list[bytes], mode: WriteMode) -> int:
         """Write tombstones, then queue the old bodies' rows; return how many existed."""
-        counted = any(i.counted for i in self.cluster.current().maintained())
+        counted = bool(self.cluster.current().counted)
         step = self.cluster.max_batch_bytes // (_DELETE_BYTES + 3 * STATEMENT_BYTES * counted)
         return sum(self._delete(keys[i : i + step], mode) for i in range(0, len(keys), step))
 
@@ -399,7 +399,7 @@ class Writer:
         by_name = {index.name: index for index in indexes}
         dbs = topo.dbs
         shards = {key: self.cluster.shard_of_id(key) for key in keys}
-        counted = entity_keys(topo, {})  # a tombstone contributes no key
+        tombstone_keys = entity_keys(topo, {})  # a tombstone contributes no key
         deleted = 0
         stale: list[IndexRow] = []
         pending = keys
@@ -415,7 +415,7 @@ class Writer:
                     None,
                     mode,
                     bool(indexes),
-                    counted,
+                    tombstone_keys,
                 )
                 for key in pending
             ]

@@ -96,6 +96,12 @@ class Topology:
             out.setdefault(sid, []).append(s)
         return {sid: Shards(shards) for sid, shards in out.items()}
 
+    @cached_property
+    def counted(self) -> tuple[Index, ...]:
+        """The counted indexes writers maintain (``schemaless.counts``): step 2 keeps
+        their counters."""
+        return tuple(index for index in self.maintained() if index.counted)
+
     def maintained(self) -> list[Index]:
         """Indexes that writers keep up to date (building or ready)."""
         return [i.index for i in self.indexes.values() if i.state != IndexState.DROPPED]

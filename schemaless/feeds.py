@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .catalogdb import now_us
@@ -40,7 +40,14 @@ from .errors import InvalidQuery, PermissionDenied, SchemalessError
 from .feed import ChangeEvent, ChangeFeed, enable_changes, encode_cursor
 from .ids import to_id
 from .names import quote
-from .owned import admin, guard_sql, guarded, in_guarded_transaction
+from .owned import (
+    admin,
+    checked_rows,
+    checked_select,
+    guard_sql,
+    guarded,
+    in_guarded_transaction,
+)
 from .query import Page
 from .scatter import Statement, by_server
 
@@ -246,63 +253,69 @@ class Feeds:
     def _home_rows(self, user: bytes, n: int, after: tuple[int, bytes] | None) -> list[_Row]:
         """The newest ``n`` (at, post, author) of the user's home: the inbox rows of
         authors still followed, the user's own posts, and the pulled followees' posts,
-        merged."""
+        merged.  One statement on the user's server (its own check), then one per
+        server holding pulled followees."""
         keys = () if after is None else (after[0], after[0], after[1])
 
-        def run(topo: Topology, shard: int) -> tuple[list[_Row], list[bytes]]:
-            inbox, posts = self._q(topo, self.inbox), self._q(topo, self.posts_table)
-            follows, pulled = (
-                self._q(topo, table_names(self.graph.kind)[0]),
-                self._q(topo, self.pulled),
-            )
+        def run(topo: Topology, shard: int) -> list[Sequence[Any]]:
+            inbox = self._q(topo, self.inbox)
+            follows = self._q(topo, table_names(self.graph.kind)[0])
             s = int(shard)
-            sql = guarded(
-                [
-                    "SELECT STRAIGHT_JOIN i.`at`, i.`post`, i.`author`"
-                    f" FROM {inbox} i JOIN {follows} f"
-                    f" ON f.`shard` = {s} AND f.`src` = i.`user` AND f.`dst` = i.`author`"
-                    f" WHERE i.`shard` = {s} AND i.`user` = %s{_keyset('i.', bool(keys))}"
-                    f" ORDER BY i.`at` DESC, i.`post` DESC LIMIT {int(n)}",
-                    f"SELECT `at`, `post`, `author` FROM {posts} WHERE `shard` = {s}"
-                    f" AND `author` = %s{_keyset('', bool(keys))}"
-                    f" ORDER BY `at` DESC, `post` DESC LIMIT {int(n)}",
-                    f"SELECT p.`author` FROM {pulled} p JOIN {follows} f ON f.`shard` = {s}"
-                    " AND f.`src` = %s AND f.`dst` = p.`author`",
-                ],
-                topo.owned_db,
-                (shard,),
+            select = (
+                "(SELECT STRAIGHT_JOIN 0 AS `pulled`, i.`at`, i.`post`, i.`author`"
+                f" FROM {inbox} i JOIN {follows} f FORCE INDEX (PRIMARY)"
+                f" ON f.`shard` = {s} AND f.`src` = i.`user` AND f.`dst` = i.`author`"
+                f" WHERE i.`shard` = {s} AND i.`user` = %s{_keyset('i.', bool(keys))}"
+                f" ORDER BY i.`at` DESC, i.`post` DESC LIMIT {int(n)})"
+                f" UNION ALL ({self._posts_sql(topo, s, bool(keys), n)})"
+                f" UNION ALL (SELECT 1, 0, NULL, p.`author` FROM {self._q(topo, self.pulled)} p"
+                f" JOIN {follows} f ON f.`shard` = {s} AND f.`src` = %s AND f.`dst` = p.`author`)"
             )
-            sets = self._server(topo, shard).run(sql, (user, *keys, user, *keys, user))
-            return [_row(r) for r in (*sets[0], *sets[1])], [bytes(r[0]) for r in sets[2]]
+            sql = checked_select(select, topo.owned_db, (s,))
+            got = self._server(topo, shard).run(sql, (user, *keys, user, *keys, user))[0]
+            return checked_rows(got, topo.owned_db)
 
-        rows, pulled_authors = self._on(user, run)
+        got = self._on(user, run)
+        rows = [_row(r[1:]) for r in got if not r[0]]
+        pulled_authors = [bytes(r[3]) for r in got if r[0]]
         if pulled_authors:
             rows += self._pulled_rows(pulled_authors, n, keys)
         return _newest(rows, n)
+
+    def _posts_sql(self, topo: Topology, shard: int, after: bool, n: int) -> str:
+        """The newest ``n`` posts rows of an author (``%s``) on ``shard``, read down the
+        clustered key (the planner would take ``once`` and sort them all)."""
+        return (
+            f"SELECT 0 AS `pulled`, `at`, `post`, `author` FROM {self._q(topo, self.posts_table)}"
+            f" FORCE INDEX (PRIMARY) WHERE `shard` = {int(shard)} AND `author` = %s"
+            f"{_keyset('', after)} ORDER BY `at` DESC, `post` DESC LIMIT {int(n)}"
+        )
 
     def _posts_rows(self, author: bytes, n: int, after: tuple[int, bytes] | None) -> list[_Row]:
         return self._pulled_rows([author], n, () if after is None else (after[0], *after))
 
     def _pulled_rows(self, authors: list[bytes], n: int, keys: tuple[Any, ...]) -> list[_Row]:
-        """The newest ``n`` posts rows of some authors, one statement per server."""
+        """The newest ``n`` posts rows of some authors: one statement per server,
+        merged there."""
 
         def run() -> list[_Row]:
             topo = self.ds.cluster.current()
-            posts = self._q(topo, self.posts_table)
             shard = self.ds.cluster.shard_of_id
 
             def build(group: list[bytes]) -> Statement:
-                parts = [
-                    f"(SELECT `at`, `post`, `author` FROM {posts} WHERE `shard` = {shard(a)}"
-                    f" AND `author` = %s{_keyset('', bool(keys))}"
-                    f" ORDER BY `at` DESC, `post` DESC LIMIT {int(n)})"
-                    for a in group
-                ]
-                sql = guarded([" UNION ALL ".join(parts)], topo.owned_db, map(shard, group))
+                parts = " UNION ALL ".join(
+                    f"({self._posts_sql(topo, shard(a), bool(keys), n)})" for a in group
+                )
+                merged = f"SELECT * FROM ({parts}) u ORDER BY `at` DESC, `post` DESC LIMIT {int(n)}"
+                sql = checked_select(merged, topo.owned_db, map(shard, group))
                 return sql, [v for a in group for v in (a, *keys)]
 
             results = self.ds.cluster.scatter(topo, by_server(topo, authors, shard), build)
-            return [_row(r) for rows in results.results.values() for r in rows[0]]
+            return [
+                _row(r[1:])
+                for sets in results.results.values()
+                for r in checked_rows(sets[0], topo.owned_db)
+            ]
 
         return _newest(self.ds.calls.call(run, self.timeout), n)
 

@@ -14,8 +14,8 @@ table does in the layout of a database per shard, and both end in the same error
   that may match no row ends with :func:`check_sql` (before its ``COMMIT``), which
   fails the batch when a shard it names is not owned: a read or an unapplied write is
   never taken from a shard the server gave away.  A write batch whose every write fires
-  the triggers needs no check (``triggered``); a point read checks in its own
-  statement (``schemaless.reader``).
+  the triggers needs no check (``triggered``); a point read, and a read of one
+  statement (:func:`checked_select`), checks in its own statement.
 
 ``Server.send`` refuses a batch that names the data database without the check or one
 of the marks (``ADMIN``, ``TRIGGERED``), so a statement cannot forget it.
@@ -26,8 +26,10 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from .errors import TableMissing
 from .names import quote
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "among",
     "changes_tables_sql",
     "check_sql",
+    "checked_rows",
+    "checked_select",
     "data_db",
     "digest",
     "digest_sql",
@@ -80,6 +84,7 @@ COPYING = "@schemaless_copying"
 LOCKED = "@schemaless_locked"
 
 _REFUSED = "SQLSTATE '42S02' SET MYSQL_ERRNO = 1146, MESSAGE_TEXT ="
+_MOVED = "a logical shard named is not on this server (moved): refresh the map"
 
 
 def unguarded(sql: str) -> None:
@@ -128,11 +133,7 @@ def _check(db: str, names: tuple[int, ...]) -> str:
 
 def _refuse_unless(failing: str) -> str:
     """A compound statement that fails the batch (error 1146) when ``failing`` holds."""
-    return (
-        f"BEGIN NOT ATOMIC {CHECK} IF {failing} THEN SIGNAL {_REFUSED}"
-        " 'a logical shard named is not on this server (moved): refresh the map';"
-        " END IF; END"
-    )
+    return f"BEGIN NOT ATOMIC {CHECK} IF {failing} THEN SIGNAL {_REFUSED} '{_MOVED}'; END IF; END"
 
 
 def _count(db: str, names: tuple[int, ...], lock: str = "") -> str:
@@ -272,6 +273,34 @@ def guarded(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     if db is not None:
         stmts = [*stmts, check_sql(db, shards)]
     return ";\n".join(stmts)
+
+
+def checked_select(select: str, db: str | None, shards: Iterable[int]) -> str:
+    """A read of one statement that is its own check (owned layout: ``db`` given):
+    ``select``'s rows (its first column never NULL) left-joined to the ``owned`` rows
+    of the shards named, in one snapshot, so a server that does not own them all
+    returns no row at all and one that does a row of NULLs for an empty result
+    (``checked_rows`` reads it).  ``guarded`` sends the check as a second, compound
+    statement, which costs a small read about as much as the read itself."""
+    if db is None:
+        return select
+    names = _names(shards)
+    if len(names) == 1:
+        owned, owns = f"{quote(db, 'owned')} o", f"o.`shard` = {names[0]}"
+    else:
+        owned = f"(SELECT COUNT(*) AS `n` FROM {quote(db, 'owned')} WHERE {among(names)}) o"
+        owns = f"o.`n` = {len(names)}"
+    return f"SELECT {CHECK} x.* FROM {owned} LEFT JOIN ({select}) x ON TRUE WHERE {owns}"
+
+
+def checked_rows(rows: Sequence[Sequence[Any]], db: str | None) -> list[Sequence[Any]]:
+    """The rows of a ``checked_select``; ``TableMissing`` when it returned none (a
+    shard named is not owned: a move's fence, or a stale map)."""
+    if db is None:
+        return list(rows)
+    if not rows:
+        raise TableMissing(_MOVED)
+    return [r for r in rows if r[0] is not None]
 
 
 def in_transaction(stmts: list[str]) -> str:

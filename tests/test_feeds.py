@@ -16,8 +16,10 @@ import pytest
 from test_cli import Cli, cluster_env
 
 from schemaless import DataStore, Feeds, new_id
-from schemaless.errors import InvalidId, InvalidQuery
+from schemaless.errors import InvalidId, InvalidQuery, TableMissing
 from schemaless.local import LocalCluster
+from schemaless.names import quote
+from schemaless.owned import admin
 
 _SCALE = int(os.environ.get("SCHEMALESS_FEEDS_SCALE", "1"))
 
@@ -153,6 +155,31 @@ def test_an_expired_post_never_appears(make_store: Callable[..., DataStore]) -> 
     time.sleep(0.4)
     assert _ids(feeds.home(ann, limit=1)) == [keep["id"]]
     assert _ids(feeds.posts(bob)) == [keep["id"]]
+
+
+def test_a_fenced_shard_fails_home_and_posts_never_reads_empty(ds: DataStore) -> None:
+    """Each read is its own ownership check: with the reader's (or a pulled author's)
+    ``owned`` row gone, as a move's fence leaves it, ``home`` and ``posts`` raise
+    ``TableMissing``; once it is back they read again."""
+    feeds = Feeds(ds, "home", pull_threshold=0)
+    ann, bob = new_id(), new_id()
+    feeds.follow(ann, bob)
+    post = {"text": "pulled"}
+    feeds.post(bob, post)
+    feeds.work(once=True)
+    assert _ids(feeds.home(ann)) == _ids(feeds.posts(bob)) == [post["id"]]
+    for fenced, read in ((ann, lambda: feeds.home(ann)), (bob, lambda: feeds.posts(bob))):
+        topo = ds.cluster.current()
+        shard = ds.cluster.shard_of_id(fenced)
+        server = ds.cluster.server_of_shard(topo, shard)
+        owned = quote(topo.owned_db, "owned")
+        server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+        try:
+            with pytest.raises(TableMissing):
+                read()
+        finally:
+            server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({shard})"]))
+        assert _ids(read()) == [post["id"]]
 
 
 def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:

@@ -25,6 +25,8 @@ from schemaless.owned import (
     Shards,
     admin,
     check_sql,
+    checked_rows,
+    checked_select,
     data_db,
     digest,
     locked,
@@ -193,6 +195,22 @@ def test_a_read_by_id_is_its_own_check_of_exactly_its_shards() -> None:
     assert f"`n` = 8 AND d.`d0` = {digest(tuple(range(8)))[1]}" in sql
     sql, params = by_id_sql(_topo(OWNED), {3: [ID]}, "`id`", counted=True)
     assert sql.endswith(check_sql(DB, [3])) and "owned_digest" not in sql
+
+
+def test_a_checked_select_joins_its_read_to_the_owned_rows_it_names() -> None:
+    """One statement, its own check: one shard's ``owned`` row, or the count of several;
+    no row back means not owned (``checked_rows`` raises), a row of NULLs an empty read."""
+    select = f"SELECT 0 AS `k`, `id` FROM {quote(DB, 'entities')} WHERE `id` = %s"
+    one = checked_select(select, DB, [3])
+    assert one.startswith(f"SELECT {CHECK} x.* FROM {quote(DB, 'owned')} o LEFT JOIN (")
+    assert one.endswith(") x ON TRUE WHERE o.`shard` = 3") and select in one
+    several = checked_select(select, DB, [5, 3, 5])
+    assert several.endswith(") x ON TRUE WHERE o.`n` = 2") and "IN (3, 5)" in several
+    assert checked_select(select, None, [3]) == select
+    assert checked_rows([(None, None)], DB) == [] and checked_rows([(0, ID)], DB) == [(0, ID)]
+    with pytest.raises(TableMissing, match="moved"):
+        checked_rows([], DB)
+    assert checked_rows([], None) == []
 
 
 def test_unchecked_batches_are_refused_before_they_are_sent() -> None:

@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemaless import DataStore, Index
+from schemaless.feeds import INBOX_COMPRESSED
 from schemaless.hashing import shard_of
 from schemaless.index import key_encode
 from schemaless.names import quote
@@ -822,26 +823,29 @@ def _data_bytes(ds: DataStore) -> int:
     return total
 
 
-#: The floor of an inbox row: what InnoDB costs for each layout, on the same rows.
+#: The floor of an inbox row: what InnoDB costs for each layout, on the same rows
+#: (columns, table options).
+_INBOX = (
+    "`shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
+    " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
+    " `author` BINARY(16) NOT NULL, PRIMARY KEY (`shard`, `user`, `at`, `post`)"
+)
 INBOX_LAYOUTS = {
     "raw mailbox (INT user, INT message)": (
-        "`user` INT UNSIGNED NOT NULL, `post` INT UNSIGNED NOT NULL, PRIMARY KEY (`user`, `post`)"
+        "`user` INT UNSIGNED NOT NULL, `post` INT UNSIGNED NOT NULL, PRIMARY KEY (`user`, `post`)",
+        "",
     ),
     "floor (BINARY(16) user, BIGINT time, BINARY(16) post)": (
         "`user` BINARY(16) NOT NULL, `at` BIGINT UNSIGNED NOT NULL,"
-        " `post` BINARY(16) NOT NULL, PRIMARY KEY (`user`, `at`, `post`)"
+        " `post` BINARY(16) NOT NULL, PRIMARY KEY (`user`, `at`, `post`)",
+        "",
     ),
-    "inbox (floor + shard, author)": (
-        "`shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
-        " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
-        " `author` BINARY(16) NOT NULL, PRIMARY KEY (`shard`, `user`, `at`, `post`)"
-    ),
+    "inbox uncompressed (floor + shard, author)": (_INBOX, ""),
     "inbox with a second key (user, post), as before": (
-        "`shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
-        " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
-        " `author` BINARY(16) NOT NULL, PRIMARY KEY (`shard`, `user`, `at`, `post`),"
-        " UNIQUE KEY `once` (`shard`, `user`, `post`)"
+        _INBOX + ", UNIQUE KEY `once` (`shard`, `user`, `post`)",
+        "",
     ),
+    "inbox now (compressed pages)": (_INBOX, INBOX_COMPRESSED),
 }
 
 
@@ -858,15 +862,16 @@ def inbox_floor(
     shapes: list[Callable[[int, int], tuple[Any, ...]]] = [
         lambda f, k: (f, k + 1),
         lambda f, k: (ids[f], k + 1, posts[k][1]),
-        lambda f, k: (0, ids[f], k + 1, posts[k][1], ids[posts[k][0]]),
-        lambda f, k: (0, ids[f], k + 1, posts[k][1], ids[posts[k][0]]),
+        *[lambda f, k: (0, ids[f], k + 1, posts[k][1], ids[posts[k][0]])] * 3,
     ]
     db = f"{prefix}_tl_floor"
     servers.admin(0, f"CREATE DATABASE IF NOT EXISTS `{db}`")
     out: dict[str, float] = {}
-    for n, ((name, columns), shape) in enumerate(zip(INBOX_LAYOUTS.items(), shapes, strict=True)):
+    for n, ((name, (columns, options)), shape) in enumerate(
+        zip(INBOX_LAYOUTS.items(), shapes, strict=True)
+    ):
         table = f"`{db}`.`t{n}`"
-        servers.admin(0, f"CREATE TABLE {table} ({columns}) ENGINE=InnoDB")
+        servers.admin(0, f"CREATE TABLE {table} ({columns}) ENGINE=InnoDB {options}")
         for start in range(0, len(mailbox), 2000):
             values = [shape(f, k) for f, k in mailbox[start : start + 2000]]
             marks = "(" + ", ".join(["%s"] * len(values[0])) + ")"

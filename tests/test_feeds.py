@@ -91,6 +91,12 @@ def test_an_updated_post_keeps_its_place_and_is_never_doubled(ds: DataStore) -> 
         (topo.owned_db,),
     )[0]
     assert [k for (k,) in keys] == ["PRIMARY"]  # narrow: no second key per row
+    row_format = ds.cluster.server_of_shard(topo, 0).run(
+        "SELECT row_format, create_options FROM information_schema.tables"
+        " WHERE table_schema = %s AND table_name = 'feed__home__inbox'",
+        (topo.owned_db,),
+    )[0]
+    assert row_format[0][0] == "Compressed" and "key_block_size=8" in row_format[0][1]
 
 
 def test_a_fan_out_in_many_rounds_reaches_every_follower(

@@ -22,6 +22,7 @@ def feeds() -> None:
         schemaless feeds create home
         schemaless feeds work home
         schemaless feeds work home --once --pull-threshold 5000
+        schemaless feeds trim home --keep 800
     """
 
 
@@ -74,3 +75,25 @@ def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: flo
         except KeyboardInterrupt:
             return
     click.echo(f"feed {name!r}: {n} posts fanned out")
+
+
+@feeds.command()
+@click.argument("name")
+@click.option(
+    "--keep", default=1000, show_default=True, help="Inbox rows kept for each reader, newest."
+)
+@pass_connection
+def trim(conn: Connection, name: str, keep: int) -> None:
+    """Delete the inbox rows of feed NAME beyond each reader's newest KEEP (run it
+    from cron: a timeline otherwise keeps every row it was given).
+
+    \b
+    Example:
+        schemaless feeds trim home --keep 800
+    """
+    with conn.store() as ds:
+        try:
+            n = Feeds(ds, name, create=False).trim(keep)
+        except SchemalessError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"feed {name!r}: {n} inbox rows deleted, at most {keep} kept per reader")

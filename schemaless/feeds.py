@@ -59,6 +59,7 @@ __all__ = ["Feeds"]
 
 _CURSOR = "fc1."
 _FAN = 5000  # followers read, and inbox rows written, per round trip
+_TRIM = 100  # readers trimmed per transaction
 _Row = tuple[int, bytes, bytes]  # (at, post, author)
 #: The inbox's pages are compressed: a reader's rows repeat their shard, reader and
 #: the authors they follow, and ids of one time share prefixes (77 bytes a row instead
@@ -387,6 +388,57 @@ class Feeds:
 
         self.ds.cluster.scatter(topo, by_server(topo, part, lambda p: p[0]), build)
 
+    # -- trimming -----------------------------------------------------------------------
+
+    def trim(self, keep: int = 1000) -> int:
+        """Keep each reader's newest ``keep`` inbox rows and delete the older ones, one
+        logical shard after another; how many rows were deleted.  A maintenance pass
+        (``schemaless feeds trim``): pulled posts are never in an inbox, so a page
+        older than the kept rows shows only those."""
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise InvalidQuery(f"keep must be an int >= 1, got {keep!r}")
+        n_shards = len(self.ds.cluster.current().shard_servers)
+        return sum(self._trim_shard(shard, keep) for shard in range(n_shards))
+
+    def _trim_shard(self, shard: int, keep: int) -> int:
+        """Trim the readers of one logical shard with more than ``keep`` rows, up to
+        ``_TRIM`` readers a transaction: each one's ``keep``-th newest row found and
+        what is older deleted, under the ownership check."""
+
+        def over(topo: Topology, s: int) -> list[bytes]:
+            select = (
+                f"SELECT `user` FROM {self._q(topo, self.inbox)} WHERE `shard` = {int(s)}"
+                f" GROUP BY `user` HAVING COUNT(*) > {int(keep)}"
+            )
+            rows = self._server(topo, s).run(checked_select(select, topo.owned_db, (s,)))[0]
+            return [bytes(r[0]) for r in checked_rows(rows, topo.owned_db)]
+
+        def cut(users: list[bytes], topo: Topology, s: int) -> int:
+            inbox, reader = self._q(topo, self.inbox), f"`shard` = {int(s)} AND `user` = %s"
+            stmts = ["SET @schemaless_trimmed = 0"]
+            for _ in users:
+                stmts += [
+                    "SET @schemaless_at = NULL, @schemaless_post = NULL",
+                    f"SELECT `at`, `post` INTO @schemaless_at, @schemaless_post FROM {inbox}"
+                    f" WHERE {reader} ORDER BY `at` DESC, `post` DESC LIMIT {int(keep) - 1}, 1",
+                    f"DELETE FROM {inbox} WHERE {reader} AND (`at` < @schemaless_at"
+                    " OR (`at` = @schemaless_at AND `post` < @schemaless_post))",
+                    "SET @schemaless_trimmed = @schemaless_trimmed + ROW_COUNT()",
+                ]
+            sql = in_guarded_transaction(
+                [*stmts, "SELECT @schemaless_trimmed"], topo.owned_db, (s,)
+            )
+            params = [u for u in users for _ in range(2)]
+            sets = self._server(topo, s).run(sql, params, commits=True, idempotent=True)
+            return int(sets[0][0][0])
+
+        deleted = 0
+        readers = self._on_shard(shard, over)
+        for start in range(0, len(readers), _TRIM):
+            chunk = readers[start : start + _TRIM]
+            deleted += self._on_shard(shard, functools.partial(cut, chunk))
+        return deleted
+
     # -- the fan-out worker -------------------------------------------------------------
 
     def work(
@@ -508,10 +560,10 @@ class Feeds:
         return self.ds.cluster.server_of_shard(topo, shard)
 
     def _on(self, node: bytes, fn: Callable[[Topology, int], Any]) -> Any:
-        return self.ds.calls.call(
-            lambda: fn(self.ds.cluster.current(), self.ds.cluster.shard_of_id(node)),
-            self.timeout,
-        )
+        return self._on_shard(self.ds.cluster.shard_of_id(node), fn)
+
+    def _on_shard(self, shard: int, fn: Callable[[Topology, int], Any]) -> Any:
+        return self.ds.calls.call(lambda: fn(self.ds.cluster.current(), shard), self.timeout)
 
 
 def _is_id(entity: Mapping[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from test_cli import Cli, cluster_env
 from schemaless import DataStore, Feeds, new_id
 from schemaless.errors import InvalidId, InvalidQuery, TableMissing
 from schemaless.local import LocalCluster
+from schemaless.move import ShardMover
 from schemaless.names import quote
 from schemaless.owned import admin
 
@@ -183,9 +184,40 @@ def test_a_fenced_shard_fails_home_and_posts_never_reads_empty(ds: DataStore) ->
         try:
             with pytest.raises(TableMissing):
                 read()
+            with pytest.raises(TableMissing):
+                feeds.trim(keep=1)  # every shard's pass checks its own
         finally:
             server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({shard})"]))
         assert _ids(read()) == [post["id"]]
+
+
+def test_trim_keeps_each_readers_newest_rows(ds: DataStore, local_cluster: LocalCluster) -> None:
+    """Readers over ``keep`` lose their oldest inbox rows, the others none; again: no
+    change; the CLI does the same; bad ``keep`` is refused."""
+    feeds = Feeds(ds, "home", backfill=0)
+    bob, cat, readers = new_id(), new_id(), [new_id() for _ in range(5)]
+    for reader in readers:
+        feeds.follow(reader, bob)
+    feeds.follow(readers[0], cat)
+    posts = [{"n": i} for i in range(7)]
+    for i, post in enumerate(posts):
+        feeds.post(cat if i == 3 else bob, post)
+    feeds.work(once=True)
+    newest = [p["id"] for p in posts[::-1]]
+    assert feeds.trim(keep=4) == 3 + 4 * 2  # reader 0: 7 rows, the others 6
+    assert _ids(feeds.home(readers[0], limit=50)) == newest[:4]
+    for reader in readers[1:]:
+        assert _ids(feeds.home(reader, limit=50)) == [p for p in newest if p != posts[3]["id"]][:4]
+    assert feeds.trim(keep=4) == 0
+    assert _count(ds, "feed__home__inbox") == 5 * 4
+    run = Cli(cluster_env(local_cluster, ds.cluster.topology.prefix))
+    assert "5 inbox rows deleted" in run.ok("feeds", "trim", "home", "--keep", "3").output
+    assert _count(ds, "feed__home__inbox") == 5 * 3
+    for keep in (0, -1, "3", True):
+        with pytest.raises(InvalidQuery, match="keep"):
+            feeds.trim(keep)  # type: ignore[arg-type]
+    assert "keep must be" in run.fails("feeds", "trim", "home", "--keep", "0")
+    assert _count(ds, "feed__home__inbox") == 5 * 3
 
 
 def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:
@@ -240,7 +272,7 @@ def worker(
             proc.wait()
 
 
-def test_oracle_with_the_worker_killed_and_restarted(
+def test_oracle_with_the_worker_killed_and_restarted_and_a_shard_moved(
     ds: DataStore, worker: Callable[[], subprocess.Popen[bytes]]
 ) -> None:
     rng = random.Random(41)
@@ -267,12 +299,18 @@ def test_oracle_with_the_worker_killed_and_restarted(
             gone = rng.choice(sorted(posts))
             ds.delete(gone)
             del posts[gone]
+        if step == 100 * _SCALE:  # a shard moves under the worker and the writers
+            topo = ds.cluster.current()
+            moved = ds.cluster.shard_of_id(users[0])
+            to = next(sid for sid in topo.servers if sid != topo.shard_servers[moved])
+            ShardMover(ds).move(moved, to)
         if step % 35 == 34:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
             proc = worker()
     assert kills >= 5
+    assert ds.cluster.current().shard_servers[moved] == to
     assert feeds.settle(timeout=30), proc.stderr.read() if proc.stderr else ""
     pushed, pulled = _count(ds, "feed__home__inbox"), _count(ds, "feed__home__pulled")
     assert pushed > len(posts) and pulled >= 1  # both ways were taken

@@ -27,7 +27,7 @@ import collections
 import functools
 import hashlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import TableMissing
 from .names import quote
@@ -38,6 +38,7 @@ __all__ = [
     "COPYING",
     "DATABASES",
     "LAYOUTS",
+    "LISTED_MAX",
     "LOCKED",
     "OWNED",
     "TRIGGERED",
@@ -84,6 +85,7 @@ COPYING = "@schemaless_copying"
 LOCKED = "@schemaless_locked"
 
 _REFUSED = "SQLSTATE '42S02' SET MYSQL_ERRNO = 1146, MESSAGE_TEXT ="
+_R = TypeVar("_R", bound=Sequence[Any])
 _MOVED = "a logical shard named is not on this server (moved): refresh the map"
 
 
@@ -277,7 +279,7 @@ def guarded(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
 
 def checked_select(select: str, db: str | None, shards: Iterable[int]) -> str:
     """A read of one statement that is its own check (owned layout: ``db`` given):
-    ``select``'s rows (its first column never NULL) left-joined to the ``owned`` rows
+    ``select``'s rows (one column never NULL) left-joined to the ``owned`` rows
     of the shards named, in one snapshot, so a server that does not own them all
     returns no row at all and one that does a row of NULLs for an empty result
     (``checked_rows`` reads it).  ``guarded`` sends the check as a second, compound
@@ -293,14 +295,14 @@ def checked_select(select: str, db: str | None, shards: Iterable[int]) -> str:
     return f"SELECT {CHECK} x.* FROM {owned} LEFT JOIN ({select}) x ON TRUE WHERE {owns}"
 
 
-def checked_rows(rows: Sequence[Sequence[Any]], db: str | None) -> list[Sequence[Any]]:
-    """The rows of a ``checked_select``; ``TableMissing`` when it returned none (a
-    shard named is not owned: a move's fence, or a stale map)."""
+def checked_rows(rows: Sequence[_R], db: str | None, column: int = 0) -> list[_R]:
+    """The rows of a ``checked_select`` whose ``column`` is never NULL; ``TableMissing``
+    when it returned none (a shard named is not owned: a move's fence, a stale map)."""
     if db is None:
         return list(rows)
     if not rows:
         raise TableMissing(_MOVED)
-    return [r for r in rows if r[0] is not None]
+    return [r for r in rows if r[column] is not None]
 
 
 def in_transaction(stmts: list[str]) -> str:

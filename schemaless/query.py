@@ -28,7 +28,7 @@ from .follow import Calls
 from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
-from .owned import among, guarded
+from .owned import LISTED_MAX, among, checked_rows, checked_select, guarded
 from .reader import Reader
 from .scatter import Statement, unreachable_only
 from .tables import union_all
@@ -328,9 +328,12 @@ class QueryEngine:
         gone = {shard for sid in errors for shards, _ in groups[sid] for shard in shards}
         rows: list[tuple[Any, ...]] = []
         exhausted = True
-        for result in results.values():
-            rows += result[0]
-            if len(result[0]) >= n:
+        for sid, result in results.items():
+            got: Sequence[tuple[Any, ...]] = result[0]
+            if topo.owned_db is not None and _checks_itself(groups[sid]):
+                got = checked_rows(got, topo.owned_db, column=-1)  # `entity_id`
+            rows += got
+            if len(got) >= n:
                 exhausted = False  # that server may hold more
         rows.sort(key=q.order_key, reverse=q.descending)
         if len(rows) > n:
@@ -380,8 +383,9 @@ class QueryEngine:
                 params += rest
             # bare: in parentheses it costs the server about 7 µs more
             sql = parts[0] if len(parts) == 1 else union_all([f"({p})" for p in parts], tail)
-            named = group[0][0] if len(group) == 1 else set().union(*(s for s, _ in group))
-            return guarded([sql], owned, named), params
+            if owned is not None and _checks_itself(group):
+                return checked_select(sql, owned, _named(group)), params
+            return guarded([sql], owned, _named(group)), params
 
         return build
 
@@ -608,6 +612,18 @@ def prefix_end(prefix: str | bytes) -> str | bytes | None:
 OWNED_LIST_MAX = 64
 #: A progression longer than this (its exceptions listed) gives way to the semi-join.
 _SHORT = 256
+
+
+def _named(group: list[Part]) -> Sequence[int]:
+    """The logical shards a server's scan names."""
+    return group[0][0] if len(group) == 1 else sorted(set().union(*(s for s, _ in group)))
+
+
+def _checks_itself(group: list[Part]) -> bool:
+    """Whether a server's scan in the owned layout is its own check
+    (``checked_select``, a few shards: one statement), not followed by the check
+    (a scatter's many shards: the digest row first, ``guarded``)."""
+    return len(_named(group)) <= LISTED_MAX
 
 
 def _owned_shards(owned: str, shards: tuple[int, ...], everywhere: bool) -> str:

@@ -117,7 +117,8 @@ def test_readme_examples_run_as_written(
     )
     assert demo.returncode == 0 and "all equal to what was put" in demo.stdout, demo.stderr
     blocks = _PYTHON.findall(README.read_text())
-    assert len(blocks) == 7  # from_env, own servers, asyncio, documents (3), the change feed
+    # from_env, own servers, asyncio, documents (3), the change feed, edges and timelines
+    assert len(blocks) == 8
     # what `schemaless local up` prints for connecting explicitly
     monkeypatch.setenv("SCHEMALESS_OPTION_FILE", str(newcomer.option_file))
     ns: dict[str, Any] = {"SERVERS": newcomer.addresses, "PREFIX": "schemaless"}
@@ -144,6 +145,8 @@ def test_readme_examples_run_as_written(
         assert [e["title"] for e in ns["page"]] == ["hello", entity["title"]]  # desc
         assert isinstance(ns["version"], int) and ns["found"]["id"] in (entity["id"], entry["id"])
         assert search[entity["id"]] == entity  # the feed's snapshot reached it
+        assert ns["likes"].count_inverse(ns["photo"]) == 2
+        assert ns["home"].home(ns["ann"])[0]["author"] == ns["bob"]
     finally:
         for store in opened.values():
             store.close()

@@ -26,7 +26,7 @@ from .catalogdb import now_us
 from .errors import CatalogError, InvalidEntity, InvalidQuery, PermissionDenied, TableMissing
 from .ids import to_id
 from .names import quote
-from .owned import guard_sql, guarded, in_guarded_transaction
+from .owned import checked_rows, checked_select, guard_sql, guarded, in_guarded_transaction
 from .query import MAX_LIMIT
 from .scatter import Statement, by_server
 
@@ -196,34 +196,27 @@ class _Side:
             (shard,),
         )
 
+    # Reads are one statement each, their own ownership check (``checked_select``; the
+    # first column is never NULL), read by ``Edges._read``.
+
     def count(self, shard: int) -> str:
-        return guarded(
-            [f"SELECT `n` FROM {self.counts} WHERE `shard` = {int(shard)} AND `node` = %s"],
-            self.db,
-            (shard,),
-        )
+        select = f"SELECT `n` FROM {self.counts} WHERE `shard` = {int(shard)} AND `node` = %s"
+        return checked_select(select, self.db, (shard,))
 
     def has(self, shard: int) -> str:
-        return guarded(
-            [
-                f"SELECT 1 FROM {self.edges} WHERE `shard` = {int(shard)} AND `src` = %s"
-                " AND `dst` = %s"
-            ],
-            self.db,
-            (shard,),
+        select = (
+            f"SELECT 1 FROM {self.edges} WHERE `shard` = {int(shard)} AND `src` = %s AND `dst` = %s"
         )
+        return checked_select(select, self.db, (shard,))
 
     def page(self, shard: int, limit: int, after: bool) -> str:
         keyset = " AND (`at` < %s OR (`at` = %s AND `dst` < %s))" if after else ""
-        return guarded(
-            [
-                f"SELECT `dst`, `at`, `data` FROM {self.edges} FORCE INDEX (`newest`)"
-                f" WHERE `shard` = {int(shard)} AND `src` = %s{keyset}"
-                f" ORDER BY `at` DESC, `dst` DESC LIMIT {int(limit)}"
-            ],
-            self.db,
-            (shard,),
+        select = (
+            f"SELECT `dst`, `at`, `data` FROM {self.edges} FORCE INDEX (`newest`)"
+            f" WHERE `shard` = {int(shard)} AND `src` = %s{keyset}"
+            f" ORDER BY `at` DESC, `dst` DESC LIMIT {int(limit)}"
         )
+        return checked_select(select, self.db, (shard,), "x.`at` DESC, x.`dst` DESC")
 
 
 class Edges:
@@ -417,7 +410,8 @@ class Edges:
     ) -> list[Any]:
         def run(topo: Topology, shard: int) -> list[Any]:
             stmt = sql(_Side(topo, kind))(shard)
-            return list(self.ds.cluster.server_of_shard(topo, shard).run(stmt, params)[0])
+            rows = self.ds.cluster.server_of_shard(topo, shard).run(stmt, params)[0]
+            return checked_rows(rows, topo.owned_db)
 
         return self._call(node, run)
 

@@ -277,13 +277,15 @@ def guarded(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     return ";\n".join(stmts)
 
 
-def checked_select(select: str, db: str | None, shards: Iterable[int]) -> str:
+def checked_select(select: str, db: str | None, shards: Iterable[int], order: str = "") -> str:
     """A read of one statement that is its own check (owned layout: ``db`` given):
     ``select``'s rows (one column never NULL) left-joined to the ``owned`` rows
     of the shards named, in one snapshot, so a server that does not own them all
     returns no row at all and one that does a row of NULLs for an empty result
-    (``checked_rows`` reads it).  ``guarded`` sends the check as a second, compound
-    statement, which costs a small read about as much as the read itself."""
+    (``checked_rows`` reads it).  ``order``: the rows' order, on ``x``'s columns (a
+    derived table's own ``ORDER BY`` is only kept for its ``LIMIT``).  ``guarded`` sends
+    the check as a second, compound statement, which costs a small read about as much
+    as the read itself."""
     if db is None:
         return select
     names = _names(shards)
@@ -292,7 +294,8 @@ def checked_select(select: str, db: str | None, shards: Iterable[int]) -> str:
     else:
         owned = f"(SELECT COUNT(*) AS `n` FROM {quote(db, 'owned')} WHERE {among(names)}) o"
         owns = f"o.`n` = {len(names)}"
-    return f"SELECT {CHECK} x.* FROM {owned} LEFT JOIN ({select}) x ON TRUE WHERE {owns}"
+    order = f" ORDER BY {order}" if order else ""
+    return f"SELECT {CHECK} x.* FROM {owned} LEFT JOIN ({select}) x ON TRUE WHERE {owns}{order}"
 
 
 def checked_rows(rows: Sequence[_R], db: str | None, column: int = 0) -> list[_R]:

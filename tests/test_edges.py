@@ -13,7 +13,7 @@ from test_cli import Cli, cluster_env
 
 from schemaless import DataStore, Edges, Feeds, new_id
 from schemaless import failpoints as fp
-from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery
+from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery, TableMissing
 from schemaless.failpoints import FailpointError
 from schemaless.local import LocalCluster
 
@@ -192,3 +192,32 @@ def test_the_hot_node_bench_counts_exactly_through_its_delay_proxy(
     assert min(got[side]["ops"] for side in ("naive", "Edges.add")) > 0
     # a naive like is eight round trips of at least 2 ms through the proxy
     assert got["naive"]["per_s"] < 2 / 0.016
+
+
+def test_reads_of_a_fenced_shard_fail_never_read_empty(ds: DataStore) -> None:
+    """Each read is one statement that is its own ownership check: with the node's
+    ``owned`` row gone (a move's fence), count, has and page raise ``TableMissing``
+    rather than answering 0, False or an empty page; back, they answer again."""
+    from schemaless.names import quote
+    from schemaless.owned import admin
+
+    likes = Edges(ds, "likes", inverse="liked_by")
+    user, entry = new_id(), new_id()
+    likes.add(user, entry)
+    topo = ds.cluster.current()
+    shard = ds.cluster.shard_of_id(user)
+    server = ds.cluster.server_of_shard(topo, shard)
+    owned = quote(str(topo.owned_db), "owned")
+    reads = (lambda: likes.count(user), lambda: likes.has(user, entry), lambda: likes.page(user))
+    server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+    try:
+        for read in reads:
+            with pytest.raises(TableMissing):
+                read()
+    finally:
+        server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({shard})"]))
+    assert (likes.count(user), likes.has(user, entry), [e.dst for e in likes.page(user)]) == (
+        1,
+        True,
+        [entry],
+    )

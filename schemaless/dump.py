@@ -560,13 +560,13 @@ class TableDump:
     files: dict[str, int]
 
     @classmethod
-    def of(cls, name: object, create: object, files: dict[str, int] | None = None) -> TableDump:
+    def of(cls, name: object, create: object) -> TableDump:
         """A module table from its definition; DumpError for one a dump does not carry
         (a library table, another form, a sharded one whose key does not start with
         ``(shard, <16-byte id>)``: the rows' new shard is that id's)."""
         if not isinstance(name, str) or not _NAME.match(name) or _library(name):
             raise DumpError(f"{name!r} is not a module table a dump carries")
-        types, key = _parse_create(name, create)
+        text, types, key = _parse_create(name, create)
         sharded = "shard" in types
         if sharded and (key[:1] != ("shard",) or len(key) < 2 or types[key[1]] != "binary(16)"):
             raise DumpError(
@@ -574,8 +574,7 @@ class TableDump:
                 " BINARY(16) id), whose logical shard its rows take in a restore"
             )
         columns = tuple(c for c in types if c != "shard")
-        assert isinstance(create, str)  # _parse_create checked it
-        return cls(name, create, sharded, columns, key, files or {})
+        return cls(name, text, sharded, columns, key, {})
 
     @classmethod
     def from_dict(cls, name: object, entry: object) -> TableDump:
@@ -584,17 +583,17 @@ class TableDump:
             raise DumpError(f"{MANIFEST}: table {name!r}: not an object")
         files = entry.get("files")
         table = cls.of(name, entry.get("create"))
-        ok = isinstance(files, dict) and all(
-            _FILE.match(str(f)) and f.startswith("shard-") == table.sharded and _count(n)
-            for f, n in files.items()
-        )
         same = (entry.get("columns"), entry.get("key")) == (list(table.columns), list(table.key))
-        if not ok or not same or entry.get("guarded") is not table.sharded:
+        if (
+            not same
+            or entry.get("guarded") is not table.sharded
+            or not isinstance(files, dict)
+            or not all(_file(table, f, n) for f, n in files.items())
+        ):
             raise DumpError(
                 f"{MANIFEST}: table {name}: its columns, key, guard or files do not match"
                 " its definition"
             )
-        assert isinstance(files, dict)
         return dataclasses.replace(table, files=files)
 
     def as_dict(self) -> dict[str, Any]:
@@ -616,18 +615,22 @@ class TableDump:
         )
 
 
-def _count(n: object) -> bool:
-    return type(n) is int and n >= 0
+def _file(table: TableDump, name: object, rows: object) -> bool:
+    """A table file's name (a sharded table's per shard, else one) and row count."""
+    if not isinstance(name, str) or not _FILE.match(name):
+        return False
+    return name.startswith("shard-") == table.sharded and type(rows) is int and rows >= 0
 
 
 def _library(name: str) -> bool:
     return name in _LIBRARY or name.startswith(("index_", "fence_"))
 
 
-def _parse_create(name: str, create: object) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The column types and primary key of a module table's ``SHOW CREATE TABLE``;
+def _parse_create(name: str, create: object) -> tuple[str, dict[str, str], tuple[str, ...]]:
+    """A module table's ``SHOW CREATE TABLE``, its column types and primary key;
     DumpError unless it has exactly the allowed form."""
-    lines = create.split("\n") if isinstance(create, str) else []
+    text = create if isinstance(create, str) else ""
+    lines = text.split("\n")
     bad = DumpError(
         f"table {name}: not a definition a dump carries (InnoDB, columns of integers and"
         f" bytes, a primary key): {str(create)[:300]!r}"
@@ -646,7 +649,7 @@ def _parse_create(name: str, create: object) -> tuple[dict[str, str], tuple[str,
             raise bad
     if not key or not set(key) <= set(types):
         raise bad
-    return types, key
+    return text, types, key
 
 
 def table_dumps(manifest: dict[str, Any]) -> list[TableDump]:

@@ -18,7 +18,7 @@ import pytest
 from test_cli import Cli, cluster_env
 from test_dump import live
 
-from schemaless import CatalogError, DataStore, Edges, Feeds, new_id
+from schemaless import CatalogError, DataStore, Edges, Feeds, Index, new_id
 from schemaless import dump as dumping
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
@@ -28,6 +28,7 @@ from schemaless.owned import admin
 
 USERS = 10
 PULL = 3  # an author with more followers is pulled
+BY_FEED = Index("by_feed", {"feed": "str(40)"}, counted=True)  # its counts are rebuilt
 
 
 def graph(store: DataStore) -> tuple[Edges, Feeds]:
@@ -96,7 +97,7 @@ def module_rows(store: DataStore, table: str) -> int:
 def test_edges_and_feeds_restore_into_another_shard_count_through_the_cli(
     make_store: Any, local_cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    src = make_store(shards=4, changes=True)
+    src = make_store([BY_FEED], shards=4, changes=True)
     users = populate(src)
     before = observed(src, users)
     assert before[f"count {users[1].hex()}"][0] == 1  # the removed like is not counted
@@ -114,13 +115,16 @@ def test_edges_and_feeds_restore_into_another_shard_count_through_the_cli(
     assert sum(inbox["files"].values()) == module_rows(src, "feed__home__inbox") > 0
     pulled = manifest["tables"]["feed__home__pulled"]
     assert pulled["guarded"] is False and pulled["files"] == {"all.jsonl": 1}
+    assert module_rows(src, "counts") > 0  # the library's own: rebuilt, never dumped
     assert "counts" not in manifest["tables"] and "changes" not in manifest["tables"]
 
     target = make_store(shards=3, refresh_interval=0.1)
     restored = Cli(cluster_env(local_cluster, target.cluster.topology.prefix)).ok("restore", out)
     assert "restored 17 entities" in restored.output, restored.output
     assert "rows of 11 edge and feed tables" in restored.output
+    assert "index by_feed: ready" in restored.output
     assert observed(target, users) == before
+    assert target.count(BY_FEED, feed="home") == src.count(BY_FEED, feed="home") == 17
     for table in manifest["tables"]:
         wide = table.endswith("__pulled")  # on every server of each side
         assert module_rows(target, table) == module_rows(src, table), table

@@ -6,11 +6,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import click
 
 from schemaless.cleaner.daemon import Cleaner
-from schemaless.dump import ENCODINGS, Settings, dump, read_manifest, restore
+from schemaless.dump import ENCODINGS, Settings, dump, read_manifest, restore, table_dumps
 from schemaless.results import scalar
 from schemaless.store import DataStore
 
@@ -48,8 +49,9 @@ def _bar(length: int, label: str) -> Iterator[Callable[[int], None]]:
 @workers_option
 @pass_connection
 def dump_command(conn: Connection, directory: str, encoding: str, workers: int) -> None:
-    """Dump every live entity (id, body, version), the index definitions and the
-    datastore's settings (expiry property, change feed) into DIR.
+    """Dump every live entity (id, body, version), the index definitions, the
+    datastore's settings (expiry property, change feed) and the rows of its edge
+    types and feeds (schemaless.edges, schemaless.feeds) into DIR.
 
     Each logical shard is read in its own consistent snapshot, several at once;
     DIR must not hold a dump already.  `schemaless restore DIR` loads it into a
@@ -69,6 +71,7 @@ def dump_command(conn: Connection, directory: str, encoding: str, workers: int) 
         f"dumped {n} entities and {len(manifest['indexes'])} index definitions from "
         f"{manifest['shards']} logical shards into {directory} in {time.monotonic() - started:.1f}s"
     )
+    _tables_line("dumped", manifest)
 
 
 @click.command("restore")
@@ -81,7 +84,8 @@ def dump_command(conn: Connection, directory: str, encoding: str, workers: int) 
 @workers_option
 @pass_connection
 def restore_command(conn: Connection, directory: str, no_backfill: bool, workers: int) -> None:
-    """Restore a dump into the datastore, then declare and backfill its indexes.
+    """Restore a dump into the datastore (entities, then edge and feed rows, each
+    on the logical shard of its node), then declare and backfill its indexes.
 
     The datastore may have any shard count and servers (create it first with
     `schemaless init`); it must be empty, or hold an interrupted restore of the
@@ -98,11 +102,13 @@ def restore_command(conn: Connection, directory: str, no_backfill: bool, workers
     started = time.monotonic()
     manifest = read_manifest(directory)
     total = sum(manifest["files"].values())
+    rows = sum(n for t in table_dumps(manifest) for n in t.files.values())
     settings = Settings.of(manifest)
     with conn.store() as ds:
-        with _bar(total, "restoring") as progress:
+        with _bar(total + rows, "restoring") as progress:
             building = restore(ds, directory, workers=workers, progress=progress)
         click.echo(f"restored {total} entities in {time.monotonic() - started:.1f}s")
+        _tables_line("restored", manifest)
         if settings is not None:
             click.echo(_settings_line(settings))
         for name in building:
@@ -113,6 +119,15 @@ def restore_command(conn: Connection, directory: str, no_backfill: bool, workers
                 continue
             state = Cleaner(ds).backfill(name)
             click.echo(f"index {name}: {state}")
+
+
+def _tables_line(done: str, manifest: dict[str, Any]) -> None:
+    """The edge and feed tables' rows, when the dump has any."""
+    tables = table_dumps(manifest)
+    if tables:
+        rows = sum(n for t in tables for n in t.files.values())
+        names = ", ".join(t.name for t in tables)
+        click.echo(f"{done} {rows} rows of {len(tables)} edge and feed tables: {names}")
 
 
 def _settings_line(settings: Settings) -> str:

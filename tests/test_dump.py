@@ -23,6 +23,7 @@ from schemaless import (
     ServerError,
     TableMissing,
     UniqueViolation,
+    dumpfiles,
     new_id,
 )
 from schemaless import dump as dumping
@@ -71,7 +72,7 @@ def snapshot_scenario(src: DataStore, out: Path, encoding: str, monkeypatch: Any
     items = load(src)
     on_zero = [e for e in items if shard_of(e["id"], 8) == 0]
     assert len(on_zero) > 20
-    monkeypatch.setattr(dumping, "_PAGE", 5)
+    monkeypatch.setattr(dumping, "PAGE", 5)
     expected: Live = {}
 
     def write_once(n: int) -> None:
@@ -132,7 +133,7 @@ def test_an_interrupted_restore_resumes_without_duplicates(
     src = make_store(INDEXES, shards=8)
     items = load(src, 300)
     dumping.dump(src, tmp_path / "d", encoding="native")
-    monkeypatch.setattr(dumping, "_BATCH", 7)
+    monkeypatch.setattr(dumpfiles, "BATCH", 7)
     target = make_store(shards=5, refresh_interval=0.1)
     calls = []
 

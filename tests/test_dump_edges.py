@@ -18,7 +18,7 @@ import pytest
 from test_cli import Cli, cluster_env
 from test_dump import live
 
-from schemaless import CatalogError, DataStore, Edges, Feeds, Index, new_id
+from schemaless import CatalogError, DataStore, Edges, Feeds, Index, dumpfiles, new_id
 from schemaless import dump as dumping
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
@@ -158,7 +158,7 @@ def test_an_interrupted_restore_of_edges_resumes_with_exact_counts(
     before = observed(src, users)
     manifest = dumping.dump(src, tmp_path / "d", encoding="native")
     tables = [t for t in manifest["tables"] if not t.endswith("__pulled")]
-    monkeypatch.setattr(dumping, "_BATCH", 3)
+    monkeypatch.setattr(dumpfiles, "BATCH", 3)
     target = make_store(shards=5, refresh_interval=0.1)
     calls: list[int] = []
 

@@ -42,6 +42,8 @@ LAYERS: list[set[str]] = [
     {"query", "protocol", "subscriptions", "fit"},  # fit: reader's newest entities
     {"counting"},  # DataStore.count's reads
     {"store"},  # DataStore, the facade
+    {"dumpfiles"},  # what a dump's parts share
+    {"dumptables"},  # a dump's module tables (edges, feeds)
     {"aio", "connect", "dump", "grants", "move", "hooks", "edges"},
     {"feeds"},  # timelines on edges
     {"demo", "__init__", "cleaner", "metrics", "tracing"},

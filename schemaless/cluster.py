@@ -331,7 +331,7 @@ class Cluster:
         each server's data database, its ``owned`` rows and its fence)."""
         db = topo.owned_db
         if db is None:
-            self._on_dbs(
+            self.on_dbs(
                 topo,
                 lambda db: [
                     f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
@@ -352,7 +352,7 @@ class Cluster:
 
     def create_fences(self, topo: Topology, epoch: int) -> None:
         """Create the fence table of an index epoch on every logical shard."""
-        self._on_dbs(topo, lambda db: [fence_table_sql(db, epoch)])
+        self.on_dbs(topo, lambda db: [fence_table_sql(db, epoch)])
 
     def fences(
         self, topo: Topology, servers: Container[int] | None = None
@@ -416,7 +416,7 @@ class Cluster:
             counted = counts.tables_sql(db) if index.counted and shard else []
             return [*first, made, *(owned.guard_sql(db, index.table) if shard else []), *counted]
 
-        self._on_dbs(topo, sql)
+        self.on_dbs(topo, sql)
 
     def add_entity_keys(
         self, topo: Topology, index: Index, rest: Callable[[float], None] | None = None
@@ -443,7 +443,7 @@ class Cluster:
                 rounds(servers, {sid: [statement]})
                 rest(time.monotonic() - started)
 
-    def _on_dbs(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
+    def on_dbs(self, topo: Topology, sql: Callable[[str], list[str]]) -> None:
         """Run the statements ``sql(db)`` of every shard database (owned layout: of
         every server's data database), servers in parallel."""
 
@@ -454,7 +454,7 @@ class Cluster:
 
     def drop_tables(self, topo: Topology, index: Index) -> None:
         """Remove an index's table from every logical shard."""
-        self._on_dbs(topo, lambda db: [f"DROP TABLE IF EXISTS {quote(db, index.table)}"])
+        self.on_dbs(topo, lambda db: [f"DROP TABLE IF EXISTS {quote(db, index.table)}"])
 
     def _initialise(
         self, addresses: list[Address], n_shards: int, refresh: float, layout: str

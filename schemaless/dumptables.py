@@ -338,7 +338,7 @@ def restore_tables(
     write their files' rows, each file resumed from its checkpoint (``job:<table>``)."""
     if not tables:
         return
-    ds.cluster._on_dbs(
+    ds.cluster.on_dbs(
         topo,
         lambda db: [
             stmt

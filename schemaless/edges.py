@@ -146,7 +146,7 @@ def create_tables(ds: DataStore, sql: Callable[[str], list[str]], what: str, com
     """Run the DDL ``sql(db)`` of ``what`` on every server; a user without the right
     to (the application) gets ``NotCreated`` naming the admin ``command``."""
     try:
-        ds.cluster._on_dbs(ds.cluster.current(), sql)
+        ds.cluster.on_dbs(ds.cluster.current(), sql)
     except PermissionDenied as exc:
         raise NotCreated(
             f"{what} has no tables yet and this user may not create them: run"

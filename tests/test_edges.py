@@ -11,11 +11,14 @@ import pytest
 from conftest import shard_rows
 from test_cli import Cli, cluster_env
 
-from schemaless import DataStore, Edges, Feeds, new_id
+from schemaless import DataStore, Edges, Feeds, TableMissing, new_id
 from schemaless import failpoints as fp
+from schemaless.edges import _write_sql, table_names
 from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery
 from schemaless.failpoints import FailpointError
 from schemaless.local import LocalCluster
+from schemaless.names import quote
+from schemaless.owned import CHECK, TRIGGERED, admin
 
 
 @pytest.fixture
@@ -33,7 +36,8 @@ def test_add_remove_count_idempotent_in_one_round_trip(ds: DataStore) -> None:
     sent = [sql for sql in sent if "edges__" in sql]  # not the catalog's refreshes
     assert len(sent) == 2  # the inverse, then the edge: one batch each
     assert "edges__liked_by" in sent[0] and "edges__likes" in sent[1]
-    assert sent[0].startswith("START TRANSACTION") and sent[0].endswith("COMMIT")
+    assert sent[0].startswith(f"{TRIGGERED} START TRANSACTION") and sent[0].endswith("COMMIT")
+    assert CHECK not in sent[0]  # its upserts fire the guard's triggers
     assert likes.add(user, entry) is False
     likes.add(user, other, data={"stars": 5})
     likes.add(new_id(), entry)
@@ -131,6 +135,32 @@ def test_a_cut_between_the_sides_leaves_the_inverse_a_superset_that_repair_clear
     follows.add(a, b)  # a retried add completes both sides
     assert follows.has(a, b) and follows.count_inverse(b) == 1
     assert follows.repair(grace=0) == 0 and follows.count_inverse(b) == 1
+
+
+def test_a_side_sent_to_a_server_without_its_shard_commits_nothing(ds: DataStore) -> None:
+    """``add`` and ``remove`` carry no ownership check: each side's count upsert fires
+    the guard's insert trigger, so on a server that does not own the shard (a stale
+    map's) the whole batch fails, a remove's delete of a row left there with it."""
+    Edges(ds, "likes")
+    topo = ds.cluster.topology
+    db, src, dst = topo.owned_db, new_id(), new_id()
+    assert db is not None
+    shard = ds.cluster.shard_of_id(src)
+    wrong = next(
+        server
+        for sid, server in ds.cluster.all_servers(topo).items()
+        if sid != topo.shard_servers[shard]
+    )
+    edges, counts = (quote(db, t) for t in table_names("likes"))
+    left = f"INSERT INTO {edges} VALUES ({shard}, %s, %s, 1, 1, NULL)"  # a move's copy
+    copy = [f"SET @schemaless_copying = {shard}", left, "SET @schemaless_copying = NULL"]
+    wrong.run(admin(copy), [src, dst])
+    for op, params in (("add", (src, new_id(), 2, 2, None, src)), ("remove", (src, dst, src))):
+        with pytest.raises(TableMissing, match="not on this server"):
+            wrong.run(_write_sql(db, "likes", op, shard), params, commits=True)
+    where = f"WHERE `shard` = {shard}"
+    read = [f"SELECT `dst` FROM {edges} {where}", f"SELECT COUNT(*) FROM {counts} {where}"]
+    assert wrong.run(admin(read)) == [((dst,),), ((0,),)]
 
 
 def test_counts_stay_exact_under_concurrent_adds_of_a_hot_node(ds: DataStore) -> None:

@@ -21,11 +21,15 @@ the ratio, the load average, the date and the commit.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import collections
+import heapq
 import itertools
 import multiprocessing
+import select
+import socket
 import threading
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from schemaless import DataStore, Edges, new_id
@@ -39,74 +43,124 @@ __all__ = ["hot_node", "main"]
 KINDS = ("liked_by", "likes")  # the naive tables: the hot side (server 0) first
 
 
-class _Half(asyncio.Protocol):
-    """One end of a proxied connection: what it receives is written to the other
-    end's transport ``delay`` seconds later, in order (timers at increasing times)."""
+class _Proxy:
+    """TCP proxies in one loop: what a socket receives its peer sends on ``delay``
+    seconds later, in order.  One ``epoll`` for readiness and one heap of due chunks;
+    the wait is a ``select`` on the epoll's own descriptor, whose timeout has
+    microseconds (an epoll timeout rounds up to whole milliseconds).  Chunks due
+    together to one socket leave in one ``send``."""
 
-    def __init__(
-        self, delay: float, dial: Callable[[_Half], Coroutine[Any, Any, None]] | None = None
-    ):
-        self.delay, self.dial, self.last = delay, dial, 0.0
-        self.transport: asyncio.WriteTransport | None = None
-        self.peer: asyncio.WriteTransport | None = None
-        self.early: list[bytes] = []  # what arrived before the other end connected
+    def __init__(self, delay: float) -> None:
+        self.delay, self.epoll = delay, select.epoll()
+        self.listeners: dict[int, tuple[socket.socket, str, int]] = {}
+        self.socks: dict[int, socket.socket] = {}
+        self.peer: dict[int, int] = {}  # each end's other end
+        self.out: dict[int, bytearray] = {}  # what a socket could not take yet
+        self.due: list[tuple[float, int, socket.socket, bytes]] = []  # b"": close
+        self.seq = itertools.count()
+        self.blocked: set[int] = set()  # sockets waiting for EPOLLOUT
+        self.ended: set[int] = set()  # sockets whose peer closed: no more reads
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.transport = transport
-        if self.dial is not None:
-            asyncio.get_running_loop().create_task(self.dial(self))
+    def listen(self, target: str) -> str:
+        """A listening socket in front of ``host:port``; its address."""
+        host, _, port = target.rpartition(":")
+        sock = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.listeners[sock.fileno()] = (sock, host, int(port))
+        self.epoll.register(sock.fileno(), select.EPOLLIN)
+        return f"127.0.0.1:{sock.getsockname()[1]}"
 
-    def pair(self, other: _Half) -> None:
-        self.peer = other.transport
-        for data in self.early:
-            self._later(data)
+    def serve(self) -> None:
+        """Forever: wait for a socket or the next due chunk, read, send what is due."""
+        while True:
+            wait = self.due[0][0] - time.monotonic() if self.due else None
+            if (wait is None or wait > 0) and select.select([self.epoll], [], [], wait)[0]:
+                for fd, events in self.epoll.poll(0):
+                    self._ready(fd, events)
+            now = time.monotonic()
+            ready: dict[socket.socket, list[bytes]] = collections.defaultdict(list)
+            while self.due and self.due[0][0] <= now:
+                _, _, sock, data = heapq.heappop(self.due)
+                ready[sock].append(data)
+            for sock, chunks in ready.items():
+                self._deliver(sock, chunks)
 
-    def data_received(self, data: bytes) -> None:
-        if self.peer is None:
-            self.early.append(data)
-        else:
-            self._later(data)
+    def _ready(self, fd: int, events: int) -> None:
+        if fd in self.listeners:
+            self._accept(*self.listeners[fd])
+            return
+        if fd not in self.socks:
+            return
+        if events & select.EPOLLOUT:
+            self._flush(fd)
+        if events & ~select.EPOLLOUT:
+            try:
+                data = self.socks[fd].recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:  # closed: the peer closes once what it holds has gone
+                self.ended.add(fd)
+                self._watch(fd)
+            due = time.monotonic() + self.delay
+            heapq.heappush(self.due, (due, next(self.seq), self.socks[self.peer[fd]], data))
 
-    def _later(self, data: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        self.last = max(loop.time() + self.delay, self.last + 1e-6)
-        assert self.peer is not None
-        loop.call_at(self.last, self.peer.write, data)
+    def _accept(self, listener: socket.socket, host: str, port: int) -> None:
+        down, _ = listener.accept()
+        try:
+            up = socket.create_connection((host, port))
+        except OSError:
+            down.close()
+            return
+        for a, b in ((down, up), (up, down)):
+            a.setblocking(False)
+            a.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.socks[a.fileno()], self.peer[a.fileno()] = a, b.fileno()
+            self.out[a.fileno()] = bytearray()
+            self.epoll.register(a.fileno(), select.EPOLLIN)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.peer is not None:  # closed once what it still holds is written
-            asyncio.get_running_loop().call_at(self.last + 1e-6, self.peer.close)
+    def _deliver(self, sock: socket.socket, chunks: list[bytes]) -> None:
+        fd = sock.fileno()  # -1 once closed (a number may be reused by then)
+        if self.socks.get(fd) is not sock:
+            return
+        self.out[fd] += b"".join(chunks)
+        self._flush(fd)
+        if not chunks[-1]:
+            self._close(fd)
+
+    def _flush(self, fd: int) -> None:
+        """Send what ``fd`` holds; what it cannot take yet waits for EPOLLOUT."""
+        buf = self.out[fd]
+        try:
+            del buf[: self.socks[fd].send(buf)]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._close(fd)
+            return
+        if bool(buf) != (fd in self.blocked):
+            self.blocked ^= {fd}
+            self._watch(fd)
+
+    def _watch(self, fd: int) -> None:
+        """Read until the end came; wait to write while ``fd`` holds data."""
+        events = 0 if fd in self.ended else select.EPOLLIN
+        self.epoll.modify(fd, events | (select.EPOLLOUT if fd in self.blocked else 0))
+
+    def _close(self, fd: int) -> None:
+        for end in (fd, self.peer.get(fd)):
+            if end is not None and end in self.socks:
+                self.epoll.unregister(end)
+                self.socks.pop(end).close()
+                del self.peer[end], self.out[end]
+                self.blocked.discard(end)
+                self.ended.discard(end)
 
 
 def serve_proxies(targets: list[str], delay: float, pipe: Any) -> None:
-    """Run TCP proxies, one per ``host:port`` target, each holding every chunk
-    ``delay`` seconds each way; sends their addresses down ``pipe``, then serves forever.
-    Protocols and timers, not streams: a chunk costs the proxy one callback."""
-
-    def accept(target: str) -> Callable[[], asyncio.Protocol]:
-        host, _, port = target.rpartition(":")
-
-        async def dial(down: _Half) -> None:
-            loop = asyncio.get_running_loop()
-            try:
-                _, up = await loop.create_connection(lambda: _Half(delay), host, int(port))
-            except OSError:
-                assert down.transport is not None
-                down.transport.close()
-                return
-            up.pair(down)
-            down.pair(up)
-
-        return lambda: _Half(delay, dial)
-
-    async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        started = [await loop.create_server(accept(t), "127.0.0.1", 0) for t in targets]
-        pipe.send([f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in started])
-        await asyncio.Event().wait()
-
-    asyncio.run(serve())
+    """Run a proxy in front of each ``host:port`` target, holding every chunk ``delay``
+    seconds each way; send their addresses down ``pipe``, then serve forever."""
+    proxy = _Proxy(delay)
+    pipe.send([proxy.listen(t) for t in targets])
+    proxy.serve()
 
 
 def create_naive(servers: Servers, db: str) -> None:

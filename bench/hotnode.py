@@ -7,15 +7,17 @@ Against it, the naive way through the same proxy with raw mysqlclient: per side 
 TRANSACTION, INSERT the edge, UPDATE the count (an upsert), COMMIT, each a round trip,
 so the count's row lock is held across the network until the COMMIT arrives.
 
-Between clients and servers runs a delay proxy: an asyncio TCP proxy (a process of its
-own, a port per mariadbd; protocols and timers, so a chunk costs it one callback) that
-holds every chunk ``--delay`` ms (1) each way, as between racks; then the same without
-it.  Within each, the sides alternate in slices
-(``run_interleaved``: A B B A per round), so background load weighs on both alike, and
-a control runs each side with a new entry per like (no hot row): how far each side is
-from what the machine allows it anyway.  The hot counts are checked exact at the end
-(asserted: the entry's count equals the likes made).  Printed: adds/s and p99 per side,
-the ratio, the load average, the date and the commit.
+Between clients and servers runs a delay proxy (a process of its own, a port per
+mariadbd, one ``epoll`` loop: ``_Proxy``) that holds every chunk ``--delay`` ms (1)
+each way, as between racks; then the same without it.  Within each, the sides
+alternate in slices (``run_interleaved``: A B B A per round), so background load weighs
+on both alike, and a control runs each side with a new entry per like (no hot row): how
+far each side is from what the machine allows it anyway.  The hot counts are checked
+exact at the end (asserted: the entry's count equals the likes made).  Last, each
+side's CPU a like, from /proc: this process (the client), the proxy, the servers (their
+pids from the local cluster), and the likes/s the machine's cores would allow at that
+cost.  Printed: adds/s and p99 per side, the ratio, the CPU, the load average, the date
+and the commit.
 """
 
 from __future__ import annotations
@@ -25,17 +27,20 @@ import collections
 import heapq
 import itertools
 import multiprocessing
+import os
 import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from schemaless import DataStore, Edges, new_id
+from schemaless.local import LocalCluster
 
 from .env import Servers, start_cluster
-from .measure import run_interleaved
+from .measure import run_interleaved, run_threads
 from .provenance import load_average, provenance
 
 __all__ = ["hot_node", "main"]
@@ -210,6 +215,29 @@ class Naive:
             conn.close()
 
 
+def cpu_seconds(pids: Sequence[int]) -> list[float]:
+    """The CPU time (user and system, every thread) each process has used so far."""
+    hz = os.sysconf("SC_CLK_TCK")
+    stats = [Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() for pid in pids]
+    return [(int(f[11]) + int(f[12])) / hz for f in stats]
+
+
+def cpu_per_call(
+    call: Callable[[Any], object],
+    items: Iterator[Any],
+    threads: int,
+    seconds: float,
+    groups: Mapping[str, Sequence[int]],
+) -> dict[str, float]:
+    """Milliseconds of CPU one call costs each group of processes (``client``: this
+    one, the proxy, the servers), over ``seconds`` of ``threads`` calling."""
+    pids = [pid for group in groups.values() for pid in group]
+    before = cpu_seconds(pids)
+    ops = max(1, run_threads(call, items, threads, seconds).ops)
+    spent = {p: b - a for p, a, b in zip(pids, before, cpu_seconds(pids), strict=True)}
+    return {name: round(1000 * sum(spent[p] for p in g) / ops, 3) for name, g in groups.items()}
+
+
 def hot_node(
     servers: Servers,
     prefix: str,
@@ -217,11 +245,13 @@ def hot_node(
     seconds: float,
     delay_ms: float,
     rounds: int = 3,
+    server_pids: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Adds/s of ``Edges.add`` and of the naive way on one hot entry and, as a control,
     on a new entry per like, ``seconds`` each side in ``rounds`` interleaved rounds,
     through proxies adding ``delay_ms`` each way (none at 0).  Asserts the hot counts
-    exact."""
+    exact.  Then each side's CPU a like (``cpu_per_call`` on new entries, a slice
+    each): this process, the proxy and ``server_pids``."""
     proc, via = None, servers
     if delay_ms > 0:
         ctx = multiprocessing.get_context("spawn")
@@ -260,6 +290,11 @@ def hot_node(
             assert n == out[name]["ops"], f"{name}: count {n}, {out[name]['ops']} likes made"
             out[name]["exact"] = True
         out["ratio"] = round(out["Edges.add"]["per_s"] / out["naive"]["per_s"], 2)
+        groups = {"client": [os.getpid()], "proxy": [] if proc is None else [proc.pid]}
+        groups["servers"] = list(server_pids)
+        for side in ("naive", "Edges.add"):
+            call, items = calls[f"{side}, no hot row"]
+            out[side]["cpu_ms"] = cpu_per_call(call, items, threads, seconds / rounds, groups)
         return out
     finally:
         ds.close()
@@ -270,19 +305,22 @@ def hot_node(
 
 
 def format_rows(results: list[dict[str, Any]]) -> str:
-    """A markdown table of ``hot_node`` results."""
+    """A markdown table of ``hot_node`` results; "CPU bound": the likes/s this
+    machine's cores allow at that CPU a like, with nothing else running."""
     lines = [
         "| added each way | side | adds/s (hot entry) | p99 ms | adds/s (no hot row)"
-        " | Edges/naive |",
-        "|---|---|---|---|---|---|",
+        " | Edges/naive | CPU ms a like: client / proxy / servers | CPU bound |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for side in ("naive", "Edges.add"):
             ratio = f"{r['ratio']}x" if side == "Edges.add" else ""
-            hot, cold = r[side], r[f"{side}, no hot row"]
+            hot, cold, cpu = r[side], r[f"{side}, no hot row"], r[side]["cpu_ms"]
+            bound = 1000 * (os.cpu_count() or 1) / max(sum(cpu.values()), 1e-9)
             lines.append(
                 f"| {r['delay_ms']:g} ms | {side} | {hot['per_s']:.0f} | {hot['p99_ms']:.1f}"
-                f" | {cold['per_s']:.0f} | {ratio} |"
+                f" | {cold['per_s']:.0f} | {ratio} | {cpu['client']:.2f} / {cpu['proxy']:.2f}"
+                f" / {cpu['servers']:.2f} | {bound:.0f} |"
             )
     return "\n".join(lines)
 
@@ -299,11 +337,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--prefix", default="bench")
     a = p.parse_args(argv)
     servers = start_cluster(a.dir, 2, durable=True)
+    pids = [int(s["pid"]) for s in LocalCluster(a.dir).status() if s["pid"] is not None]
     drop_prefix(servers, a.prefix)
     before = load_average()
     try:
         results = [
-            hot_node(servers, a.prefix, a.threads, a.seconds, delay, a.rounds)
+            hot_node(servers, a.prefix, a.threads, a.seconds, delay, a.rounds, pids)
             for delay in (a.delay, 0.0)
         ]
     finally:

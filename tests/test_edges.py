@@ -215,10 +215,16 @@ def test_the_hot_node_bench_counts_exactly_through_its_delay_proxy(
     servers = Servers(tuple(local_cluster.addresses), str(local_cluster.option_file))
     prefix = "hot" + new_id().hex()[:8]
     try:
-        got = hot_node(servers, prefix, threads=2, seconds=0.8, delay_ms=1.0, rounds=1)
+        pids = [int(s["pid"]) for s in local_cluster.status() if s["pid"] is not None]
+        got = hot_node(
+            servers, prefix, threads=2, seconds=0.8, delay_ms=1.0, rounds=1, server_pids=pids
+        )
     finally:
         drop_prefix(servers, prefix)
     assert got["naive"]["exact"] and got["Edges.add"]["exact"]
     assert min(got[side]["ops"] for side in ("naive", "Edges.add")) > 0
     # a naive like is eight round trips of at least 2 ms through the proxy
     assert got["naive"]["per_s"] < 2 / 0.016
+    for side in ("naive", "Edges.add"):  # the CPU a like of the client and the servers
+        cpu = got[side]["cpu_ms"]
+        assert cpu["client"] > 0 and cpu["servers"] > 0

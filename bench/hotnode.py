@@ -64,7 +64,7 @@ class _Proxy:
         self.due: list[tuple[float, int, socket.socket, bytes]] = []  # b"": close
         self.seq = itertools.count()
         self.blocked: set[int] = set()  # sockets waiting for EPOLLOUT
-        self.ended: set[int] = set()  # sockets whose peer closed: no more reads
+        self.ended: set[int] = set()  # sockets that sent their end: unwatched
 
     def listen(self, target: str) -> str:
         """A listening socket in front of ``host:port``; its address."""
@@ -93,20 +93,23 @@ class _Proxy:
         if fd in self.listeners:
             self._accept(*self.listeners[fd])
             return
-        if fd not in self.socks:
-            return
-        if events & select.EPOLLOUT:
+        if fd in self.socks and events & select.EPOLLOUT:
             self._flush(fd)
-        if events & ~select.EPOLLOUT:
-            try:
-                data = self.socks[fd].recv(1 << 16)
-            except OSError:
-                data = b""
-            if not data:  # closed: the peer closes once what it holds has gone
-                self.ended.add(fd)
-                self._watch(fd)
-            due = time.monotonic() + self.delay
-            heapq.heappush(self.due, (due, next(self.seq), self.socks[self.peer[fd]], data))
+        if fd in self.socks and events & ~select.EPOLLOUT:
+            self._read(fd)
+
+    def _read(self, fd: int) -> None:
+        """Hold what came for the peer; at the end, the peer's close (``b""``) and
+        ``fd`` is no longer watched (what is still owed to it has nowhere to go)."""
+        try:
+            data = self.socks[fd].recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.ended.add(fd)
+            self.epoll.unregister(fd)
+        due = time.monotonic() + self.delay
+        heapq.heappush(self.due, (due, next(self.seq), self.socks[self.peer[fd]], data))
 
     def _accept(self, listener: socket.socket, host: str, port: int) -> None:
         down, _ = listener.accept()
@@ -146,14 +149,15 @@ class _Proxy:
             self._watch(fd)
 
     def _watch(self, fd: int) -> None:
-        """Read until the end came; wait to write while ``fd`` holds data."""
-        events = 0 if fd in self.ended else select.EPOLLIN
-        self.epoll.modify(fd, events | (select.EPOLLOUT if fd in self.blocked else 0))
+        """Read, and wait to write while ``fd`` holds data (until its end came)."""
+        if fd not in self.ended:
+            self.epoll.modify(fd, select.EPOLLIN | (select.EPOLLOUT if fd in self.blocked else 0))
 
     def _close(self, fd: int) -> None:
         for end in (fd, self.peer.get(fd)):
             if end is not None and end in self.socks:
-                self.epoll.unregister(end)
+                if end not in self.ended:
+                    self.epoll.unregister(end)
                 self.socks.pop(end).close()
                 del self.peer[end], self.out[end]
                 self.blocked.discard(end)

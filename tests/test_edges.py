@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import shard_rows
+from conftest import shard_rows, wait_until
 from test_cli import Cli, cluster_env
 
 from schemaless import DataStore, Edges, Feeds, TableMissing, new_id
@@ -19,6 +19,7 @@ from schemaless.failpoints import FailpointError
 from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.owned import CHECK, TRIGGERED, admin
+from schemaless.wire import read_results
 
 
 @pytest.fixture
@@ -228,3 +229,42 @@ def test_the_hot_node_bench_counts_exactly_through_its_delay_proxy(
     for side in ("naive", "Edges.add"):  # the CPU a like of the client and the servers
         cpu = got[side]["cpu_ms"]
         assert cpu["client"] > 0 and cpu["servers"] > 0
+
+
+def test_the_delay_proxy_holds_each_way_and_passes_the_close_on(
+    local_cluster: LocalCluster,
+) -> None:
+    """``bench.hotnode``'s proxy: a round trip through it takes the delay twice,
+    replies of many chunks come whole and in order, and a client's close reaches the
+    server (the connection goes away)."""
+    import multiprocessing
+    import time
+
+    from bench.env import Servers
+    from bench.hotnode import serve_proxies
+
+    servers = Servers(tuple(local_cluster.addresses), str(local_cluster.option_file))
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=serve_proxies, args=(list(servers.addresses), 0.002, theirs))
+    proc.start()
+    try:
+        via = Servers(tuple(mine.recv()), servers.option_file)
+        db = via.connect(0)
+        db.query("SELECT CONNECTION_ID()")
+        conn_id = db.store_result().fetch_row()[0][0]
+        took = []
+        for i in range(20):
+            began = time.perf_counter()
+            db.query(f"SELECT {i}")
+            assert db.store_result().fetch_row() == ((i,),)
+            took.append(time.perf_counter() - began)
+        assert 0.004 <= min(took) < 0.02
+        db.query("SELECT 1; SELECT REPEAT('x', 300000); SELECT 3")  # chunks of 64 KiB
+        assert read_results(db, None) == [((1,),), (("x" * 300000,),), ((3,),)]
+        db.close()
+        listed = "SELECT COUNT(*) FROM information_schema.processlist WHERE id = %s"
+        assert wait_until(lambda: servers.admin(0, listed, (conn_id,))[0][0] == 0)
+    finally:
+        proc.kill()
+        proc.join()

@@ -7,31 +7,40 @@ Against it, the naive way through the same proxy with raw mysqlclient: per side 
 TRANSACTION, INSERT the edge, UPDATE the count (an upsert), COMMIT, each a round trip,
 so the count's row lock is held across the network until the COMMIT arrives.
 
-Between clients and servers runs a delay proxy: an asyncio TCP proxy (a process of its
-own, a port per mariadbd; protocols and timers, so a chunk costs it one callback) that
-holds every chunk ``--delay`` ms (1) each way, as between racks; then the same without
-it.  Within each, the sides alternate in slices
-(``run_interleaved``: A B B A per round), so background load weighs on both alike, and
-a control runs each side with a new entry per like (no hot row): how far each side is
-from what the machine allows it anyway.  The hot counts are checked exact at the end
-(asserted: the entry's count equals the likes made).  Printed: adds/s and p99 per side,
-the ratio, the load average, the date and the commit.
+Between clients and servers runs a delay proxy (a process of its own, a port per
+mariadbd, one ``epoll`` loop: ``_Proxy``) that holds every chunk ``--delay`` ms (1)
+each way, as between racks; then the same without it.  Within each, the sides
+alternate in slices (``run_interleaved``: A B B A per round), so background load weighs
+on both alike, and a control runs each side with a new entry per like (no hot row): how
+far each side is from what the machine allows it anyway.  The hot counts are checked
+exact at the end (asserted: the entry's count equals the likes made).  Last, each
+side's CPU a like, from /proc: this process (the client), the proxy, the servers (their
+pids from the local cluster), and the likes/s the machine's cores would allow at that
+cost.  Printed: adds/s and p99 per side, the ratio, the CPU, the load average, the date
+and the commit.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import collections
+import heapq
 import itertools
 import multiprocessing
+import os
+import select
+import socket
 import threading
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from schemaless import DataStore, Edges, new_id
+from schemaless.local import LocalCluster
 
 from .env import Servers, start_cluster
-from .measure import run_interleaved
+from .measure import run_interleaved, run_threads
 from .provenance import load_average, provenance
 
 __all__ = ["hot_node", "main"]
@@ -39,74 +48,128 @@ __all__ = ["hot_node", "main"]
 KINDS = ("liked_by", "likes")  # the naive tables: the hot side (server 0) first
 
 
-class _Half(asyncio.Protocol):
-    """One end of a proxied connection: what it receives is written to the other
-    end's transport ``delay`` seconds later, in order (timers at increasing times)."""
+class _Proxy:
+    """TCP proxies in one loop: what a socket receives its peer sends on ``delay``
+    seconds later, in order.  One ``epoll`` for readiness and one heap of due chunks;
+    the wait is a ``select`` on the epoll's own descriptor, whose timeout has
+    microseconds (an epoll timeout rounds up to whole milliseconds).  Chunks due
+    together to one socket leave in one ``send``."""
 
-    def __init__(
-        self, delay: float, dial: Callable[[_Half], Coroutine[Any, Any, None]] | None = None
-    ):
-        self.delay, self.dial, self.last = delay, dial, 0.0
-        self.transport: asyncio.WriteTransport | None = None
-        self.peer: asyncio.WriteTransport | None = None
-        self.early: list[bytes] = []  # what arrived before the other end connected
+    def __init__(self, delay: float) -> None:
+        self.delay, self.epoll = delay, select.epoll()
+        self.listeners: dict[int, tuple[socket.socket, str, int]] = {}
+        self.socks: dict[int, socket.socket] = {}
+        self.peer: dict[int, int] = {}  # each end's other end
+        self.out: dict[int, bytearray] = {}  # what a socket could not take yet
+        self.due: list[tuple[float, int, socket.socket, bytes]] = []  # b"": close
+        self.seq = itertools.count()
+        self.blocked: set[int] = set()  # sockets waiting for EPOLLOUT
+        self.ended: set[int] = set()  # sockets that sent their end: unwatched
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.transport = transport
-        if self.dial is not None:
-            asyncio.get_running_loop().create_task(self.dial(self))
+    def listen(self, target: str) -> str:
+        """A listening socket in front of ``host:port``; its address."""
+        host, _, port = target.rpartition(":")
+        sock = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.listeners[sock.fileno()] = (sock, host, int(port))
+        self.epoll.register(sock.fileno(), select.EPOLLIN)
+        return f"127.0.0.1:{sock.getsockname()[1]}"
 
-    def pair(self, other: _Half) -> None:
-        self.peer = other.transport
-        for data in self.early:
-            self._later(data)
+    def serve(self) -> None:
+        """Forever: wait for a socket or the next due chunk, read, send what is due."""
+        while True:
+            wait = self.due[0][0] - time.monotonic() if self.due else None
+            if (wait is None or wait > 0) and select.select([self.epoll], [], [], wait)[0]:
+                for fd, events in self.epoll.poll(0):
+                    self._ready(fd, events)
+            now = time.monotonic()
+            ready: dict[socket.socket, list[bytes]] = collections.defaultdict(list)
+            while self.due and self.due[0][0] <= now:
+                _, _, sock, data = heapq.heappop(self.due)
+                ready[sock].append(data)
+            for sock, chunks in ready.items():
+                self._deliver(sock, chunks)
 
-    def data_received(self, data: bytes) -> None:
-        if self.peer is None:
-            self.early.append(data)
-        else:
-            self._later(data)
+    def _ready(self, fd: int, events: int) -> None:
+        if fd in self.listeners:
+            self._accept(*self.listeners[fd])
+            return
+        if fd in self.socks and events & select.EPOLLOUT:
+            self._flush(fd)
+        if fd in self.socks and events & ~select.EPOLLOUT:
+            self._read(fd)
 
-    def _later(self, data: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        self.last = max(loop.time() + self.delay, self.last + 1e-6)
-        assert self.peer is not None
-        loop.call_at(self.last, self.peer.write, data)
+    def _read(self, fd: int) -> None:
+        """Hold what came for the peer; at the end, the peer's close (``b""``) and
+        ``fd`` is no longer watched (what is still owed to it has nowhere to go)."""
+        try:
+            data = self.socks[fd].recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.ended.add(fd)
+            self.epoll.unregister(fd)
+        due = time.monotonic() + self.delay
+        heapq.heappush(self.due, (due, next(self.seq), self.socks[self.peer[fd]], data))
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.peer is not None:  # closed once what it still holds is written
-            asyncio.get_running_loop().call_at(self.last + 1e-6, self.peer.close)
+    def _accept(self, listener: socket.socket, host: str, port: int) -> None:
+        down, _ = listener.accept()
+        try:
+            up = socket.create_connection((host, port))
+        except OSError:
+            down.close()
+            return
+        for a, b in ((down, up), (up, down)):
+            a.setblocking(False)
+            a.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.socks[a.fileno()], self.peer[a.fileno()] = a, b.fileno()
+            self.out[a.fileno()] = bytearray()
+            self.epoll.register(a.fileno(), select.EPOLLIN)
+
+    def _deliver(self, sock: socket.socket, chunks: list[bytes]) -> None:
+        fd = sock.fileno()  # -1 once closed (a number may be reused by then)
+        if self.socks.get(fd) is not sock:
+            return
+        self.out[fd] += b"".join(chunks)
+        self._flush(fd)
+        if not chunks[-1]:
+            self._close(fd)
+
+    def _flush(self, fd: int) -> None:
+        """Send what ``fd`` holds; what it cannot take yet waits for EPOLLOUT."""
+        buf = self.out[fd]
+        try:
+            del buf[: self.socks[fd].send(buf)]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._close(fd)
+            return
+        if bool(buf) != (fd in self.blocked):
+            self.blocked ^= {fd}
+            self._watch(fd)
+
+    def _watch(self, fd: int) -> None:
+        """Read, and wait to write while ``fd`` holds data (until its end came)."""
+        if fd not in self.ended:
+            self.epoll.modify(fd, select.EPOLLIN | (select.EPOLLOUT if fd in self.blocked else 0))
+
+    def _close(self, fd: int) -> None:
+        for end in (fd, self.peer.get(fd)):
+            if end is not None and end in self.socks:
+                if end not in self.ended:
+                    self.epoll.unregister(end)
+                self.socks.pop(end).close()
+                del self.peer[end], self.out[end]
+                self.blocked.discard(end)
+                self.ended.discard(end)
 
 
 def serve_proxies(targets: list[str], delay: float, pipe: Any) -> None:
-    """Run TCP proxies, one per ``host:port`` target, each holding every chunk
-    ``delay`` seconds each way; sends their addresses down ``pipe``, then serves forever.
-    Protocols and timers, not streams: a chunk costs the proxy one callback."""
-
-    def accept(target: str) -> Callable[[], asyncio.Protocol]:
-        host, _, port = target.rpartition(":")
-
-        async def dial(down: _Half) -> None:
-            loop = asyncio.get_running_loop()
-            try:
-                _, up = await loop.create_connection(lambda: _Half(delay), host, int(port))
-            except OSError:
-                assert down.transport is not None
-                down.transport.close()
-                return
-            up.pair(down)
-            down.pair(up)
-
-        return lambda: _Half(delay, dial)
-
-    async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        started = [await loop.create_server(accept(t), "127.0.0.1", 0) for t in targets]
-        pipe.send([f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in started])
-        await asyncio.Event().wait()
-
-    asyncio.run(serve())
+    """Run a proxy in front of each ``host:port`` target, holding every chunk ``delay``
+    seconds each way; send their addresses down ``pipe``, then serve forever."""
+    proxy = _Proxy(delay)
+    pipe.send([proxy.listen(t) for t in targets])
+    proxy.serve()
 
 
 def create_naive(servers: Servers, db: str) -> None:
@@ -156,6 +219,29 @@ class Naive:
             conn.close()
 
 
+def cpu_seconds(pids: Sequence[int]) -> list[float]:
+    """The CPU time (user and system, every thread) each process has used so far."""
+    hz = os.sysconf("SC_CLK_TCK")
+    stats = [Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() for pid in pids]
+    return [(int(f[11]) + int(f[12])) / hz for f in stats]
+
+
+def cpu_per_call(
+    call: Callable[[Any], object],
+    items: Iterator[Any],
+    threads: int,
+    seconds: float,
+    groups: Mapping[str, Sequence[int]],
+) -> dict[str, float]:
+    """Milliseconds of CPU one call costs each group of processes (``client``: this
+    one, the proxy, the servers), over ``seconds`` of ``threads`` calling."""
+    pids = [pid for group in groups.values() for pid in group]
+    before = cpu_seconds(pids)
+    ops = max(1, run_threads(call, items, threads, seconds).ops)
+    spent = {p: b - a for p, a, b in zip(pids, before, cpu_seconds(pids), strict=True)}
+    return {name: round(1000 * sum(spent[p] for p in g) / ops, 3) for name, g in groups.items()}
+
+
 def hot_node(
     servers: Servers,
     prefix: str,
@@ -163,11 +249,13 @@ def hot_node(
     seconds: float,
     delay_ms: float,
     rounds: int = 3,
+    server_pids: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Adds/s of ``Edges.add`` and of the naive way on one hot entry and, as a control,
     on a new entry per like, ``seconds`` each side in ``rounds`` interleaved rounds,
     through proxies adding ``delay_ms`` each way (none at 0).  Asserts the hot counts
-    exact."""
+    exact.  Then each side's CPU a like (``cpu_per_call`` on new entries, a slice
+    each): this process, the proxy and ``server_pids``."""
     proc, via = None, servers
     if delay_ms > 0:
         ctx = multiprocessing.get_context("spawn")
@@ -206,6 +294,11 @@ def hot_node(
             assert n == out[name]["ops"], f"{name}: count {n}, {out[name]['ops']} likes made"
             out[name]["exact"] = True
         out["ratio"] = round(out["Edges.add"]["per_s"] / out["naive"]["per_s"], 2)
+        groups = {"client": [os.getpid()], "proxy": [] if proc is None else [proc.pid]}
+        groups["servers"] = list(server_pids)
+        for side in ("naive", "Edges.add"):
+            call, items = calls[f"{side}, no hot row"]
+            out[side]["cpu_ms"] = cpu_per_call(call, items, threads, seconds / rounds, groups)
         return out
     finally:
         ds.close()
@@ -216,19 +309,22 @@ def hot_node(
 
 
 def format_rows(results: list[dict[str, Any]]) -> str:
-    """A markdown table of ``hot_node`` results."""
+    """A markdown table of ``hot_node`` results; "CPU bound": the likes/s this
+    machine's cores allow at that CPU a like, with nothing else running."""
     lines = [
         "| added each way | side | adds/s (hot entry) | p99 ms | adds/s (no hot row)"
-        " | Edges/naive |",
-        "|---|---|---|---|---|---|",
+        " | Edges/naive | CPU ms a like: client / proxy / servers | CPU bound |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for side in ("naive", "Edges.add"):
             ratio = f"{r['ratio']}x" if side == "Edges.add" else ""
-            hot, cold = r[side], r[f"{side}, no hot row"]
+            hot, cold, cpu = r[side], r[f"{side}, no hot row"], r[side]["cpu_ms"]
+            bound = 1000 * (os.cpu_count() or 1) / max(sum(cpu.values()), 1e-9)
             lines.append(
                 f"| {r['delay_ms']:g} ms | {side} | {hot['per_s']:.0f} | {hot['p99_ms']:.1f}"
-                f" | {cold['per_s']:.0f} | {ratio} |"
+                f" | {cold['per_s']:.0f} | {ratio} | {cpu['client']:.2f} / {cpu['proxy']:.2f}"
+                f" / {cpu['servers']:.2f} | {bound:.0f} |"
             )
     return "\n".join(lines)
 
@@ -245,11 +341,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--prefix", default="bench")
     a = p.parse_args(argv)
     servers = start_cluster(a.dir, 2, durable=True)
+    pids = [int(s["pid"]) for s in LocalCluster(a.dir).status() if s["pid"] is not None]
     drop_prefix(servers, a.prefix)
     before = load_average()
     try:
         results = [
-            hot_node(servers, a.prefix, a.threads, a.seconds, delay, a.rounds)
+            hot_node(servers, a.prefix, a.threads, a.seconds, delay, a.rounds, pids)
             for delay in (a.delay, 0.0)
         ]
     finally:

@@ -14,6 +14,7 @@ removes the inverse rows an interrupted call left behind (docs/architecture.md,
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,7 +27,13 @@ from .catalogdb import now_us
 from .errors import CatalogError, InvalidEntity, InvalidQuery, PermissionDenied, TableMissing
 from .ids import to_id
 from .names import quote
-from .owned import checked_rows, checked_select, guard_sql, guarded, in_guarded_transaction
+from .owned import (
+    checked_rows,
+    checked_select,
+    guard_sql,
+    guarded,
+    triggered,
+)
 from .query import MAX_LIMIT
 from .scatter import Statement, by_server
 
@@ -157,8 +164,7 @@ def create_tables(ds: DataStore, sql: Callable[[str], list[str]], what: str, com
 class _Side:
     """The SQL of one direction's tables (``edges__T`` and its counts) on one shard."""
 
-    def __init__(self, topo: Topology, kind: str) -> None:
-        db = topo.owned_db
+    def __init__(self, db: str | None, kind: str) -> None:
         assert db is not None
         self.db, self.kind = db, kind
         self.edges, self.counts = (quote(db, t) for t in table_names(kind))
@@ -171,8 +177,9 @@ class _Side:
 
     def add(self, shard: int) -> str:
         """Write the edge (touched again if present), count it if it is new: a row
-        count of 1 is an insert (2: an update of a present edge)."""
-        return in_guarded_transaction(
+        count of 1 is an insert (2: an update of a present edge).  Both are upserts,
+        so both fire the guard's triggers: no check needed (``triggered``)."""
+        return triggered(
             [
                 f"INSERT INTO {self.edges} (`shard`, `src`, `dst`, `at`, `touched`, `data`)"
                 f" VALUES ({int(shard)}, %s, %s, %s, %s, %s)"
@@ -180,20 +187,21 @@ class _Side:
                 self._count(shard, "ROW_COUNT() = 1"),
             ],
             self.db,
-            (shard,),
         )
 
     def remove(self, shard: int, before: bool = False) -> str:
-        """Delete the edge (``before``: only if untouched since a time), uncount it."""
+        """Delete the edge (``before``: only if untouched since a time), uncount it.
+        The count's upsert fires the guard's insert trigger whatever the delete
+        removed, so on a server that does not own the shard the whole batch fails,
+        the delete with it (``triggered``)."""
         touched = " AND `touched` < %s" if before else ""
-        return in_guarded_transaction(
+        return triggered(
             [
                 f"DELETE FROM {self.edges} WHERE `shard` = {int(shard)} AND `src` = %s"
                 f" AND `dst` = %s{touched}",
                 self._count(shard, "-ROW_COUNT()"),
             ],
             self.db,
-            (shard,),
         )
 
     # Reads are one statement each, their own ownership check (``checked_select``; the
@@ -302,8 +310,7 @@ class Edges:
         """One side's write on ``node``'s shard; the edge statement's row count."""
 
         def run(topo: Topology, shard: int) -> int:
-            side = _Side(topo, kind)
-            sql = side.add(shard) if op == "add" else side.remove(shard)
+            sql = _write_sql(topo.owned_db, kind, op, shard)
             counts: list[int] = []
             self.ds.cluster.server_of_shard(topo, shard).run(
                 sql, (node, other, *more, node), commits=True, counts=counts
@@ -334,7 +341,7 @@ class Edges:
 
         def run() -> dict[bytes, int]:
             topo = self.ds.cluster.current()
-            side = _Side(topo, kind)
+            side = _Side(topo.owned_db, kind)
             n_of = self.ds.cluster.shard_of_id
 
             def build(group: list[bytes]) -> Statement:
@@ -409,7 +416,7 @@ class Edges:
         params: tuple[Any, ...],
     ) -> list[Any]:
         def run(topo: Topology, shard: int) -> list[Any]:
-            stmt = sql(_Side(topo, kind))(shard)
+            stmt = sql(_Side(topo.owned_db, kind))(shard)
             rows = self.ds.cluster.server_of_shard(topo, shard).run(stmt, params)[0]
             return checked_rows(rows, topo.owned_db)
 
@@ -452,7 +459,7 @@ class Edges:
                 def run(topo: Topology, shard: int, n: bytes = node, o: bytes = other) -> int:
                     counts: list[int] = []
                     self.ds.cluster.server_of_shard(topo, shard).run(
-                        _Side(topo, inverse).remove(shard, before=True),
+                        _Side(topo.owned_db, inverse).remove(shard, before=True),
                         (n, o, cutoff, n),
                         commits=True,
                         counts=counts,
@@ -482,7 +489,7 @@ class Edges:
         params: tuple[Any, ...] = (cutoff,) if after is None else (cutoff, after[0], *after)
 
         def run(topo: Topology, _: int) -> list[tuple[bytes, bytes]]:
-            side = _Side(topo, kind)
+            side = _Side(topo.owned_db, kind)
             sql = guarded(
                 [
                     f"SELECT `src`, `dst` FROM {side.edges} WHERE `shard` = {int(shard)}"
@@ -501,7 +508,7 @@ class Edges:
 
         def run() -> set[tuple[bytes, bytes]]:
             topo = self.ds.cluster.current()
-            side = _Side(topo, self.kind)
+            side = _Side(topo.owned_db, self.kind)
             n_of = self.ds.cluster.shard_of_id
 
             def build(group: list[tuple[bytes, bytes]]) -> Statement:
@@ -519,6 +526,14 @@ class Edges:
             return {(bytes(s), bytes(d)) for rows in results.values() for s, d in rows[0]}
 
         return self.ds.calls.call(run, self.timeout) if pairs else set()
+
+
+@functools.lru_cache(maxsize=4096)
+def _write_sql(db: str | None, kind: str, op: str, shard: int) -> str:
+    """One side's ``add`` or ``remove`` batch on a shard, built once (the same for
+    every call of a map: only the data database's name varies)."""
+    side = _Side(db, kind)
+    return side.add(shard) if op == "add" else side.remove(shard)
 
 
 def _paged(limit: int, after: bool) -> Callable[[_Side], Callable[[int], str]]:

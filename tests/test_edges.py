@@ -8,14 +8,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import shard_rows
+from conftest import shard_rows, wait_until
 from test_cli import Cli, cluster_env
 
-from schemaless import DataStore, Edges, Feeds, new_id
+from schemaless import DataStore, Edges, Feeds, TableMissing, new_id
 from schemaless import failpoints as fp
-from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery, TableMissing
+from schemaless.edges import _write_sql, table_names
+from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery
 from schemaless.failpoints import FailpointError
 from schemaless.local import LocalCluster
+from schemaless.names import quote
+from schemaless.owned import CHECK, TRIGGERED, admin
+from schemaless.wire import read_results
 
 
 @pytest.fixture
@@ -33,7 +37,8 @@ def test_add_remove_count_idempotent_in_one_round_trip(ds: DataStore) -> None:
     sent = [sql for sql in sent if "edges__" in sql]  # not the catalog's refreshes
     assert len(sent) == 2  # the inverse, then the edge: one batch each
     assert "edges__liked_by" in sent[0] and "edges__likes" in sent[1]
-    assert sent[0].startswith("START TRANSACTION") and sent[0].endswith("COMMIT")
+    assert sent[0].startswith(f"{TRIGGERED} START TRANSACTION") and sent[0].endswith("COMMIT")
+    assert CHECK not in sent[0]  # its upserts fire the guard's triggers
     assert likes.add(user, entry) is False
     likes.add(user, other, data={"stars": 5})
     likes.add(new_id(), entry)
@@ -133,6 +138,32 @@ def test_a_cut_between_the_sides_leaves_the_inverse_a_superset_that_repair_clear
     assert follows.repair(grace=0) == 0 and follows.count_inverse(b) == 1
 
 
+def test_a_side_sent_to_a_server_without_its_shard_commits_nothing(ds: DataStore) -> None:
+    """``add`` and ``remove`` carry no ownership check: each side's count upsert fires
+    the guard's insert trigger, so on a server that does not own the shard (a stale
+    map's) the whole batch fails, a remove's delete of a row left there with it."""
+    Edges(ds, "likes")
+    topo = ds.cluster.topology
+    db, src, dst = topo.owned_db, new_id(), new_id()
+    assert db is not None
+    shard = ds.cluster.shard_of_id(src)
+    wrong = next(
+        server
+        for sid, server in ds.cluster.all_servers(topo).items()
+        if sid != topo.shard_servers[shard]
+    )
+    edges, counts = (quote(db, t) for t in table_names("likes"))
+    left = f"INSERT INTO {edges} VALUES ({shard}, %s, %s, 1, 1, NULL)"  # a move's copy
+    copy = [f"SET @schemaless_copying = {shard}", left, "SET @schemaless_copying = NULL"]
+    wrong.run(admin(copy), [src, dst])
+    for op, params in (("add", (src, new_id(), 2, 2, None, src)), ("remove", (src, dst, src))):
+        with pytest.raises(TableMissing, match="not on this server"):
+            wrong.run(_write_sql(db, "likes", op, shard), params, commits=True)
+    where = f"WHERE `shard` = {shard}"
+    read = [f"SELECT `dst` FROM {edges} {where}", f"SELECT COUNT(*) FROM {counts} {where}"]
+    assert wrong.run(admin(read)) == [((dst,),), ((0,),)]
+
+
 def test_counts_stay_exact_under_concurrent_adds_of_a_hot_node(ds: DataStore) -> None:
     likes = Edges(ds, "likes", inverse="liked_by")
     entry = new_id()
@@ -185,13 +216,19 @@ def test_the_hot_node_bench_counts_exactly_through_its_delay_proxy(
     servers = Servers(tuple(local_cluster.addresses), str(local_cluster.option_file))
     prefix = "hot" + new_id().hex()[:8]
     try:
-        got = hot_node(servers, prefix, threads=2, seconds=0.8, delay_ms=1.0, rounds=1)
+        pids = [int(s["pid"]) for s in local_cluster.status() if s["pid"] is not None]
+        got = hot_node(
+            servers, prefix, threads=2, seconds=0.8, delay_ms=1.0, rounds=1, server_pids=pids
+        )
     finally:
         drop_prefix(servers, prefix)
     assert got["naive"]["exact"] and got["Edges.add"]["exact"]
     assert min(got[side]["ops"] for side in ("naive", "Edges.add")) > 0
     # a naive like is eight round trips of at least 2 ms through the proxy
     assert got["naive"]["per_s"] < 2 / 0.016
+    for side in ("naive", "Edges.add"):  # the CPU a like of the client and the servers
+        cpu = got[side]["cpu_ms"]
+        assert cpu["client"] > 0 and cpu["servers"] > 0
 
 
 def test_reads_of_a_fenced_shard_fail_never_read_empty(ds: DataStore) -> None:
@@ -221,3 +258,42 @@ def test_reads_of_a_fenced_shard_fail_never_read_empty(ds: DataStore) -> None:
         True,
         [entry],
     )
+
+
+def test_the_delay_proxy_holds_each_way_and_passes_the_close_on(
+    local_cluster: LocalCluster,
+) -> None:
+    """``bench.hotnode``'s proxy: a round trip through it takes the delay twice,
+    replies of many chunks come whole and in order, and a client's close reaches the
+    server (the connection goes away)."""
+    import multiprocessing
+    import time
+
+    from bench.env import Servers
+    from bench.hotnode import serve_proxies
+
+    servers = Servers(tuple(local_cluster.addresses), str(local_cluster.option_file))
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=serve_proxies, args=(list(servers.addresses), 0.002, theirs))
+    proc.start()
+    try:
+        via = Servers(tuple(mine.recv()), servers.option_file)
+        db = via.connect(0)
+        db.query("SELECT CONNECTION_ID()")
+        conn_id = db.store_result().fetch_row()[0][0]
+        took = []
+        for i in range(20):
+            began = time.perf_counter()
+            db.query(f"SELECT {i}")
+            assert db.store_result().fetch_row() == ((i,),)
+            took.append(time.perf_counter() - began)
+        assert 0.004 <= min(took) < 0.02
+        db.query("SELECT 1; SELECT REPEAT('x', 300000); SELECT 3")  # chunks of 64 KiB
+        assert read_results(db, None) == [((1,),), (("x" * 300000,),), ((3,),)]
+        db.close()
+        listed = "SELECT COUNT(*) FROM information_schema.processlist WHERE id = %s"
+        assert wait_until(lambda: servers.admin(0, listed, (conn_id,))[0][0] == 0)
+    finally:
+        proc.kill()
+        proc.join()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from schemaless import DataStore
 from schemaless.errors import SchemalessError
 from schemaless.feeds import Feeds
 
@@ -69,7 +70,7 @@ def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: flo
     """
     with conn.store() as ds:
         try:
-            n = Feeds(ds, name, pull_threshold=pull_threshold).work(once=once, poll=poll)
+            n = _existing(ds, name, pull_threshold).work(once=once, poll=poll)
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
@@ -93,7 +94,19 @@ def trim(conn: Connection, name: str, keep: int) -> None:
     """
     with conn.store() as ds:
         try:
-            n = Feeds(ds, name, create=False).trim(keep)
+            n = _existing(ds, name).trim(keep)
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(f"feed {name!r}: {n} inbox rows deleted, at most {keep} kept per reader")
+
+
+def _existing(ds: DataStore, name: str, pull_threshold: int = 1000) -> Feeds:
+    """Feed ``name``, whose tables an admin made (`feeds create`): a mistyped name is
+    an error, never a new feed."""
+    feeds = Feeds(ds, name, pull_threshold=pull_threshold, create=False)
+    if not feeds.exists():
+        raise click.ClickException(
+            f"unknown feed {name!r}: its tables do not exist (`schemaless feeds create"
+            f" {name}` makes them)"
+        )
+    return feeds

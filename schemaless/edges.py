@@ -35,7 +35,7 @@ from .owned import (
     triggered,
 )
 from .query import MAX_LIMIT
-from .scatter import Statement, by_server
+from .scatter import Statement, by_server, unreachable_only
 
 if TYPE_CHECKING:
     from .catalog import Topology
@@ -134,9 +134,11 @@ def table_names(kind: str) -> tuple[str, str]:
 
 
 def missing_tables(ds: DataStore, names: list[str]) -> bool:
-    """Whether a server of the map lacks one of the tables ``names`` in its data
-    database (one statement per server; what this user may see, and the application's
-    grants see the whole data database)."""
+    """Whether a server of the map that answers lacks one of the tables ``names`` in
+    its data database (one statement per server; what this user may see, and the
+    application's grants see the whole data database).  A server that is down is
+    not asked again: opening an edge type or a feed costs only its shards (a call
+    that meets a missing table there later creates them, ``Edges._call``)."""
     topo = ds.cluster.current()
     marks = ", ".join(["%s"] * len(names))
     sql = (
@@ -144,9 +146,13 @@ def missing_tables(ds: DataStore, names: list[str]) -> bool:
         f" WHERE table_schema = %s AND table_name IN ({marks})"
     )
     found = ds.cluster.scatter(
-        topo, {sid: sid for sid in topo.servers}, lambda _: (sql, [topo.owned_db, *names])
-    ).results
-    return any(int(rows[0][0][0]) < len(names) for rows in found.values())
+        topo,
+        {sid: sid for sid in topo.servers},
+        lambda _: (sql, [topo.owned_db, *names]),
+        partial=True,
+    )
+    unreachable_only(found.errors)
+    return any(int(rows[0][0][0]) < len(names) for rows in found.results.values())
 
 
 def create_tables(ds: DataStore, sql: Callable[[str], list[str]], what: str, command: str) -> None:

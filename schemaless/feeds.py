@@ -136,9 +136,14 @@ class Feeds:
         self.subscription = f"feeds_{name}"
         self.inbox, self.posts_table, self.pulled = _tables(name)
         self._pulled: set[bytes] = set()  # authors known to be pulled (the worker's)
-        tables = [t for k in self.graph.kinds() for t in table_names(k)] + list(_tables(name))
-        if create and (not ds.cluster.refresh().changes or missing_tables(ds, tables)):
+        if create and (not ds.cluster.refresh().changes or not self.exists()):
             self.create()
+
+    def exists(self) -> bool:
+        """Whether the feed's tables and its follow graph's are on every server that
+        answers (one statement each; a server that is down is not waited for again)."""
+        tables = [t for k in self.graph.kinds() for t in table_names(k)] + list(_tables(self.name))
+        return not missing_tables(self.ds, tables)
 
     def create(self) -> None:
         """Turn the change feed on and create the feed's tables and its follow graph's

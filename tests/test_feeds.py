@@ -218,6 +218,9 @@ def test_trim_keeps_each_readers_newest_rows(ds: DataStore, local_cluster: Local
             feeds.trim(keep)  # type: ignore[arg-type]
     assert "keep must be" in run.fails("feeds", "trim", "home", "--keep", "0")
     assert _count(ds, "feed__home__inbox") == 5 * 3
+    for command in (("trim", "hone"), ("work", "hone", "--once")):  # a typo: no new feed
+        assert "unknown feed 'hone'" in run.fails("feeds", *command)
+    assert not Feeds(ds, "hone", create=False).exists()
 
 
 def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:

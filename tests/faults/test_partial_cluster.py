@@ -184,6 +184,47 @@ def test_the_catalog_server_down_is_a_typed_error_in_time(
             cluster.resume_server(0)
 
 
+@pytest.mark.parametrize("how", ["stopped", "frozen"])
+def test_edges_and_feeds_open_and_serve_the_healthy_shards(
+    cluster: LocalCluster,
+    store: DataStore,
+    entities: dict[int, list[dict[str, Any]]],
+    how: str,
+) -> None:
+    """A new client opens an edge type and a feed (their tables checked on every
+    server that answers) with one server sick, and serves the nodes of the others;
+    a node on the sick server fails within the timeout."""
+    from schemaless import Edges, Feeds, ShardUnavailable
+
+    Feeds(store, "home")  # tables made (and the change feed on) while all are up
+    likes = Edges(store, "likes", inverse="liked_by")
+    (fan,), (star,), (far,) = (ids_on(store, sid, 1) for sid in (0, 1, SICK))
+    likes.add(fan, star)
+    _sicken(cluster, how, SICK)
+    started = time.monotonic()
+    fresh = DataStore(
+        cluster.addresses,
+        prefix=store.cluster.topology.prefix,
+        option_file=str(cluster.option_file),
+        create=False,
+        connect_timeout=TIMEOUT,
+        read_timeout=TIMEOUT,
+        write_timeout=TIMEOUT,
+    )
+    try:
+        edges, feeds = Edges(fresh, "likes", inverse="liked_by"), Feeds(fresh, "home")
+        assert time.monotonic() - started < 2 * TIMEOUT + 1.0  # one wait on the sick one
+        assert (edges.count(fan), edges.count_inverse(star), edges.has(fan, star)) == (1, 1, True)
+        feeds.follow(fan, star)
+        assert [e.dst for e in feeds.graph.page(fan)] == [star]
+        started = time.monotonic()
+        with pytest.raises(ShardUnavailable):  # ShardTimeout is one
+            edges.count(far)
+        assert time.monotonic() - started < TIMEOUT + 1.0
+    finally:
+        fresh.close()
+
+
 # -- the CLI ---------------------------------------------------------------------------
 
 

@@ -62,8 +62,8 @@ _FAN = 5000  # followers read, and inbox rows written, per round trip
 _TRIM = 100  # readers trimmed per transaction
 _Row = tuple[int, bytes, bytes]  # (at, post, author)
 #: The inbox's pages are compressed: a reader's rows repeat their shard, reader and
-#: the authors they follow, and ids of one time share prefixes (77 bytes a row instead
-#: of 174; docs/feeds.md, "The inbox row's floor").
+#: the authors they follow, and ids of one time share prefixes (59-80 bytes a row
+#: instead of 174; docs/feeds.md, "The inbox row's floor").
 INBOX_COMPRESSED = "ROW_FORMAT=COMPRESSED KEY_BLOCK_SIZE=8"
 
 
@@ -398,8 +398,8 @@ class Feeds:
     def trim(self, keep: int = 1000) -> int:
         """Keep each reader's newest ``keep`` inbox rows and delete the older ones, one
         logical shard after another; how many rows were deleted.  A maintenance pass
-        (``schemaless feeds trim``): pulled posts are never in an inbox, so a page
-        older than the kept rows shows only those."""
+        (``schemaless feeds trim``): a page older than the kept rows then shows only
+        the reader's own posts and the pulled authors' (never in an inbox)."""
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise InvalidQuery(f"keep must be an int >= 1, got {keep!r}")
         n_shards = len(self.ds.cluster.current().shard_servers)

@@ -29,7 +29,8 @@ def by_id_sql(
     unless the server owns exactly the shards the map places on it (a row of NULLs
     if none of the ids is stored), one row read for the proof; ``counted``: the
     ``SELECT`` then the check that counts the shards named (when the digest differs,
-    as from a move's fence to its flip)."""
+    as from a move's fence to its flip).  Rows are named by ``(shard, id)``, the
+    clustered key: one dive each."""
     owned = topo.owned_db
     if owned is None:
         parts = []
@@ -38,15 +39,15 @@ def by_id_sql(
             parts.append(_by_id_head(topo.prefix, shard, columns) + _marks(len(keys)))
             params += keys
         return union_all(parts), params
-    every = [key for shard in sorted(ids) for key in ids[shard]]
+    every = [v for shard in sorted(ids) for key in ids[shard] for v in (shard, key)]
     entities = quote(owned, "entities")
+    keyed = f"(`shard`, `id`) IN ({_pairs(len(every) // 2)}"  # the clustered key's dives
     if counted:
-        select = f"SELECT {columns} FROM {entities} WHERE `id` IN ({_marks(len(every))}"
-        return guarded([select], owned, ids), every
+        return guarded([f"SELECT {columns} FROM {entities} WHERE {keyed}"], owned, ids), every
     placed = topo.placed[topo.shard_servers[next(iter(ids))]]
     sql = (
         f"SELECT {CHECK} {columns} FROM {quote(owned, 'owned_digest')} d LEFT JOIN"
-        f" {entities} ON `id` IN ({_marks(len(every))} WHERE {owns_sql(placed)}"
+        f" {entities} ON {keyed} WHERE {owns_sql(placed)}"
     )
     return sql, every
 
@@ -59,6 +60,11 @@ def _by_id_head(prefix: str, shard: int, columns: str) -> str:
 @functools.lru_cache(maxsize=1024)
 def _marks(n: int) -> str:
     return ", ".join(["%s"] * n) + ")"
+
+
+@functools.lru_cache(maxsize=1024)
+def _pairs(n: int) -> str:
+    return ", ".join(["(%s, %s)"] * n) + ")"
 
 
 def union_all(parts: Sequence[str], tail: str = "") -> str:

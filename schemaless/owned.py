@@ -344,7 +344,7 @@ def entities_table_sql(db: str) -> list[str]:
         " `body` MEDIUMBLOB NULL,"
         " PRIMARY KEY (`shard`, `id`),"
         " KEY `by_added` (`added_id`),"
-        " KEY `by_shard_added` (`shard`, `added_id`),"
+        " UNIQUE KEY `by_shard_added` (`shard`, `added_id`),"
         " KEY `by_updated` (`shard`, `updated`)"
         ") ENGINE=InnoDB",
         *guard_sql(db, "entities"),

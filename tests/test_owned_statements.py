@@ -192,7 +192,8 @@ def test_a_read_by_id_is_its_own_check_of_exactly_its_shards() -> None:
     sql, params = by_id_sql(_topo(OWNED), {3: [ID], 5: [ID, bytes(16)]}, "`id`, `body`")
     assert sql.count("%s") == len(params) == 6 and "UNION" not in sql and CHECK in sql
     assert params == [3, ID, 5, ID, 5, bytes(16)]  # named by the clustered key (shard, id)
-    assert "ON (`shard`, `id`) IN ((%s, %s), (%s, %s), (%s, %s)) WHERE" in sql
+    assert sql.startswith("WITH v (s, x) AS (VALUES (%s, CAST(%s AS BINARY(16))), (%s, %s),")
+    assert "v JOIN `p_data`.`entities` e ON e.`shard` = v.s AND e.`id` = v.x WHERE" in sql
     assert sql.endswith(owns_sql(tuple(range(8))))
     assert f"`n` = 8 AND d.`d0` = {digest(tuple(range(8)))[1]}" in sql
     sql, params = by_id_sql(_topo(OWNED), {3: [ID]}, "`id`", counted=True)

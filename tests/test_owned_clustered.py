@@ -26,7 +26,7 @@ from schemaless.writes import BLIND, NEW, EntityWrite, WriteMode, entity_batch_s
 
 #: The access types of a read by a key (a value, a join's value, ranges of them).
 _KEYED = ("const", "eq_ref", "ref", "range")
-_DML = ("SELECT", "UPDATE", "INSERT", "DELETE", "WITH")
+_DML = ("SELECT", "UPDATE", "INSERT", "DELETE")
 _COLUMNS = ("id", "select_type", "table", "type", "keys", "key", "key_len", "ref", "rows", "extra")
 
 

@@ -1,7 +1,8 @@
 """Reading whole logical shards in ``added_id`` order, and index tables by key (the
 owned layout's tables hold every shard of their server: read ``WHERE shard = s``,
-through the entities' ``KEY by_shard_added`` and the index tables' ``KEY by_shard``,
-whose entries are ``(shard, primary key)``; each batch ends with the ownership check)."""
+through the entities' primary key ``(shard, added_id)`` and the index tables' ``KEY
+by_shard``, whose entries are ``(shard, primary key)``; each batch ends with the
+ownership check)."""
 
 from __future__ import annotations
 

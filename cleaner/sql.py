@@ -5,8 +5,8 @@ fence writes a tombstone above the versions of an absent entity's orphan rows.
 
 ``dbs`` are the logical shards' databases (``Topology.dbs``) and ``owned`` the owned
 layout's data database (``Topology.owned_db``, None in the layout of a database per
-shard): then every read names its shards (an entity's rows are keyed ``(shard,
-id)``), every row written carries its shard, and every batch ends with the ownership check
+shard): then a read by anything but a primary key or an entity id names its shards,
+every row written carries its shard, and every batch ends with the ownership check
 (``owned.guarded``; a write's before its ``COMMIT``, ``owned.in_guarded_transaction``).
 """
 
@@ -166,12 +166,10 @@ def fence_sql(
         params += [entity_id, version, now]
         stmts.append(
             f"UPDATE {table} SET `updated` = GREATEST(`updated`, %s), `version` = %s"
-            f" WHERE {_is(owned, shard)}`id` = %s AND `body` IS NULL AND `version` < %s"
+            " WHERE `id` = %s AND `body` IS NULL AND `version` < %s"
         )
         params += [now, version, entity_id, version]
-        stmts.append(
-            f"SELECT `version`, `body` IS NULL FROM {table} WHERE {_is(owned, shard)}`id` = %s"
-        )
+        stmts.append(f"SELECT `version`, `body` IS NULL FROM {table} WHERE `id` = %s")
         params.append(entity_id)
     return in_guarded_transaction(stmts, owned, (f[0] for f in fences)), params
 
@@ -182,8 +180,8 @@ def bump_sql(
     """Raise a live entity's version from ``seen`` to ``version`` (body unchanged), only
     if it is still at ``seen``; one result set: the rows changed (0 or 1)."""
     update = (
-        f"UPDATE {quote(dbs[shard], 'entities')} SET `version` = %s"
-        f" WHERE {_is(owned, shard)}`id` = %s AND `version` = %s AND `body` IS NOT NULL"
+        f"UPDATE {quote(dbs[shard], 'entities')} SET `version` = %s WHERE `id` = %s"
+        " AND `version` = %s AND `body` IS NOT NULL"
     )
     return (
         in_guarded_transaction([update, "SELECT ROW_COUNT()"], owned, [shard]),

@@ -280,10 +280,9 @@ class Cluster:
     ) -> Scattered:
         """Entity rows by id (tombstones included), per server id ``{shard: ids}``: one
         ``tables.by_id_sql`` per server (``columns`` begin with the id), its rows the
-        first result set.  In the owned layout a server that returned no row (its
-        ``owned`` rows are not the map's: a move between its fence and its flip, or a
-        stale map; or none of the ids is stored) is read again with the check that
-        counts the shards named."""
+        first result set.  In the owned layout a server whose ``owned`` rows are not
+        the map's (a move between its fence and its flip, or a stale map) is read
+        again with the check that counts the shards named."""
         found = self.scatter(
             topo,
             groups,
@@ -294,7 +293,11 @@ class Cluster:
         if topo.owned_db is None:
             return found
         again = {sid: groups[sid] for sid, sets in found.results.items() if not sets[0]}
-        results = {sid: sets for sid, sets in found.results.items() if sid not in again}
+        results = {
+            sid: [tuple(r for r in sets[0] if r[0] is not None)]  # not the LEFT JOIN's NULLs
+            for sid, sets in found.results.items()
+            if sid not in again
+        }
         errors = dict(found.errors)
         if again:
             counted = self.scatter(

@@ -182,8 +182,8 @@ def backfill_sql(
         new = " UNION ALL ".join(["SELECT UNHEX(%s) AS `k`"] * len(keys))
         hexed = [key.hex() for key in keys]
         stmts += [
-            f"SELECT COUNT(*) INTO {live} FROM {table} WHERE `shard` = %s AND `id` = %s"
-            " AND `version` = %s AND `body` IS NOT NULL FOR UPDATE",
+            f"SELECT COUNT(*) INTO {live} FROM {table} WHERE `id` = %s AND `version` = %s"
+            " AND `body` IS NOT NULL FOR UPDATE",
             f"INSERT INTO {counts} (`shard`, `key`, `n`) SELECT %s, v.`k`, 1 FROM ({new}) v"
             f" WHERE {live} > 0 AND NOT EXISTS (SELECT 1 FROM {ckeys} c"
             " WHERE c.`shard` = %s AND c.`id` = %s AND c.`key` = v.`k`)"
@@ -191,6 +191,6 @@ def backfill_sql(
             f"INSERT INTO {ckeys} (`shard`, `id`, `key`) SELECT %s, %s, v.`k` FROM ({new}) v"
             f" WHERE {live} > 0 ON DUPLICATE KEY UPDATE `key` = VALUES(`key`)",
         ]
-        params += [shard, entity_id, version, shard, *hexed, shard, entity_id]
+        params += [entity_id, version, shard, *hexed, shard, entity_id]
         params += [shard, entity_id, *hexed]
     return in_guarded_transaction(stmts, db, [shard]), params

@@ -171,12 +171,11 @@ def _dump_shard(
     """One logical shard's live entities into ``path``, read in one snapshot; the
     count, and the codec dictionaries their bodies name (native encoding)."""
     server = ds.cluster.server_of_shard(topo, shard)
-    # the key in insert order (owned layout: `by_shard_added`); never `by_updated`
-    # (shard, updated) and a sort of the shard's rows for every page
-    key = "PRIMARY" if topo.owned_db is None else "by_shard_added"
+    # the clustered key (owned layout: (shard, added_id)); never `by_updated` (shard,
+    # updated) and a sort of the shard's rows for every page
     sql = (
         f"SELECT `added_id`, `id`, `version`, `updated`, `body` FROM "
-        f"{quote(topo.dbs[shard], 'entities')} FORCE INDEX ({quote(key)})"
+        f"{quote(topo.dbs[shard], 'entities')} FORCE INDEX (PRIMARY)"
         f" WHERE {shard_is(topo, shard)}`added_id` > %s ORDER BY `added_id` LIMIT {_PAGE}"
     )
     native = path.suffix == ".native"

@@ -70,15 +70,6 @@ _ENTITIES = Table(
     ("added_id", "id", "version", "updated", "body"),
     ("`added_id`", "`id`", "`version`", "`updated`", "`body` IS NULL", "CRC32(`body`)"),
 )
-# The owned layout's entities are clustered on (shard, id): compared in that order (the
-# added_id of each row travels with it, a column like the others).
-_OWNED_ENTITIES = Table(
-    "entities",
-    ("shard", "id"),
-    ("shard", "id", "added_id", "version", "updated", "body"),
-    ("`shard`", "`id`", "`added_id`", "`version`", "`updated`", "`body` IS NULL", "CRC32(`body`)"),
-    " FORCE INDEX (`PRIMARY`)",
-)
 # The change feed's tables travel with their shard, numbers and all (nothing is emitted
 # for the copy: it never writes through step 2).
 _CHANGES = Table(
@@ -107,7 +98,7 @@ def shard_tables(topo: Topology) -> list[Table]:
     indexes = [_index_table(info.index) for info in topo.indexes.values()]
     if topo.owned_db is not None:
         feed = [_CHANGES.sharded(), _OWNED_HEAD] if topo.changes else []
-        return [_OWNED_ENTITIES, *(t.sharded("by_shard") for t in indexes), *feed]
+        return [_ENTITIES.sharded(), *(t.sharded("by_shard") for t in indexes), *feed]
     fence = [_fence_table(topo.fence)] if topo.fence else []
     feed = [_CHANGES, _CHANGES_HEAD] if topo.changes else []
     return [_ENTITIES, *indexes, *feed, *fence]

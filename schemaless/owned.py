@@ -327,9 +327,8 @@ def guard_sql(db: str, table: str) -> list[str]:
 
 
 def entities_table_sql(db: str) -> list[str]:
-    """The server's database, ``owned`` and ``entities`` (clustered on ``(shard, id)``:
-    a read by id is one dive, a shard's rows stay together for a move or a dump; its
-    scans in insert order walk ``by_shard_added``), with its guard."""
+    """The server's database, ``owned`` and ``entities`` (clustered by shard, so a
+    shard's rows stay together for a move or a dump), with its guard."""
     return [
         f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
         f"CREATE TABLE IF NOT EXISTS {quote(db, 'owned')} ("
@@ -342,9 +341,9 @@ def entities_table_sql(db: str) -> list[str]:
         " `version` BIGINT UNSIGNED NOT NULL,"
         " `updated` BIGINT UNSIGNED NOT NULL,"
         " `body` MEDIUMBLOB NULL,"
-        " PRIMARY KEY (`shard`, `id`),"
+        " PRIMARY KEY (`shard`, `added_id`),"
         " KEY `by_added` (`added_id`),"
-        " UNIQUE KEY `by_shard_added` (`shard`, `added_id`),"
+        " UNIQUE KEY `by_id` (`id`),"
         " KEY `by_updated` (`shard`, `updated`)"
         ") ENGINE=InnoDB",
         *guard_sql(db, "entities"),

@@ -161,6 +161,5 @@ def _owned_get_sql(db: str, shard: int) -> str:
     statement (``owned.check_sql``) doubled a get's server CPU (bench/guardcost.py)."""
     return (
         f"SELECT {CHECK} e.`version`, e.`body` FROM {quote(db, 'owned')} o"
-        f" LEFT JOIN {quote(db, 'entities')} e ON e.`shard` = o.`shard` AND e.`id` = %s"
-        f" WHERE o.`shard` = {int(shard)}"
+        f" LEFT JOIN {quote(db, 'entities')} e ON e.`id` = %s WHERE o.`shard` = {int(shard)}"
     )

@@ -25,13 +25,11 @@ def by_id_sql(
     tombstones included, in one ``UNION ALL`` statement (``Cluster.by_id`` sends it,
     its first column the id).  (Filtering tombstones, or naming each row's shard, in
     the SQL costs the server more than doing it in the client.)  In the owned layout one
-    ``SELECT`` of the rows by their clustered key ``(shard, id)`` joined to the
-    server's ``owned_digest`` row: no row at all unless the server owns exactly the
-    shards the map places on it, one row read for the proof (no row also when none
-    of the ids is stored: a row of NULLs to tell the two apart cost a ``UNION``);
-    ``counted``: the ``SELECT`` then the check that counts the shards named (read
-    when the first returned nothing: a move between its fence and its flip, or no
-    id stored)."""
+    ``SELECT`` joined to the server's ``owned_digest`` row: it returns no row at all
+    unless the server owns exactly the shards the map places on it (a row of NULLs
+    if none of the ids is stored), one row read for the proof; ``counted``: the
+    ``SELECT`` then the check that counts the shards named (when the digest differs,
+    as from a move's fence to its flip)."""
     owned = topo.owned_db
     if owned is None:
         parts = []
@@ -40,14 +38,17 @@ def by_id_sql(
             parts.append(_by_id_head(topo.prefix, shard, columns) + _marks(len(keys)))
             params += keys
         return union_all(parts), params
-    pairs = [",".join(f'[{int(shard)},"{key.hex()}"]' for key in ids[shard]) for shard in ids]
-    listed = ["[" + ",".join(pairs) + "]"]
-    keyed = _keyed(quote(owned, "entities"))
+    every = [key for shard in sorted(ids) for key in ids[shard]]
+    entities = quote(owned, "entities")
     if counted:
-        return guarded([f"SELECT {columns} FROM {keyed}"], owned, ids), listed
+        select = f"SELECT {columns} FROM {entities} WHERE `id` IN ({_marks(len(every))}"
+        return guarded([select], owned, ids), every
     placed = topo.placed[topo.shard_servers[next(iter(ids))]]
-    digest = f"{quote(owned, 'owned_digest')} d JOIN"
-    return f"SELECT {CHECK} {columns} FROM {digest} {keyed} WHERE {owns_sql(placed)}", listed
+    sql = (
+        f"SELECT {CHECK} {columns} FROM {quote(owned, 'owned_digest')} d LEFT JOIN"
+        f" {entities} ON `id` IN ({_marks(len(every))} WHERE {owns_sql(placed)}"
+    )
+    return sql, every
 
 
 @functools.lru_cache(maxsize=4096)
@@ -58,19 +59,6 @@ def _by_id_head(prefix: str, shard: int, columns: str) -> str:
 @functools.lru_cache(maxsize=1024)
 def _marks(n: int) -> str:
     return ", ".join(["%s"] * n) + ")"
-
-
-@functools.lru_cache(maxsize=1024)
-def _keyed(entities: str) -> str:
-    """Entity rows by their clustered key: a JSON list of ``[shard, "<id in hex>"]``
-    (one parameter) as a table joined to the primary key, one ``eq_ref`` dive each.
-    (``(shard, id) IN ((s, x), ...)`` spends milliseconds of the range optimizer on
-    100 pairs; ``IN (VALUES ...)`` a semi-join's temporary table, a ``VALUES`` list
-    joined as a derived table about 250 µs a statement to materialize it.)"""
-    return (
-        "JSON_TABLE(%s, '$[*]' COLUMNS (s INT PATH '$[0]', x CHAR(32) PATH '$[1]')) v"
-        f" JOIN {entities} e ON e.`shard` = v.s AND e.`id` = UNHEX(v.x)"
-    )
 
 
 def union_all(parts: Sequence[str], tail: str = "") -> str:

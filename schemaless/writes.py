@@ -236,13 +236,12 @@ def fence_owner_sql(
         sql = f"INSERT IGNORE INTO {table} (`id`, `version`, `updated`) VALUES (%s, %s, %s)"
         params = [owner, version, now]
     else:
-        placed = "`shard` = %s AND " if shard is not None else ""
         sql = (
             f"UPDATE {table} SET `version` = %s,"
             " `updated` = IF(`body` IS NULL, GREATEST(`updated`, %s), `updated`)"
-            f" WHERE {placed}`id` = %s AND `version` = %s"
+            " WHERE `id` = %s AND `version` = %s"
         )
-        params = [version, now, *([] if shard is None else [shard]), owner, seen]
+        params = [version, now, owner, seen]
     return sql + "; SELECT ROW_COUNT()", params
 
 
@@ -344,14 +343,14 @@ def write_position(first: int, n: int, writes: Sequence[EntityWrite]) -> int:
 
 def _entity_params(w: EntityWrite, kind: str, shard: bool) -> list[Any]:
     """The parameters of ``_entity_sql``'s statements for one write."""
-    placed = [w.shard] if shard else []  # the owned layout's rows are keyed (shard, id)
-    read: list[Any] = [*placed, w.entity_id] if w.want_body else []
+    read: list[Any] = [w.entity_id] if w.want_body else []
     if kind in ("blind", "create", "new"):
+        placed = [w.shard] if shard else []
         return [*read, *placed, w.entity_id, w.version, w.updated, w.body]
     if kind == "cas":
-        return [*read, w.body, w.updated, w.version, *placed, w.entity_id, w.mode.expected]
+        return [*read, w.body, w.updated, w.version, w.entity_id, w.mode.expected]
     guard = w.version if kind == "delete" else w.mode.expected
-    return [*read, w.updated, w.version, *placed, w.entity_id, guard]
+    return [*read, w.updated, w.version, w.entity_id, guard]
 
 
 #: The kinds of write whose statement always fires the guard's insert trigger (an
@@ -383,7 +382,7 @@ def feed_sql(
         f" WHERE {head[s]} FOR UPDATE"
         for s in shards
     ]
-    cols, placed = ("`shard`, ", "`shard` = %s AND ") if shard else ("", "")
+    cols = "`shard`, " if shard else ""
     after: list[str] = []
     params: list[Any] = []
     for w in ordered:
@@ -391,9 +390,9 @@ def feed_sql(
         after.append(
             f"INSERT INTO {quote(w.db, 'changes')} ({cols}`seq`, `id`, `version`, `body`, `at`)"
             f" SELECT {cols}{v} := {v} + 1, `id`, `version`, `body`, `updated`"
-            f" FROM {quote(w.db, 'entities')} WHERE {placed}`id` = %s AND `version` = %s"
+            f" FROM {quote(w.db, 'entities')} WHERE `id` = %s AND `version` = %s"
         )
-        params += [*([w.shard] if shard else []), w.entity_id, w.version]
+        params += [w.entity_id, w.version]
     after += [
         f"UPDATE {quote(db_of[s], 'changes_head')} SET `seq` = {var[s]} WHERE {head[s]}"
         for s in shards
@@ -422,10 +421,9 @@ def _entity_sql(
     table = quote(db, "entities")
     version = f"%s + (SELECT COUNT(*) FROM {quote(db, fence)})" if fence else "%s"
     stmts = []
-    cols, marks = ("`shard`, ", "%s, ") if shard else ("", "")
-    key = "`shard` = %s AND `id` = %s" if shard else "`id` = %s"
     if want_body:
-        stmts.append(f"SELECT `body` FROM {table} WHERE {key}")  # NULL: a tombstone
+        stmts.append(f"SELECT `body` FROM {table} WHERE `id` = %s")  # NULL: a tombstone
+    cols, marks = ("`shard`, ", "%s, ") if shard else ("", "")
     insert = (
         f"INSERT INTO {table} ({cols}`id`, `version`, `updated`, `body`)"
         f" VALUES ({marks}%s, {version}, %s, %s)"
@@ -446,12 +444,12 @@ def _entity_sql(
     elif kind == "cas":
         stmts.append(
             f"UPDATE {table} SET `body` = %s, `updated` = %s, `version` = {version}"
-            f" WHERE {key} AND `version` = %s AND `body` IS NOT NULL"
+            " WHERE `id` = %s AND `version` = %s AND `body` IS NOT NULL"
         )
     else:
         guard = "`version` < %s" if kind == "delete" else "`version` = %s"
         stmts.append(
             f"UPDATE {table} SET `body` = NULL, `updated` = %s, `version` = %s"
-            f" WHERE {key} AND `body` IS NOT NULL AND {guard}"
+            f" WHERE `id` = %s AND `body` IS NOT NULL AND {guard}"
         )
     return ";\n".join(stmts)

@@ -105,6 +105,19 @@ def _hex(entity: dict[str, Any]) -> str:
     return str(entity["id"].hex())
 
 
+def _fresh(cluster: LocalCluster, store: DataStore) -> DataStore:
+    """A new client of the module's datastore, with the fresh clients' timeouts."""
+    return DataStore(
+        cluster.addresses,
+        prefix=store.cluster.topology.prefix,
+        option_file=str(cluster.option_file),
+        create=False,
+        connect_timeout=TIMEOUT,
+        read_timeout=TIMEOUT,
+        write_timeout=TIMEOUT,
+    )
+
+
 def _sicken(cluster: LocalCluster, how: str, sid: int) -> None:
     if how == "stopped":
         cluster.stop_server(sid)
@@ -168,14 +181,7 @@ def test_the_catalog_server_down_is_a_typed_error_in_time(
         _sicken(cluster, how, 0)
         started = time.monotonic()
         with pytest.raises(CatalogUnavailable) as info:
-            DataStore(
-                cluster.addresses,
-                prefix=store.cluster.topology.prefix,
-                option_file=str(cluster.option_file),
-                create=False,
-                connect_timeout=TIMEOUT,
-                read_timeout=TIMEOUT,
-            )
+            _fresh(cluster, store)
         assert time.monotonic() - started < TIMEOUT + 1.0, how
         assert cluster.addresses[0] in str(info.value) and "start that server" in str(info.value)
         if how == "stopped":
@@ -202,15 +208,7 @@ def test_edges_and_feeds_open_and_serve_the_healthy_shards(
     likes.add(fan, star)
     _sicken(cluster, how, SICK)
     started = time.monotonic()
-    fresh = DataStore(
-        cluster.addresses,
-        prefix=store.cluster.topology.prefix,
-        option_file=str(cluster.option_file),
-        create=False,
-        connect_timeout=TIMEOUT,
-        read_timeout=TIMEOUT,
-        write_timeout=TIMEOUT,
-    )
+    fresh = _fresh(cluster, store)
     try:
         edges, feeds = Edges(fresh, "likes", inverse="liked_by"), Feeds(fresh, "home")
         assert time.monotonic() - started < 2 * TIMEOUT + 1.0  # one wait on the sick one

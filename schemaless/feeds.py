@@ -49,7 +49,7 @@ from .owned import (
     in_guarded_transaction,
 )
 from .query import Page
-from .scatter import Statement, by_server
+from .scatter import Statement, by_server, unreachable_only
 
 if TYPE_CHECKING:
     from .catalog import Topology
@@ -61,6 +61,8 @@ _CURSOR = "fc1."
 _FAN = 5000  # followers read, and inbox rows written, per round trip
 _TRIM = 100  # readers trimmed per transaction
 _Row = tuple[int, bytes, bytes]  # (at, post, author)
+#: A page's rows: (node, n, after, partial) -> (rows, logical shards that did not answer)
+_Rows = Callable[[bytes, int, "tuple[int, bytes] | None", bool], "tuple[list[_Row], set[int]]"]
 #: The inbox's pages are compressed: a reader's rows repeat their shard, reader and
 #: the authors they follow, and ids of one time share prefixes (59-80 bytes a row
 #: instead of 174; docs/feeds.md, "The inbox row's floor").
@@ -175,7 +177,7 @@ class Feeds:
         posts are always in one's home."""
         user, author = self._pair(user, author)
         new = self.graph.add(user, author)
-        rows = self._posts_rows(author, self.backfill, None) if self.backfill else []
+        rows = self._posts_rows(author, self.backfill, None, False)[0] if self.backfill else []
         if rows:
             self._insert_inbox({user: rows})
         return new
@@ -222,45 +224,56 @@ class Feeds:
         self._write_posts([(author, version, to_id(body["id"]))])
         return version
 
-    def home(self, user: Any, limit: int = 20, cursor: str | None = None) -> Page:
+    def home(
+        self, user: Any, limit: int = 20, cursor: str | None = None, *, partial: bool = False
+    ) -> Page:
         """The newest posts of ``user`` and of everyone ``user`` follows (hydrated
-        entities, newest first) and the next page's cursor."""
+        entities, newest first) and the next page's cursor.  ``partial``: posts stored
+        on a server that does not answer are left out, their logical shards in
+        ``Page.missing_shards``, instead of an error (the user's own server must
+        answer)."""
         user = to_id(user)
-        return self._hydrated(user, "home", limit, cursor, self._home_rows)
+        return self._hydrated(user, "home", limit, cursor, self._home_rows, partial)
 
-    def posts(self, author: Any, limit: int = 20, cursor: str | None = None) -> Page:
-        """The newest posts of ``author`` and the next page's cursor."""
+    def posts(
+        self, author: Any, limit: int = 20, cursor: str | None = None, *, partial: bool = False
+    ) -> Page:
+        """The newest posts of ``author`` and the next page's cursor (``partial`` as
+        for ``home``)."""
         author = to_id(author)
-        return self._hydrated(author, "posts", limit, cursor, self._posts_rows)
+        return self._hydrated(author, "posts", limit, cursor, self._posts_rows, partial)
 
     def _hydrated(
-        self,
-        node: bytes,
-        kind: str,
-        limit: int,
-        cursor: str | None,
-        rows: Callable[[bytes, int, tuple[int, bytes] | None], list[_Row]],
+        self, node: bytes, kind: str, limit: int, cursor: str | None, rows: _Rows, partial: bool
     ) -> Page:
         """Pages of rows hydrated until ``limit`` live posts (a deleted or expired
-        one is skipped); the cursor after the last row taken."""
+        one is skipped, and with ``partial`` one whose server did not answer); the
+        cursor after the last row taken."""
         check_limit(limit)
         after = None if cursor is None else _decode_cursor(cursor, self.name, kind, node)
         out: list[Entity] = []
+        missing: set[int] = set()
         while True:
             want = limit - len(out)
-            got = rows(node, want + 1, after)
-            found = self.ds.get_many([post for _, post, _ in got[:want]], timeout=self.timeout)
-            for (at, post, author), entity in zip(got[:want], found, strict=False):
+            got, gone = rows(node, want + 1, after, partial)
+            ids = {post for _, post, _ in got[:want]}
+            fetch = functools.partial(self.ds.reader.fetch, ids, partial=partial)
+            found, unread = self.ds.calls.call(fetch, self.timeout)
+            missing |= gone | unread
+            for at, post, author in got[:want]:
                 after = (at, post)
+                entity = found.get(post)
                 if entity is not None and entity.get("author") == author:
                     out.append(entity)
             if len(got) <= want:
-                return Page(out, None)
+                return Page(out, None, tuple(sorted(missing)))
             if len(out) == limit:
                 assert after is not None
-                return Page(out, _cursor(self.name, kind, node, after))
+                return Page(out, _cursor(self.name, kind, node, after), tuple(sorted(missing)))
 
-    def _home_rows(self, user: bytes, n: int, after: tuple[int, bytes] | None) -> list[_Row]:
+    def _home_rows(
+        self, user: bytes, n: int, after: tuple[int, bytes] | None, partial: bool
+    ) -> tuple[list[_Row], set[int]]:
         """The newest ``n`` (at, post, author) of the user's home: the inbox rows of
         authors still followed, the user's own posts, and the pulled followees' posts,
         merged.  One statement on the user's server (its own check), then one per
@@ -288,9 +301,10 @@ class Feeds:
         got = self._on(user, run)
         rows = [_row(r[1:]) for r in got if not r[0]]
         pulled_authors = [bytes(r[3]) for r in got if r[0]]
-        if pulled_authors:
-            rows += self._pulled_rows(pulled_authors, n, keys)
-        return _newest(rows, n)
+        if not pulled_authors:
+            return _newest(rows, n), set()
+        pulled, missing = self._pulled_rows(pulled_authors, n, keys, partial)
+        return _newest(rows + pulled, n), missing
 
     def _posts_sql(self, topo: Topology, shard: int, after: bool, n: int) -> str:
         """The newest ``n`` posts rows of an author (``%s``) on ``shard``, read down the
@@ -301,14 +315,20 @@ class Feeds:
             f"{_keyset('', after)} ORDER BY `at` DESC, `post` DESC LIMIT {int(n)}"
         )
 
-    def _posts_rows(self, author: bytes, n: int, after: tuple[int, bytes] | None) -> list[_Row]:
-        return self._pulled_rows([author], n, () if after is None else (after[0], *after))
+    def _posts_rows(
+        self, author: bytes, n: int, after: tuple[int, bytes] | None, partial: bool
+    ) -> tuple[list[_Row], set[int]]:
+        keys = () if after is None else (after[0], *after)
+        return self._pulled_rows([author], n, keys, partial)
 
-    def _pulled_rows(self, authors: list[bytes], n: int, keys: tuple[Any, ...]) -> list[_Row]:
+    def _pulled_rows(
+        self, authors: list[bytes], n: int, keys: tuple[Any, ...], partial: bool = False
+    ) -> tuple[list[_Row], set[int]]:
         """The newest ``n`` posts rows of some authors: one statement per server,
-        merged there."""
+        merged there; with ``partial``, the logical shards of the authors whose server
+        did not answer instead of an error."""
 
-        def run() -> list[_Row]:
+        def run() -> tuple[list[_Row], set[int]]:
             topo = self.ds.cluster.current()
             shard = self.ds.cluster.shard_of_id
 
@@ -320,14 +340,18 @@ class Feeds:
                 sql = checked_select(merged, topo.owned_db, map(shard, group))
                 return sql, [v for a in group for v in (a, *keys)]
 
-            results = self.ds.cluster.scatter(topo, by_server(topo, authors, shard), build)
-            return [
+            groups = by_server(topo, authors, shard)
+            results = self.ds.cluster.scatter(topo, groups, build, partial=partial)
+            unreachable_only(results.errors)
+            rows = [
                 _row(r[1:])
                 for sets in results.results.values()
                 for r in checked_rows(sets[0], topo.owned_db)
             ]
+            return rows, {shard(a) for sid in results.errors for a in groups[sid]}
 
-        return _newest(self.ds.calls.call(run, self.timeout), n)
+        rows, missing = self.ds.calls.call(run, self.timeout)
+        return _newest(rows, n), missing
 
     def _write_posts(self, posts: list[tuple[bytes, int, bytes]]) -> dict[bytes, int]:
         """The posts rows ``(author, at, post)``, one transaction per server (a post

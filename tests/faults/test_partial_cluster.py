@@ -198,14 +198,20 @@ def test_edges_and_feeds_open_and_serve_the_healthy_shards(
     how: str,
 ) -> None:
     """A new client opens an edge type and a feed (their tables checked on every
-    server that answers) with one server sick, and serves the nodes of the others;
-    a node on the sick server fails within the timeout."""
+    server that answers) with one server sick, and serves the nodes of the others; a
+    node on the sick server fails within the timeout, and a home timeline with a post
+    stored there fails too, or, ``partial``, leaves it out and names its shard."""
     from schemaless import Edges, Feeds, ShardUnavailable
 
-    Feeds(store, "home")  # tables made (and the change feed on) while all are up
+    home = Feeds(store, "home")  # tables made (and the change feed on) while all are up
     likes = Edges(store, "likes", inverse="liked_by")
     (fan,), (star,), (far,) = (ids_on(store, sid, 1) for sid in (0, 1, SICK))
     likes.add(fan, star)
+    home.follow(fan, star)
+    near, lost = {"id": ids_on(store, 0, 1)[0]}, {"id": ids_on(store, SICK, 1)[0]}
+    home.post(star, near)
+    home.post(star, lost)  # newest, its body on the sick server
+    home.work(once=True)
     _sicken(cluster, how, SICK)
     started = time.monotonic()
     fresh = _fresh(cluster, store)
@@ -213,8 +219,12 @@ def test_edges_and_feeds_open_and_serve_the_healthy_shards(
         edges, feeds = Edges(fresh, "likes", inverse="liked_by"), Feeds(fresh, "home")
         assert time.monotonic() - started < 2 * TIMEOUT + 1.0  # one wait on the sick one
         assert (edges.count(fan), edges.count_inverse(star), edges.has(fan, star)) == (1, 1, True)
-        feeds.follow(fan, star)
         assert [e.dst for e in feeds.graph.page(fan)] == [star]
+        with pytest.raises(ShardUnavailable):
+            feeds.home(fan)
+        page = feeds.home(fan, partial=True)  # what the healthy servers hold, and what not
+        assert [e["id"] for e in page] == [near["id"]] and page.cursor is None
+        assert page.missing_shards == (store.cluster.shard_of_id(lost["id"]),)
         started = time.monotonic()
         with pytest.raises(ShardUnavailable):  # ShardTimeout is one
             edges.count(far)

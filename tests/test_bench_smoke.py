@@ -155,8 +155,8 @@ def test_backfill_benchmark_json(
         cleaner_args=["--batch", "100"],
         round_trip_samples=1,
         throttle_pairs=2,
-        idle_seconds=2.0,  # and a backfill's grace period (two refresh intervals) of 2 s
-        refresh_interval=0.5,
+        idle_seconds=2.0,  # and a backfill's grace period (two refresh intervals + 1.5 s)
+        refresh_interval=0.25,
     )
     bf = data["backfill"]
     assert bf["entities"] == 300

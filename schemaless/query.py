@@ -383,9 +383,10 @@ class QueryEngine:
                 params += rest
             # bare: in parentheses it costs the server about 7 µs more
             sql = parts[0] if len(parts) == 1 else union_all([f"({p})" for p in parts], tail)
+            named = _named(group)
             if owned is not None and _checks_itself(group):
-                return checked_select(sql, owned, _named(group)), params
-            return guarded([sql], owned, _named(group)), params
+                return checked_select(sql, owned, named), params
+            return guarded([sql], owned, named), params
 
         return build
 
@@ -622,7 +623,10 @@ def _named(group: list[Part]) -> Sequence[int]:
 def _checks_itself(group: list[Part]) -> bool:
     """Whether a server's scan in the owned layout is its own check
     (``checked_select``, a few shards: one statement), not followed by the check
-    (a scatter's many shards: the digest row first, ``guarded``)."""
+    (a scatter's many shards: the digest row first, ``guarded``).  A scatter's part
+    alone names more than that, so no union of its shards is made here."""
+    if any(len(shards) > LISTED_MAX for shards, _ in group):
+        return False
     return len(_named(group)) <= LISTED_MAX
 
 

@@ -6,12 +6,19 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import click
 
 from schemaless.cleaner.daemon import Cleaner
-from schemaless.dump import ENCODINGS, Settings, dump, read_manifest, restore, table_dumps
+from schemaless.dump import (
+    ENCODINGS,
+    Settings,
+    TableDump,
+    dump,
+    read_manifest,
+    restore,
+    table_dumps,
+)
 from schemaless.results import scalar
 from schemaless.store import DataStore
 
@@ -71,7 +78,7 @@ def dump_command(conn: Connection, directory: str, encoding: str, workers: int) 
         f"dumped {n} entities and {len(manifest['indexes'])} index definitions from "
         f"{manifest['shards']} logical shards into {directory} in {time.monotonic() - started:.1f}s"
     )
-    _tables_line("dumped", manifest)
+    _tables_line("dumped", table_dumps(manifest))
 
 
 @click.command("restore")
@@ -102,13 +109,13 @@ def restore_command(conn: Connection, directory: str, no_backfill: bool, workers
     started = time.monotonic()
     manifest = read_manifest(directory)
     total = sum(manifest["files"].values())
-    rows = sum(n for t in table_dumps(manifest) for n in t.files.values())
+    tables = table_dumps(manifest)
     settings = Settings.of(manifest)
     with conn.store() as ds:
-        with _bar(total + rows, "restoring") as progress:
+        with _bar(total + _rows(tables), "restoring") as progress:
             building = restore(ds, directory, workers=workers, progress=progress)
         click.echo(f"restored {total} entities in {time.monotonic() - started:.1f}s")
-        _tables_line("restored", manifest)
+        _tables_line("restored", tables)
         if settings is not None:
             click.echo(_settings_line(settings))
         for name in building:
@@ -121,13 +128,15 @@ def restore_command(conn: Connection, directory: str, no_backfill: bool, workers
             click.echo(f"index {name}: {state}")
 
 
-def _tables_line(done: str, manifest: dict[str, Any]) -> None:
+def _tables_line(done: str, tables: list[TableDump]) -> None:
     """The edge and feed tables' rows, when the dump has any."""
-    tables = table_dumps(manifest)
     if tables:
-        rows = sum(n for t in tables for n in t.files.values())
         names = ", ".join(t.name for t in tables)
-        click.echo(f"{done} {rows} rows of {len(tables)} edge and feed tables: {names}")
+        click.echo(f"{done} {_rows(tables)} rows of {len(tables)} edge and feed tables: {names}")
+
+
+def _rows(tables: list[TableDump]) -> int:
+    return sum(n for t in tables for n in t.files.values())
 
 
 def _settings_line(settings: Settings) -> str:

@@ -49,7 +49,6 @@ from typing import Any, BinaryIO
 
 import msgpack
 import MySQLdb
-import MySQLdb.cursors
 
 from .catalog import IndexState, Topology
 from .codec import Codec

@@ -322,7 +322,7 @@ class Feeds:
         return self._pulled_rows([author], n, keys, partial)
 
     def _pulled_rows(
-        self, authors: list[bytes], n: int, keys: tuple[Any, ...], partial: bool = False
+        self, authors: list[bytes], n: int, keys: tuple[Any, ...], partial: bool
     ) -> tuple[list[_Row], set[int]]:
         """The newest ``n`` posts rows of some authors: one statement per server,
         merged there; with ``partial``, the logical shards of the authors whose server

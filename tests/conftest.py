@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import fcntl
 import os
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import MySQLdb
 import pytest
 
 from schemaless import DataStore, Index, failpoints
 from schemaless.cleaner.verify import diff_indexes
+from schemaless.dsn import Address
 from schemaless.local import LocalCluster
 from schemaless.names import quote
 from schemaless.owned import admin, data_db
@@ -53,10 +57,65 @@ def no_failpoints() -> Iterator[None]:
     failpoints.clear()
 
 
+class _Dropper:
+    """Drops finished tests' databases on a thread of its own, so the next test need
+    not wait for them (raw connections: no failpoint of a later test reaches it)."""
+
+    def __init__(self, option_file: Path) -> None:
+        self.option_file = option_file
+        self.queue: queue.Queue[tuple[Address, list[str]] | None] = queue.Queue()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="dropper", daemon=True)
+        self.thread.start()
+
+    def drop(self, store: DataStore) -> None:
+        """Close ``store``; its databases are dropped soon after."""
+        for address, dbs in _databases_by_server(store):
+            self.queue.put((address, dbs))
+        store.close()
+
+    def close(self) -> None:
+        """Wait until everything queued is dropped; raise the first error met."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.errors:
+            raise self.errors[0]
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            address, dbs = item
+            try:
+                conn = MySQLdb.connect(
+                    host=address.host,
+                    port=address.port,
+                    read_default_file=str(self.option_file),
+                    read_default_group="client",
+                )
+                try:
+                    for db in dbs:
+                        conn.cursor().execute(f"DROP DATABASE IF EXISTS {quote(db)}")
+                finally:
+                    conn.close()
+            except BaseException as exc:
+                self.errors.append(exc)
+
+
+@pytest.fixture(scope="session")
+def dropper(local_cluster: LocalCluster) -> Iterator[_Dropper]:
+    """The session's background dropper of test datastores (torn down before the
+    cluster, waiting for every drop)."""
+    dropper = _Dropper(local_cluster.option_file)
+    yield dropper
+    dropper.close()
+
+
 @pytest.fixture
-def make_store(local_cluster: LocalCluster) -> Iterator[Callable[..., DataStore]]:
+def make_store(
+    local_cluster: LocalCluster, dropper: _Dropper
+) -> Iterator[Callable[..., DataStore]]:
     """A factory of datastores, each with its own prefix (8 logical shards, a short
-    catalog refresh interval); their databases are dropped afterwards."""
+    catalog refresh interval); their databases are dropped afterwards (in the
+    background: ``dropper``)."""
     stores: list[DataStore] = []
 
     def make(indexes: Sequence[Index] = (), shards: int = 8, **kwargs: Any) -> DataStore:
@@ -74,7 +133,7 @@ def make_store(local_cluster: LocalCluster) -> Iterator[Callable[..., DataStore]
 
     yield make
     for store in stores:
-        drop_datastore(store)
+        dropper.drop(store)
 
 
 def same_store(
@@ -97,14 +156,23 @@ def assert_clean(store: DataStore, *names: str) -> None:
     assert {n: d.summary() for n, d in diffs.items() if not d.clean} == {}
 
 
-def drop_datastore(store: DataStore) -> None:
-    """Drop every database of a datastore and close it."""
+def _databases_by_server(store: DataStore) -> list[tuple[Address, list[str]]]:
+    """Every database of a datastore, by the address of the server holding it."""
     topo = store.cluster.refresh()
+    out = []
     for sid, server in store.cluster.all_servers(topo).items():
         dbs = [shard_db(topo.prefix, s) for s in topo.shards_of(sid)] + [canary_db(topo.prefix)]
         dbs.append(data_db(topo.prefix))
         if sid == 0:
             dbs.append(f"{topo.prefix}_catalog")
+        out.append((server.address, dbs))
+    return out
+
+
+def drop_datastore(store: DataStore) -> None:
+    """Drop every database of a datastore and close it."""
+    for address, dbs in _databases_by_server(store):
+        server = store.cluster.server(address)
         server.run(admin([f"DROP DATABASE IF EXISTS {quote(db)}" for db in dbs]))
     store.close()
 

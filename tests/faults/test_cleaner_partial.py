@@ -416,6 +416,13 @@ def test_a_backfill_defers_the_rows_for_a_sick_server_and_writes_only_them_later
     try:
         scanned = _healthy_scanned(store, sick, "by_m", pairs)
         wait_for(scanned, BOUND, "the healthy shards scanned")
+        # a batch's figures are added just after its checkpoint: wait for the last one's
+        checked = sum(1 for k in ids if source[k] in healthy)
+        wait_for(
+            lambda: cleaner.figures.as_dict()["rows_checked"] >= checked,
+            BOUND,
+            "the healthy shards' rows counted",
+        )
         figures = cleaner.figures.as_dict()
         assert figures["rows_backfilled"] == now_rows, figures
         assert figures["rows_deferred"] == sum(

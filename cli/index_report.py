@@ -97,7 +97,8 @@ def _rate(
         found = _rates([b for b in fresh if not _backfills(b, name)], name, scoped=True)[:1]
     if found:
         rate = sum(r for _, r in found)
-        eta = remaining / rate if remaining is not None and rate > 0 else None
+        left = snap.remaining_rows  # the rate is in rows, not added_id values
+        eta = left / rate if left is not None and rate > 0 else None
         source = (
             f"from {found[0][0]}'s heartbeat"
             if len(found) == 1
@@ -143,7 +144,7 @@ def _figures(
         out["backfill"] = {
             "fraction": snap.fraction,
             "rows": snap.rows,
-            "remaining_rows": snap.remaining,
+            "remaining_rows": snap.remaining_rows,
             "rows_per_s": rate,
             "eta_s": eta,
             "rate_source": source or None,

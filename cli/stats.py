@@ -8,6 +8,7 @@ check), servers in parallel; a server that does not answer makes its figures ``N
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -94,6 +95,7 @@ class ShardProgress:
     rows: int
     updated_us: int | None
     before: int = 0  # MIN(added_id) - 1: the owned layout's shards start past 0
+    density: float = 1.0  # rows per added_id value of its range (owned: shared counters)
 
     @property
     def scanned(self) -> int:
@@ -113,13 +115,19 @@ class ShardProgress:
 
     @property
     def remaining(self) -> int | None:
-        """``added_id`` values still to scan (about the rows left; in the owned layout
-        at most, as the server's other shards share the counter), None if unknown."""
+        """``added_id`` values still to scan, None if unknown."""
         if self.done:
             return 0
         if self.top is None:
             return None
         return max(0, self.top - max(self.position, self.before))
+
+    @property
+    def remaining_rows(self) -> int | None:
+        """About the rows still to scan: ``remaining`` times ``density`` (in the owned
+        layout a shard's range holds the rows of every shard of its server)."""
+        left = self.remaining
+        return None if left is None else math.ceil(left * self.density)
 
 
 @dataclass(frozen=True)
@@ -154,9 +162,13 @@ class Backfill:
 
     @property
     def remaining(self) -> int | None:
+        """``added_id`` values left to scan over the shards; None if unknown."""
+        return _total([s.remaining for s in self.shards])
+
+    @property
+    def remaining_rows(self) -> int | None:
         """About how many entity rows are left to scan; None if unknown."""
-        left = [s.remaining for s in self.shards]
-        return None if any(r is None for r in left) else sum(r or 0 for r in left)
+        return _total([s.remaining_rows for s in self.shards])
 
     @property
     def scanned(self) -> int:
@@ -173,6 +185,11 @@ class Backfill:
         """When the most recent checkpoint was saved."""
         times = [s.updated_us for s in self.shards if s.updated_us is not None]
         return max(times) if times else None
+
+
+def _total(figures: list[int | None]) -> int | None:
+    """Their sum; None if any is unknown."""
+    return None if any(f is None for f in figures) else sum(f or 0 for f in figures)
 
 
 def checkpoints(ds: DataStore, job: str) -> dict[int, tuple[int, bool, int, int]]:
@@ -196,13 +213,45 @@ def backfill(
     marks = checkpoints(ds, backfill_job(name))
     if ranges is None:
         ranges = added_ranges(ds, topo)
+    density = _densities(ds, topo, ranges) if topo.owned_db else {}
     shards = []
     for shard in range(topo.n_shards):
         position, done, rows, updated = marks.get(shard, (0, False, 0, None))
-        server = str(topo.servers[topo.shard_servers[shard]])
+        sid = topo.shard_servers[shard]
         before, top = ranges[shard] or (0, None)
-        shards.append(ShardProgress(shard, server, position, top, done, rows, updated, before))
+        shards.append(
+            ShardProgress(
+                shard,
+                str(topo.servers[sid]),
+                position,
+                top,
+                done,
+                rows,
+                updated,
+                before,
+                density.get(sid, 1.0),
+            )
+        )
     return Backfill(name, taken, shards)
+
+
+def _densities(
+    ds: DataStore, topo: Topology, ranges: dict[int, tuple[int, int] | None]
+) -> dict[int, float]:
+    """The owned layout's servers: entity rows (InnoDB's estimate) per ``added_id`` value
+    of their shards' ranges.  The shards of a server share its counter, so each range
+    also spans the others' rows; without an estimate, one row in as many values as
+    the server has shards with rows."""
+    estimates = _by_schema(ds, topo, "table_rows", "table_name = 'entities'")
+    out: dict[int, float] = {}
+    for sid in topo.servers:
+        found = [ranges.get(s) for s in topo.shards_of(sid)]
+        spans = [top - before for before, top in filter(None, found) if top > before]
+        if not spans:
+            continue
+        rows = (estimates.get(sid) or {}).get(topo.owned_db or "", 0)
+        out[sid] = min(1.0, rows / sum(spans)) if rows > 0 else 1 / len(spans)
+    return out
 
 
 # -- heartbeats ----------------------------------------------------------------------

@@ -100,3 +100,33 @@ def test_backfill_progress_counts_from_where_each_shard_starts(local_cluster: Lo
             assert half.remaining == top - half.position and half.scanned == half.position - before
     finally:
         drop_prefix(local_cluster, prefix)
+
+
+def test_the_eta_from_a_heartbeat_counts_rows_not_shared_counter_values(
+    local_cluster: LocalCluster,
+) -> None:
+    """In the owned layout the shards of a server share its ``added_id`` counter, so a
+    shard's range spans its neighbours' rows too: the rows left (and the ETA from a
+    Cleaner's rows/s) are those values times the server's rows per value, not the
+    values themselves (4x too many here, with four shards a server)."""
+    prefix = "eta_" + uuid.uuid4().hex[:8]
+    run = Cli(cluster_env(local_cluster, prefix))
+    try:
+        run.ok("init", "--shards", "8")
+        for _ in range(4):  # batches: each shard's rows interleave with its neighbours'
+            run.ok("put", input="".join(json.dumps({"n": i}) + "\n" for i in range(100)))
+        run.ok("index", "create", "by_n", "--property", "n:int")
+        with open_store(prefix=prefix, local_dir=str(local_cluster.base_dir)) as ds:
+            topo = ds.cluster.refresh()
+            for server in ds.cluster.servers():
+                server.run(f"/*schemaless:admin*/ ANALYZE TABLE {quote(topo.owned_db, 'entities')}")
+            snap = backfill(ds, "by_n")
+            assert snap.remaining is not None and snap.remaining > 2 * 400  # values
+            assert snap.remaining_rows is not None and 300 <= snap.remaining_rows <= 500
+            figures = {"index": "by_n", "rows_per_s": 100, "state": "backfilling"}
+            ds.cluster.catalog.heartbeat("backfill:by_n", figures)
+            report = json.loads(run.ok("index", "status", "by_n", "--json").output)["backfill"]
+            assert 300 <= report["remaining_rows"] <= 500
+            assert report["eta_s"] == report["remaining_rows"] / 100
+    finally:
+        drop_prefix(local_cluster, prefix)

@@ -8,13 +8,13 @@ check), servers in parallel; a server that does not answer makes its figures ``N
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemaless.catalog import Topology, backfill_job, now_us
+from schemaless.cleaner import estimate as cleaner_estimate  # type: ignore[attr-defined, unused-ignore]
 from schemaless.names import quote
 from schemaless.owned import shards_sql
 from schemaless.scatter import Statement, bare, server_reads
@@ -65,19 +65,12 @@ def _rows(
     return list(results[sid][0]) if sid in results else None
 
 
-#: A shard's ``added_id`` range: the values before its first row, and its last.
-_RANGE = "COALESCE(MIN(`added_id`) - 1, 0), COALESCE(MAX(`added_id`), 0)"
-
-
-def added_ranges(ds: DataStore, topo: Topology) -> dict[int, tuple[int, int] | None]:
-    """``shard -> (MIN(added_id) - 1, MAX(added_id))``, the ``added_id`` values a scan
-    of the shard covers (``(0, 0)`` for an empty shard; None if unreachable).  In the
-    owned layout ``added_id`` counts the server's rows, so a shard's start past 0."""
-    out: dict[int, tuple[int, int] | None] = dict.fromkeys(range(topo.n_shards))
-    for found in _per_shard(ds, topo, _RANGE, (0, 0)).values():
-        for shard, (before, top) in (found or {}).items():
-            out[shard] = (int(before), int(top))
-    return out
+def added_ranges(ds: DataStore, topo: Topology) -> dict[int, cleaner_estimate.Span | None]:
+    """Each logical shard's ``Span`` (the Cleaner's: its ``added_id`` range, two dives
+    into the key a shard, and its expected share of rows), None where its server did
+    not answer."""
+    found = cleaner_estimate.added_ranges(ds, topo, partial=True)
+    return {s: found.get(s) for s in range(topo.n_shards)}
 
 
 # -- backfill progress -------------------------------------------------------------------
@@ -95,7 +88,7 @@ class ShardProgress:
     rows: int
     updated_us: int | None
     before: int = 0  # MIN(added_id) - 1: the owned layout's shards start past 0
-    density: float = 1.0  # rows per added_id value of its range (owned: shared counters)
+    share: float = 1.0  # of its range expected to be its rows (owned: 1/k, k on its server)
 
     @property
     def scanned(self) -> int:
@@ -124,10 +117,15 @@ class ShardProgress:
 
     @property
     def remaining_rows(self) -> int | None:
-        """About the rows still to scan: ``remaining`` times ``density`` (in the owned
-        layout a shard's range holds the rows of every shard of its server)."""
-        left = self.remaining
-        return None if left is None else math.ceil(left * self.density)
+        """About the rows still to scan, as the Cleaner's progress counts them (in the
+        owned layout a shard's range also holds its server's other shards' rows)."""
+        if self.done:
+            return 0
+        if self.top is None:
+            return None
+        return int(
+            cleaner_estimate.Span(self.before, self.top, self.share).left(self.position, self.rows)
+        )
 
 
 @dataclass(frozen=True)
@@ -204,7 +202,7 @@ def checkpoints(ds: DataStore, job: str) -> dict[int, tuple[int, bool, int, int]
 
 
 def backfill(
-    ds: DataStore, name: str, ranges: dict[int, tuple[int, int] | None] | None = None
+    ds: DataStore, name: str, ranges: dict[int, cleaner_estimate.Span | None] | None = None
 ) -> Backfill:
     """Per shard: the Cleaner's checkpoint of ``backfill:<name>`` and the shard's
     ``added_id`` range (``ranges``: if already read, see :func:`added_ranges`)."""
@@ -213,45 +211,16 @@ def backfill(
     marks = checkpoints(ds, backfill_job(name))
     if ranges is None:
         ranges = added_ranges(ds, topo)
-    density = _densities(ds, topo, ranges) if topo.owned_db else {}
     shards = []
     for shard in range(topo.n_shards):
         position, done, rows, updated = marks.get(shard, (0, False, 0, None))
         sid = topo.shard_servers[shard]
-        before, top = ranges[shard] or (0, None)
-        shards.append(
-            ShardProgress(
-                shard,
-                str(topo.servers[sid]),
-                position,
-                top,
-                done,
-                rows,
-                updated,
-                before,
-                density.get(sid, 1.0),
-            )
-        )
+        span = ranges[shard]
+        before, top, share = (0, None, 1.0) if span is None else span
+        server = str(topo.servers[sid])
+        progress = ShardProgress(shard, server, position, top, done, rows, updated, before, share)
+        shards.append(progress)
     return Backfill(name, taken, shards)
-
-
-def _densities(
-    ds: DataStore, topo: Topology, ranges: dict[int, tuple[int, int] | None]
-) -> dict[int, float]:
-    """The owned layout's servers: entity rows (InnoDB's estimate) per ``added_id`` value
-    of their shards' ranges.  The shards of a server share its counter, so each range
-    also spans the others' rows; without an estimate, one row in as many values as
-    the server has shards with rows."""
-    estimates = _by_schema(ds, topo, "table_rows", "table_name = 'entities'")
-    out: dict[int, float] = {}
-    for sid in topo.servers:
-        found = [ranges.get(s) for s in topo.shards_of(sid)]
-        spans = [top - before for before, top in filter(None, found) if top > before]
-        if not spans:
-            continue
-        rows = (estimates.get(sid) or {}).get(topo.owned_db or "", 0)
-        out[sid] = min(1.0, rows / sum(spans)) if rows > 0 else 1 / len(spans)
-    return out
 
 
 # -- heartbeats ----------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import click
@@ -29,7 +30,7 @@ from .where import parse_where
 __all__ = ["delete", "get", "put", "query"]
 
 _PUT_BATCH = 500
-
+where_option = partial(click.option, "--where", "wheres", multiple=True, metavar="EXPR")
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="JSON lines (one entity a line), for scripts."
 )
@@ -233,14 +234,10 @@ def _columns(index: Index, entities: Iterable[Mapping[str, Any]], chosen: str | 
 
 @click.command()
 @click.argument("index_name", metavar="INDEX")
-@click.option(
-    "--where",
-    "wheres",
-    multiple=True,
-    metavar="EXPR",
+@where_option(
     help="PROPERTY OP VALUE, OP one of = > >= < <= (repeatable), or "
     "PROPERTY__startswith=VALUE: equality on a prefix of the index's properties, then "
-    "at most one range or prefix on the next.",
+    "at most one range or prefix on the next."
 )
 @click.option(
     "--order",
@@ -323,13 +320,9 @@ def query(
 
 @click.command()
 @click.argument("index_name", metavar="INDEX")
-@click.option(
-    "--where",
-    "wheres",
-    multiple=True,
-    metavar="EXPR",
+@where_option(
     help="As in `query`. Exact counts take equality on a prefix of a counted index's "
-    "properties (none: every entity it holds).",
+    "properties (none: every entity it holds)."
 )
 @click.option(
     "--exact/--no-exact",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -329,7 +330,9 @@ BAD_ENTITIES: list[tuple[Any, type[Exception]]] = [
 ]
 
 
-@pytest.mark.parametrize(("entity", "error"), BAD_ENTITIES, ids=lambda x: repr(x)[:30])
+@pytest.mark.parametrize(
+    ("entity", "error"), BAD_ENTITIES, ids=lambda x: re.sub(r" at 0x[0-9a-f]+", "", repr(x))[:30]
+)
 def test_bad_input_is_refused_and_nothing_is_written(
     make_store: Any, entity: dict[str, Any], error: type[Exception]
 ) -> None:

@@ -12,6 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+TEST_JOBS ?= 2
 BENCH_ARGS ?=
 BACKFILL_ARGS ?= --entities 200000
 TIMELINE_ARGS ?= --scale 0.05
@@ -27,7 +28,7 @@ HAVE = have() { command -v "$$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$$1" ]; }
 
 help:
 	@echo "targets: deps venv test demo lint fmt bench dist local-up local-down local-status clean"
-	@echo "variables: PYTEST_ARGS, BENCH_ARGS, BACKFILL_ARGS, TIMELINE_ARGS, LAYOUT_ARGS, BENCH_SKIP,"
+	@echo "variables: PYTEST_ARGS, TEST_JOBS (pytest processes, 0: one), BENCH_ARGS, BACKFILL_ARGS, TIMELINE_ARGS, LAYOUT_ARGS, BENCH_SKIP,"
 	@echo "  PYTHON (default python3)"
 
 # MariaDB server and client, and what building mysqlclient needs; apt only if missing.
@@ -63,7 +64,7 @@ $(STAMP): pyproject.toml cleaner/_rows.c
 	@touch $@
 
 test: deps venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 demo: deps venv
 	$(PY) -m schemaless.demo

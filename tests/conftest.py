@@ -28,26 +28,33 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[LocalCluster]:
-    """Two running servers (not durable: faster).
+    """Two running servers (not durable: faster), shared by the sessions that run at
+    once (``make test``'s pytest-xdist workers, a second ``pytest``).
 
     Base dir: ``$SCHEMALESS_TEST_DIR`` or ``<repo>/.pytest-cluster``.  A cluster that
-    was already running is left running; one started here is stopped at the end,
-    unless another test session still uses it (a shared lock on ``.sessions``).
+    was already running is left running; one a session started (marked by
+    ``.started``) is stopped by the last session to end (a shared lock on
+    ``.sessions``); one session starts it at a time (``.starting``).
     """
     base = Path(os.environ.get("SCHEMALESS_TEST_DIR") or REPO / ".pytest-cluster")
     base.mkdir(parents=True, exist_ok=True)
+    started = base / ".started"
     with open(base / ".sessions", "a") as sessions:
         fcntl.flock(sessions, fcntl.LOCK_SH)
-        cluster = LocalCluster(base, servers=2, durable=False)
-        already = {s.index for s in cluster.servers if s.running()}
-        cluster.up()
+        with open(base / ".starting", "a") as starting:
+            fcntl.flock(starting, fcntl.LOCK_EX)
+            cluster = LocalCluster(base, servers=2, durable=False)
+            if not all(s.running() for s in cluster.servers):
+                started.touch()
+            cluster.up()
         yield cluster
-        if any(s.index not in already for s in cluster.servers):
-            try:
-                fcntl.flock(sessions, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return  # another session is still using it
+        try:
+            fcntl.flock(sessions, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another session is still using it: the last one stops it
+        if started.exists():
             cluster.down()
+            started.unlink()
 
 
 @pytest.fixture(autouse=True)

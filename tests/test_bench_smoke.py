@@ -14,6 +14,7 @@ import pytest
 from bench.env import Servers
 from bench.harness import Config, drop_prefix, format_table, parse_args, run, write_results
 from bench.page import load, render
+from bench.provenance import command_line
 from bench.timeline import FLOOR, TimelineConfig, format_timeline, run_timeline
 from schemaless.local import LocalCluster
 
@@ -109,7 +110,7 @@ def test_operation_benchmark_json(servers: Servers, tmp_path: Path) -> None:
         paths[0].unlink()
     # dated, so docs/benchmarks.md can show it: the tables of the ops it measured in full
     saved = load(tmp_path / "out.json")
-    assert saved["meta"]["provenance"]["command"].startswith("python -m ")
+    assert saved["meta"]["provenance"]["command"] == command_line()  # this process's
     blocks = render(saved, tmp_path)
     assert set(blocks) == {"feed", "unique", "codec"}
     assert "| put new entity, 1 unique int index |" in blocks["unique"]

@@ -101,6 +101,23 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
         " WHERE `shard` IN (3)",
         lambda k: [k],
     ),
+    # a delete's or compare-and-set's batch (issue 39's single-write target) and its
+    # alternatives: the transaction alone, the locked count first (the client checks)
+    "update, trigger, txn": (
+        f"START TRANSACTION; UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k],
+    ),
+    "update, trigger, txn + locked count first": (
+        f"START TRANSACTION; SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3)"
+        f" LOCK IN SHARE MODE; UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k],
+    ),
+    "update, trigger, txn + locked check first": (
+        f"START TRANSACTION; BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM {OWNED} WHERE `shard`"
+        " IN (3) LOCK IN SHARE MODE) < 1 THEN SIGNAL SQLSTATE '45000'; END IF; END;"
+        f" UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k],
+    ),
     "update, trigger, txn + check (step 3)": (
         f"START TRANSACTION; UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s;"
         f" BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3)) < 1 THEN"

@@ -1,0 +1,170 @@
+"""A write that may match no row (a delete, a compare-and-set) in the owned layout: sent
+``tentative`` first (no check: a write that applies proves its shard owned through the
+triggers), and, when it did not apply, again ``checked_first`` (the ``owned`` rows locked
+before the write), whose answer alone is taken.  On real servers, with the shard fenced
+before the write, between its two batches, during a batch (the fence waits) and after
+it: never a silent "not found" or "conflict" from a server that does not own the shard,
+never a lost acknowledged write (docs/architecture.md, "The check")."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from schemaless import ConflictError, DataStore, Index, TableMissing, failpoints
+from schemaless.connection import Server
+from schemaless.names import quote
+from schemaless.owned import admin, checked_first, tentative
+
+BY_V = Index("by_v", {"v": "int"})
+_SLEEPING = "SELECT 1 FROM information_schema.PROCESSLIST WHERE `INFO` = 'DO SLEEP(1)'"
+
+
+@pytest.fixture(autouse=True)
+def _no_failpoints() -> Iterator[None]:
+    yield
+    failpoints.clear()
+
+
+def _id_on(store: DataStore, shard: int, skip: int = 0) -> bytes:
+    keys = (k.to_bytes(16, "big") for k in range(100_000))
+    return [key for key in keys if store.cluster.shard_of_id(key) == shard][skip]
+
+
+def _server(store: DataStore) -> Server:
+    return store.cluster.server_of_shard(store.cluster.topology, 0)
+
+
+def _fence(store: DataStore, shard: int = 0) -> None:
+    """A move's fence, by hand: the shard's ``owned`` row deleted on its server."""
+    owned = quote(store.cluster.topology.owned_db or "", "owned")
+    _server(store).run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+
+
+def _stored(store: DataStore, key: bytes) -> tuple[int, bool] | None:
+    """The entity row as the server holds it, read around the check: (version, live)."""
+    table = quote(store.cluster.topology.owned_db or "", "entities")
+    sql = f"SELECT `version`, `body` IS NOT NULL FROM {table} WHERE `id` = %s"
+    rows = _server(store).run(admin([sql]), [key])[0]
+    return (int(rows[0][0]), bool(rows[0][1])) if rows else None
+
+
+def _counting(name: str) -> list[int]:
+    """Count the hits of failpoint ``name``."""
+    hits: list[int] = []
+    failpoints.set(name, lambda: hits.append(1))
+    return hits
+
+
+@pytest.mark.parametrize("indexes", [(), (BY_V,)])
+@pytest.mark.parametrize("changes", [False, True])
+def test_an_owned_shards_unapplied_write_is_checked_then_answered(
+    make_store: Callable[..., DataStore], indexes: tuple[Index, ...], changes: bool
+) -> None:
+    store = make_store(list(indexes), changes=changes)
+    key, absent = _id_on(store, 0), _id_on(store, 0, 1)
+    version = store.put({"id": key, "v": 1})
+    checked = _counting("write.before_checked")
+    assert store.put({"id": key, "v": 2}, expect_version=version) > version  # tentative
+    assert store.delete(key) is True and checked == []  # applied: no second batch
+    assert store.delete(absent) is False and len(checked) == 1  # "not found", checked
+    with pytest.raises(ConflictError) as conflict:
+        store.put({"id": key, "v": 3}, expect_version=version)
+    assert conflict.value.current_version is None and len(checked) == 2
+    other = store.put({"id": absent, "v": 4})
+    with pytest.raises(ConflictError) as stale:
+        store.delete(absent, expect_version=other - 1)
+    assert stale.value.current_version == other and len(checked) == 3
+    assert store.get(absent) == {"id": absent, "v": 4}
+
+
+@pytest.mark.parametrize("write", ["delete", "delete absent", "cas", "cas stale", "delete cas"])
+def test_a_fenced_shard_is_never_answered_not_found_or_conflict(
+    make_store: Callable[..., DataStore], write: str
+) -> None:
+    store = make_store([BY_V])
+    key, absent = _id_on(store, 0), _id_on(store, 0, 1)
+    version = store.put({"id": key, "v": 1})
+    calls: dict[str, Callable[[], object]] = {
+        "delete": lambda: store.delete(key),
+        "delete absent": lambda: store.delete(absent),
+        "cas": lambda: store.put({"id": key, "v": 2}, expect_version=version),
+        "cas stale": lambda: store.put({"id": key, "v": 2}, expect_version=version + 1),
+        "delete cas": lambda: store.delete(key, expect_version=version + 1),
+    }
+    _fence(store)
+    with pytest.raises(TableMissing):
+        calls[write]()
+    assert _stored(store, key) == (version, True)  # nothing written
+    assert _stored(store, absent) is None
+
+
+@pytest.mark.parametrize("write", ["delete absent", "cas stale"])
+def test_a_fence_between_the_tentative_and_the_checked_batch_is_seen(
+    make_store: Callable[..., DataStore], write: str
+) -> None:
+    """The tentative batch found nothing to change on a shard still owned; the fence
+    comes before the checked one, which fails: never the first batch's silence."""
+    store = make_store()
+    key, absent = _id_on(store, 0), _id_on(store, 0, 1)
+    version = store.put({"id": key, "v": 1})
+    failpoints.set("write.before_checked", lambda: _fence(store))
+    with pytest.raises(TableMissing):
+        if write == "delete absent":
+            store.delete(absent)
+        else:
+            store.put({"id": key, "v": 2}, expect_version=version + 1)
+    assert _stored(store, key) == (version, True)
+
+
+def _held(store: DataStore, batch: str, params: list[Any]) -> tuple[float, list[bool]]:
+    """Send ``batch`` (which sleeps a second while it holds its locks) in a thread,
+    fence shard 0 while it sleeps: how long the fence waited, and whether the batch
+    was acknowledged."""
+    server, done = _server(store), []
+
+    def write() -> None:
+        server.run(batch, params, commits=True)
+        done.append(True)  # not reached if the batch failed
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while not server.run(admin([_SLEEPING]))[0]:
+        time.sleep(0.01)
+    started = time.monotonic()
+    _fence(store)
+    waited = time.monotonic() - started
+    writer.join()
+    return waited, done
+
+
+@pytest.mark.parametrize("build", ["tentative", "checked_first"])
+def test_a_fence_waits_for_a_write_that_holds_its_shard(
+    make_store: Callable[..., DataStore], build: str
+) -> None:
+    """A tentative write that applied holds the ``owned`` row through its trigger, a
+    checked one from its check, to the ``COMMIT``: the fence waits, the write is
+    acknowledged and kept; the same write after the fence fails, nothing written."""
+    store = make_store()
+    key = _id_on(store, 0)
+    version = store.put({"id": key, "v": 1})
+    db = store.cluster.topology.owned_db
+    update = (
+        f"UPDATE {quote(db or '', 'entities')} SET `body` = NULL, `version` = %s"
+        " WHERE `id` = %s AND `version` = %s"
+    )
+
+    def batch(stmts: list[str]) -> str:
+        return tentative(stmts, db) if build == "tentative" else checked_first(stmts, db, [0])
+
+    stmts = [update, "DO SLEEP(1)"] if build == "tentative" else ["DO SLEEP(1)", update]
+    waited, done = _held(store, batch(stmts), [version + 1, key, version])
+    assert done == [True] and waited >= 0.5
+    assert _stored(store, key) == (version + 1, False)  # acknowledged, kept
+    with pytest.raises(TableMissing):
+        _server(store).run(batch([update]), [version + 2, key, version + 1], commits=True)
+    assert _stored(store, key) == (version + 1, False)

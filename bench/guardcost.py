@@ -27,6 +27,7 @@ __all__ = ["SHAPES", "main"]
 DB = "guardcost"
 T, ONE, OWNED = f"`{DB}`.`today`", f"`{DB}`.`one`", f"`{DB}`.`owned`"
 TRIG = f"`{DB}`.`trig`"  # one table per server, guarded by triggers
+BARE = f"`{DB}`.`bare`"  # the same with triggers that read nothing (their own cost)
 _LOCK = f" FROM {OWNED} WHERE {OWNED}.`shard` = 3 LOCK IN SHARE MODE"
 
 #: name -> (SQL, parameters of call k): inserts of new rows, then updates of row k
@@ -67,6 +68,20 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
     ),
     "update, trigger-guarded": (
         f"UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s",
+        lambda k: [k],
+    ),
+    "update, trigger that reads nothing": (
+        f"UPDATE {BARE} SET `v` = `v` + 1 WHERE `id` = %s",
+        lambda k: [k],
+    ),
+    "upsert of a stored row, trigger-guarded": (
+        f"INSERT INTO {TRIG} (`shard`, `id`, `v`) VALUES (3, %s, 1)"
+        " ON DUPLICATE KEY UPDATE `v` = `v` + 1",
+        lambda k: [k],
+    ),
+    "upsert of a stored row, no guard": (
+        f"INSERT INTO {ONE} (`shard`, `id`, `v`) VALUES (3, %s, 1)"
+        " ON DUPLICATE KEY UPDATE `v` = `v` + 1",
         lambda k: [k],
     ),
     "count, locked (head's read)": (
@@ -135,6 +150,12 @@ DDL = [
     " NULL AUTO_INCREMENT, `id` BIGINT NOT NULL, `v` BIGINT NOT NULL,"
     " PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`), UNIQUE KEY `by_id` (`id`))",
     f"CREATE TABLE {TRIG} LIKE {ONE}",
+    f"CREATE TABLE {BARE} LIKE {ONE}",
+    *(
+        f"CREATE TRIGGER `{DB}`.`bare_{when}` BEFORE {when} ON {BARE} FOR EACH ROW"
+        " IF NEW.`shard` IS NULL THEN SIGNAL SQLSTATE '45000'; END IF"
+        for when in ("INSERT", "UPDATE")
+    ),
     f"CREATE TABLE {OWNED} (`shard` SMALLINT UNSIGNED NOT NULL PRIMARY KEY)",
     *(
         f"CREATE TRIGGER `{DB}`.`trig_{when}` BEFORE {when} ON {TRIG} FOR EACH ROW"
@@ -184,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in ("insert, today", "insert, no guard", "insert, trigger-guarded"):
             for k in range(a.n // a.rounds):
                 raw.run(0, SHAPES[name][0], [k])
+        raw.run(0, f"INSERT INTO {BARE} SELECT * FROM {ONE}")
         out = measure(raw, pids, a.n, a.rounds)
         print("| shape | p50 µs | server CPU µs/statement |\n|---|---|---|")
         for name, r in out.items():

@@ -482,19 +482,23 @@ class Writer:
         that step 1 wrote ahead of it, and the server rolled the whole batch back.
 
         In the owned layout a batch is first sent ``tentative`` (no check): a write that
-        applied proved its shard owned through the triggers, and one that may match no
-        row and did not apply is sent again checked (with its local rows, idempotent),
-        whose answer alone is taken (docs/architecture.md, "The check").
+        applied proved its shard owned through the triggers.  A compare-and-set that may
+        match no row and did not apply is sent again checked (with its local rows,
+        idempotent), whose answer alone is taken; a blind delete that did not apply
+        changed nothing, and the stored state read below (checked, in one snapshot) is
+        its answer at that instant (docs/architecture.md, "The check").
         """
-        out, missed = self._send_entities(topo, writes, local, topo.owned_db is not None)
-        unsure = [w for _, w in missed if not fires(w)] if topo.owned_db is not None else []
+        owned = topo.owned_db is not None
+        out, missed = self._send_entities(topo, writes, local, owned)
+        if missed:
+            failpoints.hit("write.before_checked")
+        unsure = [w for _, w in missed if not fires(w) and w.mode is not BLIND] if owned else []
         if unsure:
             ids = {w.entity_id for w in unsure}
             rows = {sid: [r for r in rs if r.entity_id in ids] for sid, rs in (local or {}).items()}
-            failpoints.hit("write.before_checked")
             again, missed_again = self._send_entities(topo, unsure, rows, False)
             out.update(again)
-            missed = [(sid, w) for sid, w in missed if fires(w)] + missed_again
+            missed = [(sid, w) for sid, w in missed if w not in unsure] + missed_again
         if missed:
             refused: dict[int, dict[int, list[bytes]]] = {}
             for sid, w in missed:

@@ -1,7 +1,8 @@
 """A write that may match no row (a delete, a compare-and-set) in the owned layout: sent
 ``tentative`` first (no check: a write that applies proves its shard owned through the
-triggers), and, when it did not apply, again ``checked_first`` (the ``owned`` rows locked
-before the write), whose answer alone is taken.  On real servers, with the shard fenced
+triggers); when it did not apply, a compare-and-set is sent again ``checked_first`` (the
+``owned`` rows locked before the write), whose answer alone is taken, and a blind
+delete's answer is the stored state, read checked.  On real servers, with the shard fenced
 before the write, between its two batches, during a batch (the fence waits) and after
 it: never a silent "not found" or "conflict" from a server that does not own the shard,
 never a lost acknowledged write (docs/architecture.md, "The check")."""
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from schemaless import ConflictError, DataStore, Index, TableMissing, failpoints
+from schemaless.batch import Batch
 from schemaless.connection import Server
 from schemaless.names import quote
 from schemaless.owned import admin, checked_first, tentative
@@ -68,18 +70,44 @@ def test_an_owned_shards_unapplied_write_is_checked_then_answered(
     store = make_store(list(indexes), changes=changes)
     key, absent = _id_on(store, 0), _id_on(store, 0, 1)
     version = store.put({"id": key, "v": 1})
-    checked = _counting("write.before_checked")
+    unapplied = _counting("write.before_checked")
     assert store.put({"id": key, "v": 2}, expect_version=version) > version  # tentative
-    assert store.delete(key) is True and checked == []  # applied: no second batch
-    assert store.delete(absent) is False and len(checked) == 1  # "not found", checked
-    with pytest.raises(ConflictError) as conflict:
+    assert store.delete(key) is True and unapplied == []  # applied: nothing more
+    assert store.delete(absent) is False and len(unapplied) == 1  # its state read
+    with pytest.raises(ConflictError) as conflict:  # sent again checked
         store.put({"id": key, "v": 3}, expect_version=version)
-    assert conflict.value.current_version is None and len(checked) == 2
+    assert conflict.value.current_version is None and len(unapplied) == 2
     other = store.put({"id": absent, "v": 4})
     with pytest.raises(ConflictError) as stale:
         store.delete(absent, expect_version=other - 1)
-    assert stale.value.current_version == other and len(checked) == 3
+    assert stale.value.current_version == other and len(unapplied) == 3
     assert store.get(absent) == {"id": absent, "v": 4}
+
+
+def test_only_a_compare_and_set_is_sent_again_checked(
+    make_store: Callable[..., DataStore],
+) -> None:
+    store = make_store([BY_V])
+    key = _id_on(store, 0)
+    version = store.put({"id": key, "v": 1})
+    sent: list[str] = []
+    failpoints.set("write.before_checked", lambda: sent.clear())
+    batch = Batch.send
+
+    def spy(self: Batch) -> Any:
+        sent.append(self.sql)
+        return batch(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Batch, "send", spy)
+        with pytest.raises(ConflictError):
+            store.delete(key, expect_version=version + 1)
+        checked = [sql for sql in sent if "`entities` SET" in sql]
+        assert len(checked) == 1 and checked[0].startswith("START TRANSACTION;\n")
+        assert "LOCK IN SHARE MODE) < 1 THEN SIGNAL" in checked[0].split(";\n")[1]
+        sent.clear()
+        assert store.delete(_id_on(store, 0, 1)) is False
+        assert not [sql for sql in sent if "`entities` SET" in sql]  # the state read only
 
 
 @pytest.mark.parametrize("write", ["delete", "delete absent", "cas", "cas stale", "delete cas"])
@@ -108,7 +136,8 @@ def test_a_fence_between_the_tentative_and_the_checked_batch_is_seen(
     make_store: Callable[..., DataStore], write: str
 ) -> None:
     """The tentative batch found nothing to change on a shard still owned; the fence
-    comes before the checked one, which fails: never the first batch's silence."""
+    comes before the checked batch or the state's read, which fails: never the first
+    batch's silence."""
     store = make_store()
     key, absent = _id_on(store, 0), _id_on(store, 0, 1)
     version = store.put({"id": key, "v": 1})

@@ -85,7 +85,8 @@ ADMIN = "/*schemaless:admin*/"
 TRIGGERED = "/*schemaless:triggered*/"
 #: The comment that marks a write batch whose writes prove ownership only where they
 #: apply (``tentative``): a write that affected no row proves nothing, and its caller
-#: sends it again ``checked_first`` (``protocol.Writer``), never takes it as an answer.
+#: never takes it as an answer (``protocol.Writer``: it sends it again ``checked_first``
+#: or reads the stored state with a checked read).
 TENTATIVE = "/*schemaless:tentative*/"
 #: The session variable a move's copy sets to the shard it copies into the target,
 #: whose ``owned`` row comes only when the copy is complete.
@@ -339,8 +340,9 @@ def tentative(stmts: list[str], db: str | None) -> str:
     write that applied was of a shard owned here (a shard not owned fails the whole
     batch), and whose deletes remove only what may go.  An update that affected no row
     proves nothing (its row may have moved away with its shard): the caller sends it
-    again ``checked_first`` before taking it as "not found" or "conflict".  It costs a
-    write that applies no check at all (docs/architecture.md, "The check")."""
+    again ``checked_first``, or reads the stored state checked, before taking it as "not
+    found" or "conflict".  A write that applies pays no check at all
+    (docs/architecture.md, "The check")."""
     sql = in_transaction(stmts)
     return f"{TENTATIVE} {sql}" if db is not None and stmts else sql
 

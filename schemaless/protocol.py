@@ -498,7 +498,7 @@ class Writer:
             rows = {sid: [r for r in rs if r.entity_id in ids] for sid, rs in (local or {}).items()}
             again, missed_again = self._send_entities(topo, unsure, rows, False)
             out.update(again)
-            missed = [(sid, w) for sid, w in missed if w not in unsure] + missed_again
+            missed = [(sid, w) for sid, w in missed if w.entity_id not in ids] + missed_again
         if missed:
             refused: dict[int, dict[int, list[bytes]]] = {}
             for sid, w in missed:

@@ -21,8 +21,10 @@ from schemaless.batch import Batch
 from schemaless.connection import Server
 from schemaless.names import quote
 from schemaless.owned import admin, checked_first, tentative
+from schemaless.writes import EntityWrite, WriteMode, entity_batch_sql, write_position
 
 BY_V = Index("by_v", {"v": "int"})
+expect = WriteMode.expect
 _SLEEPING = "SELECT 1 FROM information_schema.PROCESSLIST WHERE `INFO` = 'DO SLEEP(1)'"
 
 
@@ -197,3 +199,33 @@ def test_a_fence_waits_for_a_write_that_holds_its_shard(
     with pytest.raises(TableMissing):
         _server(store).run(batch([update]), [version + 2, key, version + 1], commits=True)
     assert _stored(store, key) == (version + 1, False)
+
+
+@pytest.mark.parametrize("tentative_ok", [False, True])
+@pytest.mark.parametrize("changes", [False, True])
+def test_either_form_reports_each_writes_affected_rows_where_the_writer_reads_them(
+    make_store: Callable[..., DataStore], tentative_ok: bool, changes: bool
+) -> None:
+    """The positions of the writes' affected-row counts (``write_position``) in both
+    forms, on a real server: a compare-and-set that applies reads 1 there, one that
+    does not 0 (``checked_first`` puts its check before them)."""
+    store = make_store(changes=changes)
+    topo = store.cluster.topology
+    keys = sorted([_id_on(store, 0), _id_on(store, 0, 1)])
+    versions = [store.put({"id": key, "v": 1}) for key in keys]
+    body = store.codec.encode({"v": 2})
+    writes = [
+        EntityWrite(topo.dbs[0], 0, keys[0], versions[0] + 1, 1, body, expect(versions[0]), True),
+        EntityWrite(
+            topo.dbs[0], 0, keys[1], versions[1] + 1, 1, None, expect(versions[1] + 5), True
+        ),
+    ]
+    sql, params, first = entity_batch_sql(
+        writes, (), topo.dbs, topo.fence, changes, topo.owned_db, tentative_ok
+    )
+    counts: list[int] = []
+    rows = _server(store).run(sql, params, commits=True, counts=counts)
+    assert [r[0][0] is not None for r in rows[:2]] == [True, True]  # the old bodies
+    assert [counts[write_position(first, n, writes)] for n in range(2)] == [1, 0]
+    assert _stored(store, keys[0]) == (versions[0] + 1, True)
+    assert _stored(store, keys[1]) == (versions[1], True)

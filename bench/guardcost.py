@@ -133,6 +133,24 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
         f" UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
         lambda k: [k],
     ),
+    # with an index, a delete reads the old body first, in the same transaction
+    "read + update, today, txn": (
+        f"START TRANSACTION; SELECT `v` FROM {T} WHERE `id` = %s;"
+        f" UPDATE {T} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k, k],
+    ),
+    "read + update, trigger, txn (tentative)": (
+        f"START TRANSACTION; SELECT `v` FROM {TRIG} WHERE `id` = %s;"
+        f" UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k, k],
+    ),
+    "read + update, trigger, txn + check before COMMIT": (
+        f"START TRANSACTION; SELECT `v` FROM {TRIG} WHERE `id` = %s;"
+        f" UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; BEGIN NOT ATOMIC IF (SELECT"
+        f" COUNT(*) FROM {OWNED} WHERE `shard` IN (3)) < 1 THEN SIGNAL SQLSTATE '45000';"
+        " END IF; END; COMMIT",
+        lambda k: [k, k],
+    ),
     "update, trigger, txn + check (step 3)": (
         f"START TRANSACTION; UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s;"
         f" BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3)) < 1 THEN"

@@ -27,6 +27,7 @@ __all__ = ["SHAPES", "main"]
 DB = "guardcost"
 T, ONE, OWNED = f"`{DB}`.`today`", f"`{DB}`.`one`", f"`{DB}`.`owned`"
 TRIG = f"`{DB}`.`trig`"  # one table per server, guarded by triggers
+BARE = f"`{DB}`.`bare`"  # the same with triggers that read nothing (their own cost)
 _LOCK = f" FROM {OWNED} WHERE {OWNED}.`shard` = 3 LOCK IN SHARE MODE"
 
 #: name -> (SQL, parameters of call k): inserts of new rows, then updates of row k
@@ -69,6 +70,20 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
         f"UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s",
         lambda k: [k],
     ),
+    "update, trigger that reads nothing": (
+        f"UPDATE {BARE} SET `v` = `v` + 1 WHERE `id` = %s",
+        lambda k: [k],
+    ),
+    "upsert of a stored row, trigger-guarded": (
+        f"INSERT INTO {TRIG} (`shard`, `id`, `v`) VALUES (3, %s, 1)"
+        " ON DUPLICATE KEY UPDATE `v` = `v` + 1",
+        lambda k: [k],
+    ),
+    "upsert of a stored row, no guard": (
+        f"INSERT INTO {ONE} (`shard`, `id`, `v`) VALUES (3, %s, 1)"
+        " ON DUPLICATE KEY UPDATE `v` = `v` + 1",
+        lambda k: [k],
+    ),
     "count, locked (head's read)": (
         f"SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3) LOCK IN SHARE MODE",
         lambda k: [],
@@ -101,6 +116,41 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
         " WHERE `shard` IN (3)",
         lambda k: [k],
     ),
+    # a delete's or compare-and-set's batch (issue 39's single-write target) and its
+    # alternatives: the transaction alone, the locked count first (the client checks)
+    "update, trigger, txn": (
+        f"START TRANSACTION; UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k],
+    ),
+    "update, trigger, txn + locked count first": (
+        f"START TRANSACTION; SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3)"
+        f" LOCK IN SHARE MODE; UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k],
+    ),
+    "update, trigger, txn + locked check first": (
+        f"START TRANSACTION; BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM {OWNED} WHERE `shard`"
+        " IN (3) LOCK IN SHARE MODE) < 1 THEN SIGNAL SQLSTATE '45000'; END IF; END;"
+        f" UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k],
+    ),
+    # with an index, a delete reads the old body first, in the same transaction
+    "read + update, today, txn": (
+        f"START TRANSACTION; SELECT `v` FROM {T} WHERE `id` = %s;"
+        f" UPDATE {T} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k, k],
+    ),
+    "read + update, trigger, txn (tentative)": (
+        f"START TRANSACTION; SELECT `v` FROM {TRIG} WHERE `id` = %s;"
+        f" UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; COMMIT",
+        lambda k: [k, k],
+    ),
+    "read + update, trigger, txn + check before COMMIT": (
+        f"START TRANSACTION; SELECT `v` FROM {TRIG} WHERE `id` = %s;"
+        f" UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s; BEGIN NOT ATOMIC IF (SELECT"
+        f" COUNT(*) FROM {OWNED} WHERE `shard` IN (3)) < 1 THEN SIGNAL SQLSTATE '45000';"
+        " END IF; END; COMMIT",
+        lambda k: [k, k],
+    ),
     "update, trigger, txn + check (step 3)": (
         f"START TRANSACTION; UPDATE {TRIG} SET `v` = `v` + 1 WHERE `id` = %s;"
         f" BEGIN NOT ATOMIC IF (SELECT COUNT(*) FROM {OWNED} WHERE `shard` IN (3)) < 1 THEN"
@@ -118,6 +168,12 @@ DDL = [
     " NULL AUTO_INCREMENT, `id` BIGINT NOT NULL, `v` BIGINT NOT NULL,"
     " PRIMARY KEY (`shard`, `added_id`), KEY `added` (`added_id`), UNIQUE KEY `by_id` (`id`))",
     f"CREATE TABLE {TRIG} LIKE {ONE}",
+    f"CREATE TABLE {BARE} LIKE {ONE}",
+    *(
+        f"CREATE TRIGGER `{DB}`.`bare_{when}` BEFORE {when} ON {BARE} FOR EACH ROW"
+        " IF NEW.`shard` IS NULL THEN SIGNAL SQLSTATE '45000'; END IF"
+        for when in ("INSERT", "UPDATE")
+    ),
     f"CREATE TABLE {OWNED} (`shard` SMALLINT UNSIGNED NOT NULL PRIMARY KEY)",
     *(
         f"CREATE TRIGGER `{DB}`.`trig_{when}` BEFORE {when} ON {TRIG} FOR EACH ROW"
@@ -167,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in ("insert, today", "insert, no guard", "insert, trigger-guarded"):
             for k in range(a.n // a.rounds):
                 raw.run(0, SHAPES[name][0], [k])
+        raw.run(0, f"INSERT INTO {BARE} SELECT * FROM {ONE}")
         out = measure(raw, pids, a.n, a.rounds)
         print("| shape | p50 µs | server CPU µs/statement |\n|---|---|---|")
         for name, r in out.items():

@@ -11,14 +11,17 @@ table does in the layout of a database per shard, and both end in the same error
   shard the server does not own, under a shared lock on its ``owned`` row, which a
   move's fence (deleting that row) waits for;
 * every batch that names the data database and rests on what it reads or on a write
-  that may match no row ends with :func:`check_sql` (before its ``COMMIT``), which
-  fails the batch when a shard it names is not owned: a read or an unapplied write is
-  never taken from a shard the server gave away.  A write batch whose every write fires
-  the triggers needs no check (``triggered``); a point read, and a read of one
-  statement (:func:`checked_select`), checks in its own statement.
+  that may match no row ends with :func:`check_sql` (before its ``COMMIT``), or begins
+  with it under the ``owned`` rows' shared locks (:func:`checked_first`), which fails
+  the batch when a shard it names is not owned: a read or an unapplied write is never
+  taken from a shard the server gave away.  A write batch whose every write fires the
+  triggers needs no check (``triggered``); one whose writes prove ownership only where
+  they apply is ``tentative`` (what did not apply is sent again ``checked_first``); a
+  point read, and a read of one statement (:func:`checked_select`), checks in its own
+  statement.
 
 ``Server.send`` refuses a batch that names the data database without the check or one
-of the marks (``ADMIN``, ``TRIGGERED``), so a statement cannot forget it.
+of the marks (``ADMIN``, ``TRIGGERED``, ``TENTATIVE``), so a statement cannot forget it.
 """
 
 from __future__ import annotations
@@ -41,12 +44,14 @@ __all__ = [
     "LISTED_MAX",
     "LOCKED",
     "OWNED",
+    "TENTATIVE",
     "TRIGGERED",
     "Shards",
     "admin",
     "among",
     "changes_tables_sql",
     "check_sql",
+    "checked_first",
     "checked_rows",
     "checked_select",
     "data_db",
@@ -62,6 +67,7 @@ __all__ = [
     "owns_sql",
     "placement",
     "shards_sql",
+    "tentative",
     "triggered",
     "unguarded",
 ]
@@ -77,6 +83,11 @@ ADMIN = "/*schemaless:admin*/"
 #: The comment that marks a batch that needs no check (``triggered``): every write in
 #: it fires the triggers, its deletes remove only what may go, it interprets no read.
 TRIGGERED = "/*schemaless:triggered*/"
+#: The comment that marks a write batch whose writes prove ownership only where they
+#: apply (``tentative``): a write that affected no row proves nothing, and its caller
+#: never takes it as an answer (``protocol.Writer``: it sends it again ``checked_first``
+#: or reads the stored state with a checked read).
+TENTATIVE = "/*schemaless:tentative*/"
 #: The session variable a move's copy sets to the shard it copies into the target,
 #: whose ``owned`` row comes only when the copy is complete.
 COPYING = "@schemaless_copying"
@@ -92,7 +103,7 @@ _MOVED = "a logical shard named is not on this server (moved): refresh the map"
 def unguarded(sql: str) -> None:
     """Refuse a batch on the data database that has neither the ownership check nor
     the administrative mark: a bug in the library, never sent."""
-    if CHECK not in sql and not sql.startswith((ADMIN, TRIGGERED)):
+    if CHECK not in sql and not sql.startswith((ADMIN, TRIGGERED, TENTATIVE)):
         raise RuntimeError(f"schemaless bug: a batch without the ownership check: {sql[:300]}")
 
 
@@ -323,6 +334,36 @@ def triggered(stmts: list[str], db: str | None) -> str:
     return f"{TRIGGERED} {sql}" if db is not None and stmts else sql
 
 
+def tentative(stmts: list[str], db: str | None) -> str:
+    """A write batch that proves ownership only where its writes apply (owned layout:
+    ``db`` given): one transaction whose inserts and updates fire the triggers, so each
+    write that applied was of a shard owned here (a shard not owned fails the whole
+    batch), and whose deletes remove only what may go.  An update that affected no row
+    proves nothing (its row may have moved away with its shard): the caller sends it
+    again ``checked_first``, or reads the stored state checked, before taking it as "not
+    found" or "conflict".  A write that applies pays no check at all
+    (docs/architecture.md, "The check")."""
+    sql = in_transaction(stmts)
+    return f"{TENTATIVE} {sql}" if db is not None and stmts else sql
+
+
+def _locked_check(db: str, names: tuple[int, ...]) -> str:
+    """The check reading the ``owned`` rows ``LOCK IN SHARE MODE``: first in a
+    transaction, it holds them to the ``COMMIT`` (a fence waits; one that came first
+    fails the batch before any write)."""
+    return _refuse_unless(f"{_count(db, names, ' LOCK IN SHARE MODE')} < {len(names)}")
+
+
+def checked_first(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
+    """A write batch whose writes may match no row (owned layout: ``db`` given): one
+    transaction that begins with ``_locked_check`` of every shard it names, so each of
+    them is owned from before its first write to its ``COMMIT``, and a write that
+    affected no row is an answer ("not found", "conflict") of the shard's owner."""
+    if db is None:
+        return in_transaction(stmts)
+    return ";\n".join(["START TRANSACTION", _locked_check(db, _names(shards)), *stmts, "COMMIT"])
+
+
 def locked(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     """A write batch of many rows (owned layout: ``db`` given): one transaction that
     first reads the ``owned`` rows of every shard it names ``LOCK IN SHARE MODE``,
@@ -333,8 +374,8 @@ def locked(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     if db is None:
         return in_transaction(stmts)
     names = _names(shards)
-    check = _refuse_unless(f"{_count(db, names, ' LOCK IN SHARE MODE')} < {len(names)}")
     listed = ",".join(map(str, names))
+    check = _locked_check(db, names)
     batch = [f"SET {LOCKED} = '{listed}'", "START TRANSACTION", check, *stmts, "COMMIT"]
     return ";\n".join([*batch, f"SET {LOCKED} = NULL"])
 

@@ -46,6 +46,7 @@ from .writes import (
     WriteMode,
     delete_rows_sql,
     entity_batch_sql,
+    fires,
     release_sql,
     upsert_rows_sql,
     write_position,
@@ -479,14 +480,49 @@ class Writer:
         So it is for every write of a server whose transaction a NEW write's INSERT
         ended: the id was taken, in practice by the Cleaner's tombstone over the rows
         that step 1 wrote ahead of it, and the server rolled the whole batch back.
+
+        In the owned layout a batch is first sent ``tentative`` (no check): a write that
+        applied proved its shard owned through the triggers.  A compare-and-set that may
+        match no row and did not apply is sent again checked (with its local rows,
+        idempotent), whose answer alone is taken; a blind delete that did not apply
+        changed nothing, and the stored state read below (checked, in one snapshot) is
+        its answer at that instant (docs/architecture.md, "The check").
         """
+        owned = topo.owned_db is not None
+        out, missed = self._send_entities(topo, writes, local, owned)
+        if missed:
+            failpoints.hit("write.before_checked")
+        unsure = [w for _, w in missed if not fires(w) and w.mode is not BLIND] if owned else []
+        if unsure:
+            ids = {w.entity_id for w in unsure}
+            rows = {sid: [r for r in rs if r.entity_id in ids] for sid, rs in (local or {}).items()}
+            again, missed_again = self._send_entities(topo, unsure, rows, False)
+            out.update(again)
+            missed = [(sid, w) for sid, w in missed if w.entity_id not in ids] + missed_again
+        if missed:
+            refused: dict[int, dict[int, list[bytes]]] = {}
+            for sid, w in missed:
+                refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
+            for key, (version, alive) in self._states(refused).items():
+                out[key] = Outcome(False, None, version, alive)
+        return out
+
+    def _send_entities(
+        self,
+        topo: Topology,
+        writes: list[EntityWrite],
+        local: Mapping[int, list[IndexRow]] | None,
+        tentative_ok: bool,
+    ) -> tuple[dict[bytes, Outcome], list[tuple[int, EntityWrite]]]:
+        """One step 2 batch per server, servers in parallel: each write's outcome, and
+        the writes that did not apply with their server."""
         groups = by_server(topo, writes, _write_shard)
         firsts: dict[int, int] = {}
 
         def build(sid: int) -> Statement:
             rows = local.get(sid, []) if local else []
             sql, params, firsts[sid] = entity_batch_sql(
-                groups[sid], rows, topo.dbs, topo.fence, topo.changes, topo.owned_db
+                groups[sid], rows, topo.dbs, topo.fence, topo.changes, topo.owned_db, tentative_ok
             )
             return sql, params
 
@@ -494,13 +530,13 @@ class Writer:
             topo, {sid: sid for sid in groups}, build, partial=True, commits=True
         )
         out: dict[bytes, Outcome] = {}
-        refused: dict[int, dict[int, list[bytes]]] = {}
+        missed: list[tuple[int, EntityWrite]] = []
         for sid, error in errors.items():
             if not isinstance(error, ConflictError) or all(w.mode is not NEW for w in groups[sid]):
                 raise error
             for w in groups.pop(sid):
                 out[w.entity_id] = Outcome(False, None, None, False)
-                refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
+                missed.append((sid, w))
         for sid, group in groups.items():
             sets, done, first = results[sid], counts[sid], firsts[sid]
             ordered = sorted(group, key=lambda w: (w.shard, w.entity_id))
@@ -518,11 +554,8 @@ class Writer:
                     alive=applied and w.body is not None,
                 )
                 if not applied:
-                    refused.setdefault(sid, {}).setdefault(w.shard, []).append(w.entity_id)
-        if refused:
-            for key, (version, alive) in self._states(refused).items():
-                out[key] = Outcome(False, None, version, alive)
-        return out
+                    missed.append((sid, w))
+        return out, missed
 
     def _states(self, keys: dict[int, dict[int, list[bytes]]]) -> dict[bytes, tuple[int, bool]]:
         """The stored ``(version, alive)`` of entities, by server and logical shard

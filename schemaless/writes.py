@@ -20,7 +20,7 @@ from typing import Any
 from .counts import APPLIED, maintain_sql
 from .index import Index
 from .names import quote
-from .owned import in_guarded_transaction, in_transaction, locked, triggered
+from .owned import checked_first, in_transaction, locked, tentative, triggered
 
 __all__ = [
     "BLIND",
@@ -35,6 +35,7 @@ __all__ = [
     "entity_batch_sql",
     "feed_sql",
     "fence_owner_sql",
+    "fires",
     "in_transaction",
     "owners_sql",
     "release_sql",
@@ -280,6 +281,7 @@ def entity_batch_sql(
     fence: str | None = None,
     changes: bool = False,
     owned: str | None = None,
+    tentative_ok: bool = False,
 ) -> tuple[str, list[Any], int]:
     """Step 2: write each entity with one atomic conditional statement, in one round
     trip; return the SQL, its parameters and the position of the first write among the
@@ -295,8 +297,11 @@ def entity_batch_sql(
     waits for the write, and one from an older map fails (``TableMissing``).
     ``changes``: the feed is on: head rows locked first, a change row per applied write.
 
-    ``owned``: the owned layout's data database: rows carry their shard, and the
-    batch is one transaction with the ownership check before its commit.
+    ``owned``: the owned layout's data database: rows carry their shard.  A batch
+    whose every write ``fires`` the triggers is ``triggered``; one with a write that
+    may match no row is ``checked_first`` (the ``owned`` rows locked before its first
+    write), or, with ``tentative_ok``, ``tentative``: no check, and the caller sends
+    each such write that affected no row again without ``tentative_ok``.
 
     Writes with ``keys`` (counted indexes) are each followed by a statement that keeps
     their affected rows in a session variable (so the writes' counts are every other
@@ -329,10 +334,13 @@ def entity_batch_sql(
             counting[1].extend(values)
     stmts += feed_tail[0] + counting[0]
     params += feed_tail[1] + counting[1]
-    if owned is not None and any(_kind(w) not in _FIRES for w in writes):
-        shards = [w.shard for w in writes] + [r.shard for r in rows]
-        return in_guarded_transaction(stmts, owned, shards), params, 1 + upserts
-    return triggered(stmts, owned), params, 1 + upserts if len(stmts) > 1 else 0
+    first = 1 + upserts if len(stmts) > 1 else 0
+    if owned is None or all(fires(w) for w in writes):
+        return triggered(stmts, owned), params, first
+    if tentative_ok:
+        return tentative(stmts, owned), params, first
+    shards = [w.shard for w in writes] + [r.shard for r in rows]
+    return checked_first(stmts, owned, shards), params, 2 + upserts  # START, the check
 
 
 def write_position(first: int, n: int, writes: Sequence[EntityWrite]) -> int:
@@ -354,9 +362,15 @@ def _entity_params(w: EntityWrite, kind: str, shard: bool) -> list[Any]:
 
 
 #: The kinds of write whose statement always fires the guard's insert trigger (an
-#: upsert or an insert); the others are updates that may match no row, so their batch
-#: ends with the ownership check (docs/architecture.md, "Step 3").
+#: upsert or an insert); the others are updates that may match no row, whose batch
+#: checks ownership (docs/architecture.md, "Step 3").
 _FIRES = frozenset({"blind", "create", "new"})
+
+
+def fires(w: EntityWrite) -> bool:
+    """Whether ``w``'s statement always fires the guard's insert trigger, so that it
+    proves its shard owned even when it changes nothing."""
+    return _kind(w) in _FIRES
 
 
 def feed_sql(

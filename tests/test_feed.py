@@ -629,7 +629,7 @@ def test_step_2_sql_with_the_feed() -> None:
 def test_step_2_sql_with_the_feed_in_the_owned_layout() -> None:
     """The owned layout: one head row per shard in the data database's
     ``changes_head``, locked in shard order before any entity row; change rows carry
-    their shard (copied from the entity row); the check before the commit."""
+    their shard (copied from the entity row); the check first, its rows locked."""
     dbs = ("p_data", "p_data")
     writes = [
         EntityWrite(dbs[1], 1, b"\x02" * 16, 7, 1, b"b", BLIND, False),
@@ -637,11 +637,12 @@ def test_step_2_sql_with_the_feed_in_the_owned_layout() -> None:
     ]
     sql, _, first = entity_batch_sql(writes, (), dbs, None, True, "p_data")
     stmts = sql.split(";\n")
-    assert stmts[2] == (
+    assert "/*schemaless:owned*/" in stmts[1] and "IN (0, 1) LOCK IN SHARE MODE) < 2" in stmts[1]
+    assert stmts[3] == (
         "SELECT `seq` INTO @schemaless_feed0 FROM `p_data`.`changes_head`"
         " WHERE `shard` = 0 FOR UPDATE"
     )
-    assert stmts[3].endswith("WHERE `shard` = 1 FOR UPDATE") and first == 4
+    assert stmts[4].endswith("WHERE `shard` = 1 FOR UPDATE") and first == 5
     inserts = stmts[first + 2 : first + 4]
     assert all(
         s.startswith("INSERT INTO `p_data`.`changes` (`shard`, `seq`,")
@@ -651,7 +652,6 @@ def test_step_2_sql_with_the_feed_in_the_owned_layout() -> None:
     assert stmts[first + 4] == (
         "UPDATE `p_data`.`changes_head` SET `seq` = @schemaless_feed0 WHERE `shard` = 0"
     )
-    assert "/*schemaless:owned*/" in stmts[-2] and "IN (0, 1)) < 2" in stmts[-2]
     assert stmts[-1] == "COMMIT"
 
 

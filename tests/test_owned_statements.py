@@ -21,10 +21,12 @@ from schemaless.owned import (
     CHECK,
     DATABASES,
     OWNED,
+    TENTATIVE,
     TRIGGERED,
     Shards,
     admin,
     check_sql,
+    checked_first,
     checked_rows,
     checked_select,
     data_db,
@@ -47,6 +49,7 @@ from schemaless.writes import (
     WriteMode,
     delete_rows_sql,
     entity_batch_sql,
+    fires,
     release_sql,
     upsert_rows_sql,
     write_position,
@@ -98,10 +101,35 @@ def test_every_entity_write_is_triggered_or_checked(kind: str, changes: bool) ->
     statements = sql.split(";\n")
     if kind in ("blind", "create", "new"):  # each fires the insert trigger
         assert sql.startswith(f"{TRIGGERED} START TRANSACTION") and CHECK not in sql
-    else:  # an update that may match no row: the check, inside the transaction
-        assert statements[-2] == check_sql(DB, [3, 9]) and statements[-1] == "COMMIT"
+    else:  # an update that may match no row: the check first, its rows locked
+        assert statements[:2] == ["START TRANSACTION", _locked_check([3, 9])]
+        assert statements[-1] == "COMMIT" and CHECK not in "".join(statements[2:])
     assert all("INSERT INTO" not in s or "(`shard`, " in s for s in statements)
     assert statements[first].split()[0] in ("SELECT", "INSERT", "UPDATE")
+    # the tentative form: no check, the same statements otherwise, the same positions
+    again, again_params, again_first = entity_batch_sql(
+        writes, [_row(3)], DBS, "fence_1", changes, DB, tentative_ok=True
+    )
+    assert again_params == params
+    if fires(writes[0]):
+        assert (again, again_first) == (sql, first)
+    else:
+        assert again.startswith(f"{TENTATIVE} START TRANSACTION") and CHECK not in again
+        tentative = again.removeprefix(f"{TENTATIVE} ").split(";\n")
+        assert tentative == [statements[0], *statements[2:]]
+        assert tentative[again_first] == statements[first]
+
+
+def _locked_check(shards: list[int]) -> str:
+    """``checked_first``'s check of ``shards``, as it sends it."""
+    return checked_first(["DO 0"], DB, shards).split(";\n")[1]
+
+
+def test_a_checked_first_batch_locks_its_owned_rows_before_any_write() -> None:
+    check = _locked_check([9, 3, 3])
+    assert check.startswith(f"BEGIN NOT ATOMIC {CHECK} IF (SELECT COUNT(*) FROM")
+    assert "`shard` IN (3, 9) LOCK IN SHARE MODE) < 2 THEN SIGNAL" in check
+    assert checked_first(["DO 0"], None, [3]) == "DO 0"  # the layout of databases: as ever
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -125,7 +153,7 @@ def test_counted_writes_keep_their_affected_rows_and_count_on_their_shard(kind: 
     if kind in ("blind", "create", "new"):  # the entity's insert fires the trigger first
         assert sql.startswith(f"{TRIGGERED} START TRANSACTION") and CHECK not in sql
     else:
-        assert statements[-2] == check_sql(DB, [3, 9])
+        assert statements[1] == _locked_check([3, 9])
 
 
 def test_the_backfill_of_counts_is_checked_and_locks_each_entity() -> None:
@@ -219,7 +247,8 @@ def test_unchecked_batches_are_refused_before_they_are_sent() -> None:
     plain = f"SELECT `id` FROM {quote(DB, 'entities')} WHERE `id` = %s"
     with pytest.raises(RuntimeError, match="without the ownership check"):
         Batch(server, plain, [ID]).send()
-    for marked in (admin([plain]), f"{TRIGGERED} {plain}", f"{plain}; {check_sql(DB, [1])}"):
+    marks = (f"{TRIGGERED} {plain}", f"{TENTATIVE} {plain}", f"{plain}; {check_sql(DB, [1])}")
+    for marked in (admin([plain]), *marks):
         reply = Batch(server, marked, [ID]).send()  # refused only by the closed port
         with pytest.raises(Exception, match=r"(?i)connect|unavailable"):
             reply.result()

@@ -47,11 +47,13 @@ def _plans(server: Server, sql: str, params: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _keyed(plans: list[dict[str, Any]], key: str, most: int) -> None:
-    """Every access reads ``key`` by a value or a range, at most ``most`` rows, unsorted."""
+def _keyed(plans: list[dict[str, Any]], key: str | tuple[str, ...], most: int) -> None:
+    """Every access reads ``key`` (one of them) by a value or a range, at most ``most``
+    rows, unsorted."""
     assert plans
     for p in plans:
-        assert p["key"] == key and p["type"] in _KEYED, str(p)
+        assert p["key"] in ((key,) if isinstance(key, str) else key), str(p)
+        assert p["type"] in _KEYED, str(p)
         assert int(p["rows"] or 0) <= most and "filesort" not in str(p["extra"]), str(p)
 
 
@@ -123,25 +125,31 @@ def test_a_shards_scans_walk_its_keys(
     on("by_updated", *recent_batch_sql(topo.dbs, db, shard, 0, 0, 1000))
     on("by_updated", *purge_sql(topo.dbs, db, shard, 1, 1000))  # few tombstones are old
 
-    reads: list[tuple[str, list[Any]]] = []
+    reads: list[tuple[Server, str, list[Any]]] = []
     read = Side.read
 
     def recorded(side: Side, sql: str, params: Any = ()) -> list[Any]:
-        reads.append((sql, list(params)))
+        reads.append((side.server, sql, list(params)))
         return read(side, sql, params)
 
     monkeypatch.setattr(Side, "read", recorded)
-    side = Side(server, db, shard)
+    other = next(s for s in store.cluster.all_servers(topo).values() if s is not server)
     entities = shard_tables(topo)[0]
-    Syncer(500, 1 << 20).sync(side, side, entities)  # a copy onto itself: reads only
-    assert len(reads) >= 2
-    for sql, params in reads:
-        on("by_shard_added", sql, params)
-    # a move's delete of the old rows (``Syncer.delete``) as the source sends it once
-    # the shard is not its own (here a shard no server owns stands for it in the check)
-    unowned = f"NOT EXISTS (SELECT 1 FROM `{db}`.`owned` WHERE `shard` = 65535)"
+    assert entities.name == "entities"
+    # a move's copy to the other server (it does not own the shard) in chunks of 500
+    copied, _ = Syncer(500, 1 << 20).sync(Side(server, db, shard), Side(other, db, shard), entities)
+    assert copied >= 2000
+    heavy = [r for r in reads if " IN (" in r[1]]  # the bodies of the rows to copy
+    assert heavy and len(reads) > len(heavy) >= 4
+    for where, sql, params in reads:  # the bodies' rows by `added_id IN`: either key
+        keys = ("by_shard_added", "by_added") if " IN (" in sql else "by_shard_added"
+        _keyed(_plans(where, sql, params), keys, most)
+    # a move's delete of a shard's rows where the server does not own it (``Syncer.
+    # delete``, as ``drop_old_copies`` sends it): the copy just made on the other server
+    unowned = f"NOT EXISTS (SELECT 1 FROM `{db}`.`owned` WHERE `shard` = {shard})"
     delete = (
         f"DELETE FROM `{db}`.`entities` WHERE `shard` = {shard} AND {unowned}"
         " ORDER BY `shard`, `added_id` LIMIT 500"
     )
-    on("by_shard_added", delete, [])
+    _keyed(_plans(other, delete, []), "by_shard_added", most)
+    assert Syncer(500, 1 << 20).delete(Side(other, db, shard), [entities], 0) == copied

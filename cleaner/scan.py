@@ -1,6 +1,6 @@
 """Reading whole logical shards in ``added_id`` order, and index tables by key (the
 owned layout's tables hold every shard of their server: read ``WHERE shard = s``,
-through the entities' primary key ``(shard, added_id)`` and the index tables' ``KEY
+through the entities' ``KEY by_shard_added (shard, added_id)`` and the index tables' ``KEY
 by_shard``, whose entries are ``(shard, primary key)``; each batch ends with the
 ownership check)."""
 
@@ -13,7 +13,7 @@ from schemaless.catalog import Topology
 from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.owned import guarded
-from schemaless.scatter import shard_is
+from schemaless.scatter import added_page_sql, shard_is
 from schemaless.store import DataStore
 
 __all__ = ["EntityRow", "entity_batches", "index_batch", "index_rows"]
@@ -27,16 +27,10 @@ def entity_batches(
 ) -> Iterator[list[EntityRow]]:
     """Every entity row of a shard with ``added_id > after``, in batches."""
     server = store.cluster.server_of_shard(topo, shard)
-    sql = guarded(
-        [
-            f"SELECT `added_id`, `id`, `version`, `body` FROM {quote(topo.dbs[shard], 'entities')}"
-            f" WHERE {shard_is(topo, shard)}`added_id` > %s ORDER BY `added_id` LIMIT %s"
-        ],
-        topo.owned_db,
-        [shard],
-    )
+    page = added_page_sql(topo, shard, "`added_id`, `id`, `version`, `body`", batch)
+    sql = guarded([page], topo.owned_db, [shard])
     while True:
-        rows = server.run(sql, (after, batch))[0]
+        rows = server.run(sql, (after,))[0]
         if not rows:
             return
         # the driver already returns int, bytes and None: no copy of each row (a

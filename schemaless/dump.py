@@ -73,7 +73,7 @@ from .index import Index
 from .jsonform import from_json, to_jsonable
 from .names import quote
 from .owned import check_sql, locked
-from .scatter import STATEMENT_BYTES, by_server, chunks, shard_is, sql_bytes
+from .scatter import STATEMENT_BYTES, added_page_sql, by_server, chunks, sql_bytes
 from .store import DataStore
 
 __all__ = [
@@ -205,13 +205,7 @@ def _dump_shard(
     ``then(connection)`` in it); the count, and the codec dictionaries their bodies
     name (native encoding)."""
     server = ds.cluster.server_of_shard(topo, shard)
-    # the clustered key (owned layout: (shard, added_id)); never `by_updated` (shard,
-    # updated) and a sort of the shard's rows for every page
-    sql = (
-        f"SELECT `added_id`, `id`, `version`, `updated`, `body` FROM "
-        f"{quote(topo.dbs[shard], 'entities')} FORCE INDEX (PRIMARY)"
-        f" WHERE {shard_is(topo, shard)}`added_id` > %s ORDER BY `added_id` LIMIT {PAGE}"
-    )
+    sql = added_page_sql(topo, shard, "`added_id`, `id`, `version`, `updated`, `body`", PAGE)
     native = path.suffix == ".native"
     count, dict_ids = 0, set()
     part = path.with_name(path.name + ".part")

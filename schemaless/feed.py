@@ -24,7 +24,7 @@ from .entity import Entity
 from .errors import CatalogError, InvalidQuery, SchemalessError
 from .names import quote
 from .owned import admin, guarded
-from .scatter import Statement, bare, joined, shard_is
+from .scatter import Statement, added_page_sql, bare, joined, shard_is
 from .schema import changes_tables_sql
 
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ class ChangeFeed:
         """One logical shard's reads: its head and the changes after ``pos``; or a
         snapshot's head; or a snapshot's page and the ids changed since its head."""
         db, at = topo.dbs[shard], shard_is(topo, shard)
-        changes, entities = quote(db, "changes"), quote(db, "entities")
+        changes = quote(db, "changes")
         head = f"SELECT `seq` FROM {quote(db, 'changes_head')} WHERE {head_is(topo, shard)}"
         if isinstance(pos, int):
             return (
@@ -331,9 +331,10 @@ class ChangeFeed:
         if pos[0] is None:  # a snapshot begins: the head first
             return head, []
         return (
-            f"SELECT `added_id`, `id`, `version`, `body`, `updated` FROM {entities}"
-            f" WHERE {at}`added_id` > %s ORDER BY `added_id` LIMIT {int(self.batch)};"
-            f" SELECT `seq`, `id` FROM {changes} WHERE {at}`seq` > %s ORDER BY `seq`",
+            added_page_sql(
+                topo, shard, "`added_id`, `id`, `version`, `body`, `updated`", self.batch
+            )
+            + f"; SELECT `seq`, `id` FROM {changes} WHERE {at}`seq` > %s ORDER BY `seq`",
             [pos[1], max(pos[0], self._changed_upto)],
         )
 

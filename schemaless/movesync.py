@@ -42,7 +42,7 @@ class Table:
     """How to compare and copy one table of a shard."""
 
     name: str
-    key: tuple[str, ...]  # primary key columns (the owned layout's begin with `shard`)
+    key: tuple[str, ...]  # its unique key (owned entities: `by_shard_added`), `shard` first
     columns: tuple[str, ...]  # every column, in order
     light: tuple[str, ...]  # SQL expressions compared row by row (a digest of big columns)
     hint: str = ""  # the index that reads the shard's rows in key order
@@ -98,7 +98,11 @@ def shard_tables(topo: Topology) -> list[Table]:
     indexes = [_index_table(info.index) for info in topo.indexes.values()]
     if topo.owned_db is not None:
         feed = [_CHANGES.sharded(), _OWNED_HEAD] if topo.changes else []
-        return [_ENTITIES.sharded(), *(t.sharded("by_shard") for t in indexes), *feed]
+        return [
+            _ENTITIES.sharded("by_shard_added"),
+            *(t.sharded("by_shard") for t in indexes),
+            *feed,
+        ]
     fence = [_fence_table(topo.fence)] if topo.fence else []
     feed = [_CHANGES, _CHANGES_HEAD] if topo.changes else []
     return [_ENTITIES, *indexes, *feed, *fence]

@@ -402,8 +402,11 @@ def guard_sql(db: str, table: str) -> list[str]:
 
 
 def entities_table_sql(db: str) -> list[str]:
-    """The server's database, ``owned`` and ``entities`` (clustered by shard, so a
-    shard's rows stay together for a move or a dump), with its guard."""
+    """The server's database, ``owned`` and ``entities``, with its guard.  ``entities``
+    is clustered on ``id`` (a read by id is one dive, the raw baseline's; ids are UUIDv7,
+    so inserts mostly append); a shard's scans in insert order walk ``by_shard_added``
+    (unique: ``added_id`` is unique within a shard, a move copies it), and the recent
+    scan ``by_updated``, which names ``added_id`` for its order ``(updated, added_id)``."""
     return [
         f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
         f"CREATE TABLE IF NOT EXISTS {quote(db, 'owned')} ("
@@ -416,10 +419,10 @@ def entities_table_sql(db: str) -> list[str]:
         " `version` BIGINT UNSIGNED NOT NULL,"
         " `updated` BIGINT UNSIGNED NOT NULL,"
         " `body` MEDIUMBLOB NULL,"
-        " PRIMARY KEY (`shard`, `added_id`),"
+        " PRIMARY KEY (`id`),"
+        " UNIQUE KEY `by_shard_added` (`shard`, `added_id`),"
         " KEY `by_added` (`added_id`),"
-        " UNIQUE KEY `by_id` (`id`),"
-        " KEY `by_updated` (`shard`, `updated`)"
+        " KEY `by_updated` (`shard`, `updated`, `added_id`)"
         ") ENGINE=InnoDB",
         *guard_sql(db, "entities"),
     ]

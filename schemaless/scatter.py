@@ -20,6 +20,7 @@ from .connection import Batch, Rows, Server, gather, gather_partial
 from .errors import SchemalessError, ShardUnavailable
 from .hashing import shard_of
 from .index import Index
+from .names import quote
 from .owned import guarded
 from .tables import union_all
 
@@ -28,6 +29,7 @@ __all__ = [
     "STATEMENT_BYTES",
     "Scattered",
     "Statement",
+    "added_page_sql",
     "bare",
     "by_server",
     "chunks",
@@ -205,6 +207,19 @@ def shard_is(topo: Topology, shard: int) -> str:
     """The owned layout's condition that a statement reads one shard's rows, with
     ``AND`` (nothing in the layout of a database per shard)."""
     return f"`shard` = {int(shard)} AND " if topo.owned_db is not None else ""
+
+
+def added_page_sql(topo: Topology, shard: int, columns: str, limit: int) -> str:
+    """``SELECT columns`` of up to ``limit`` entity rows of a shard after an ``added_id``
+    (the one parameter), in ``added_id`` order: the per-shard scans' page (the Cleaner,
+    the change feed's snapshot, a dump).  Read down the key in that order, named: in
+    the owned layout ``by_shard_added`` (``by_updated`` also matches ``shard = s``, and a
+    page read by it would sort the shard's rows), else the primary key."""
+    key = "PRIMARY" if topo.owned_db is None else "`by_shard_added`"
+    return (
+        f"SELECT {columns} FROM {quote(topo.dbs[shard], 'entities')} FORCE INDEX ({key})"
+        f" WHERE {shard_is(topo, shard)}`added_id` > %s ORDER BY `added_id` LIMIT {int(limit)}"
+    )
 
 
 # -- the packet budget -------------------------------------------------------------------

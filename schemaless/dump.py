@@ -64,7 +64,7 @@ from .dumptables import (
     restore_tables,
     table_dumps,
 )
-from .errors import CatalogError, CorruptEntity, InvalidEntity, SchemalessError, ServerError
+from .errors import CatalogError, CorruptEntity, InvalidEntity, SchemalessError
 from .expiry import check_property
 from .feed import enable_changes
 from .hashing import shard_of
@@ -75,6 +75,7 @@ from .names import quote
 from .owned import check_sql, locked
 from .scatter import STATEMENT_BYTES, added_page_sql, by_server, chunks, sql_bytes
 from .store import DataStore
+from .translate import translate
 
 __all__ = [
     "ENCODINGS",
@@ -239,7 +240,8 @@ def _dump_shard(
                 then(db)
             cursor.execute("COMMIT")
         except MySQLdb.Error as exc:
-            raise ServerError(f"{server.name}: dumping logical shard {shard}: {exc}") from exc
+            where = f"{server.name}: dumping logical shard {shard}"
+            raise translate(where, exc, sent=True, commits=False) from exc
     os.replace(part, path)
     return count, dict_ids
 

@@ -74,6 +74,11 @@ def translate(name: str, exc: MySQLdb.Error, *, sent: bool, commits: bool) -> Sc
         return EntityTooLarge(f"statement too large for the server: {where}")
     if code in BAD_VALUE:
         return InvalidEntity(f"value refused by the server: {where}")
+    if code == 1176:  # a key named by FORCE INDEX is not there
+        return ServerError(
+            f"a table lacks a key this version reads by (an owned datastore made by an"
+            f" earlier unreleased build: dump it with that build, restore with this one): {where}"
+        )
     return ServerError(f"server error: {where}")
 
 

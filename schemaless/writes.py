@@ -316,24 +316,9 @@ def entity_batch_sql(
         heads, feed_tail = feed_sql(ordered, shard)
         stmts += heads
     upserts = len(stmts)
-    fenced: set[str] = set()
-    counting: tuple[list[str], list[Any]] = ([], [])
-    for n, w in enumerate(ordered):
-        kind = _kind(w)
-        shard_fence = None
-        if fence is not None and w.body is not None and w.db not in fenced:
-            fenced.add(w.db)
-            shard_fence = fence
-        stmts.append(_entity_sql(w.db, kind, w.want_body, shard_fence, shard))
-        params += _entity_params(w, kind, shard)
-        if w.keys is not None:
-            stmts.append(f"SET {APPLIED}{n} = ROW_COUNT()")
-            applied, fresh = f"{APPLIED}{n}", kind == "new"
-            more, values = maintain_sql(w.db, w.shard, w.entity_id, w.keys, applied, fresh)
-            counting[0].extend(more)
-            counting[1].extend(values)
-    stmts += feed_tail[0] + counting[0]
-    params += feed_tail[1] + counting[1]
+    writing, counting = _writes_sql(ordered, fence, shard)
+    stmts += writing[0] + feed_tail[0] + counting[0]
+    params += writing[1] + feed_tail[1] + counting[1]
     first = 1 + upserts if len(stmts) > 1 else 0
     if owned is None or all(fires(w) for w in writes):
         return triggered(stmts, owned), params, first
@@ -341,6 +326,35 @@ def entity_batch_sql(
         return tentative(stmts, owned), params, first
     shards = [w.shard for w in writes] + [r.shard for r in rows]
     return checked_first(stmts, owned, shards), params, 2 + upserts  # START, the check
+
+
+Statements = tuple[list[str], list[Any]]
+
+
+def _writes_sql(
+    ordered: Sequence[EntityWrite], fence: str | None, shard: bool
+) -> tuple[Statements, Statements]:
+    """Step 2's writes in their order (each a counted one's ``ROW_COUNT()`` kept
+    after it; the first body of each shard reading ``fence``), and the counts'
+    statements that follow them."""
+    writing: Statements = ([], [])
+    counting: Statements = ([], [])
+    fenced: set[str] = set()
+    for n, w in enumerate(ordered):
+        kind = _kind(w)
+        shard_fence = None
+        if fence is not None and w.body is not None and w.db not in fenced:
+            fenced.add(w.db)
+            shard_fence = fence
+        writing[0].append(_entity_sql(w.db, kind, w.want_body, shard_fence, shard))
+        writing[1].extend(_entity_params(w, kind, shard))
+        if w.keys is not None:
+            writing[0].append(f"SET {APPLIED}{n} = ROW_COUNT()")
+            applied, fresh = f"{APPLIED}{n}", kind == "new"
+            more, values = maintain_sql(w.db, w.shard, w.entity_id, w.keys, applied, fresh)
+            counting[0].extend(more)
+            counting[1].extend(values)
+    return writing, counting
 
 
 def write_position(first: int, n: int, writes: Sequence[EntityWrite]) -> int:

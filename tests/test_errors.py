@@ -21,7 +21,11 @@ from schemaless import (
     TransientError,
     new_id,
 )
+from schemaless import dump as dumping
+from schemaless.errors import ServerError
 from schemaless.local import LocalCluster, LocalClusterError
+from schemaless.names import quote
+from schemaless.owned import admin
 
 
 def test_one_root_and_no_false_promise() -> None:
@@ -89,3 +93,19 @@ def test_every_verb_after_close_is_a_programming_error(
         with pytest.raises(DataStoreClosed, match="closed") as info:
             call()
         assert not info.value.retryable and not isinstance(info.value, TransientError)
+
+
+def test_a_table_of_an_earlier_owned_shape_is_named_not_a_raw_error(
+    make_store: Any, tmp_path: Any
+) -> None:
+    """An owned datastore made by an earlier unreleased build lacks the key the scans
+    read by (``by_shard_added``): a dump says what to do, not just error 1176."""
+    store = make_store()
+    store.put({"n": 1})
+    topo = store.cluster.topology
+    for server in store.cluster.servers():
+        server.run(
+            admin([f"ALTER TABLE {quote(topo.owned_db, 'entities')} DROP KEY by_shard_added"])
+        )
+    with pytest.raises(ServerError, match="earlier unreleased build: dump it with that build"):
+        dumping.dump(store, tmp_path / "d")

@@ -20,7 +20,6 @@ from schemaless import (
     CorruptEntity,
     DataStore,
     Index,
-    ServerError,
     TableMissing,
     UniqueViolation,
     dumpfiles,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import drop_datastore, same_store
-from faults.helpers import count_rows
+from faults.helpers import count_rows, open_store, scratch_cluster
 
 from schemaless import (
     CatalogError,
@@ -450,20 +450,16 @@ def test_a_catalog_from_before_fences_is_upgraded_by_an_open_with_ddl(
     assert store.cluster.refresh().index_epoch == 2
 
 
-def test_batches_above_max_allowed_packet_are_sent_in_parts(
-    make_store: Any, local_cluster: LocalCluster
-) -> None:
+def test_batches_above_max_allowed_packet_are_sent_in_parts() -> None:
     """put_many, get_many, delete_many and a shard move's copy of more than one
-    statement can carry: the servers' max_allowed_packet (lowered to 1 MiB here) used
-    to refuse the statement and drop the connection (OutcomeUnknown for a write that
-    had not been applied)."""
-    admin = make_store()
-    servers = admin.cluster.all_servers(admin.cluster.topology).values()
-    before = {s.name: int(s.run("SELECT @@GLOBAL.max_allowed_packet")[0][0][0]) for s in servers}
-    for server in servers:
-        server.run("SET GLOBAL max_allowed_packet = 1048576")
-    try:
-        store = same_store(local_cluster, admin)  # its connections get the small packet
+    statement can carry: the servers' max_allowed_packet (1 MiB on a cluster of its
+    own, not a global the other tests' connections would get) used to refuse the
+    statement and drop the connection (OutcomeUnknown for a write not applied)."""
+    config = {"max_allowed_packet": "1048576"}
+    with (
+        scratch_cluster("packet", servers=2, durable=False, extra_config=config) as cluster,
+        open_store(cluster) as store,
+    ):
         assert store.cluster.max_batch_bytes < 1048576
         entities = [{"id": new_id(), "blob": os.urandom(40_000), "n": i} for i in range(100)]
         store.put_many(entities)  # 4 MB of bodies: over 2 MiB a server
@@ -482,10 +478,6 @@ def test_batches_above_max_allowed_packet_are_sent_in_parts(
         assert store.delete_many([*absent, *(e["id"] for e in entities)]) == 100
         assert store.delete_many(e["id"] for e in more) == 40
         assert store.get_many(e["id"] for e in entities) == [None] * 100
-        store.close()
-    finally:
-        for server in servers:
-            server.run("SET GLOBAL max_allowed_packet = %s", (before[server.name],))
 
 
 def test_catalog_locks_exclude_each_other_whatever_the_length_of_their_name(

@@ -12,8 +12,11 @@ cell per round, in a rotated order, so the shared machine's noise hits all alike
   operation.  Creating each datastore (``DataStore(..., shards=N)``) is timed: at
   2,048 per server on two servers, that is ``init`` with 4,096 logical shards.
 * ``writes``: put (a new entity), update (an indexed value changed) and delete with 0,
-  1 and 3 indexes, get and the equality query (page of 20), owned against
-  ``layout="databases"`` (a database per logical shard) at ``--write-per-server``.
+  1 and 3 indexes, get and the equality query, owned against ``layout="databases"``
+  (a database per logical shard) at ``--write-per-server``.  The equality query
+  twice: ``query_eq`` of a user among all of them (one or two entities: the preload
+  spreads about 800 over 500 users), and ``query_eq20`` of one of ``HEAVY`` users
+  given ``HEAVY_EACH`` more entities each (a full page of 20).
 
 Example: ``python -m bench.owned --entities 20000 --per-server 8,256,2048``; the
 servers are started in ``.owned-cluster`` and stopped at the end.
@@ -47,6 +50,8 @@ __all__ = ["OwnedConfig", "drop", "format_markdown", "main", "run"]
 
 BY_TIME = INDEXES["i3"][1]
 PARTS = ("reads", "writes")
+#: The users whose equality query fills a page (``query_eq20``), and their extra entities.
+HEAVY, HEAVY_EACH = 10, 25
 
 
 @dataclass
@@ -183,9 +188,13 @@ def _writes(servers: Servers, cfg: OwnedConfig, ds: Dataset, pids: list[int]) ->
         for layout in ("owned", "databases")
         for kind in ("i0", "i1", "i3")
     }
+    heavy = [ds.entity(ds.n + count + k) for k in range(HEAVY * HEAVY_EACH)]
+    for k, e in enumerate(heavy):
+        e["user_id"] = ds.user_id(k % HEAVY)
     for (layout, kind), store in stores.items():
-        _log(f"  writes: loading {preload} entities into {layout} {kind}")
+        _log(f"  writes: loading {preload} + {len(heavy)} entities into {layout} {kind}")
         _load(store, ds, preload)
+        store.put_many(heavy)
     updated = []
     for i in range(count):
         e = ds.entity(i)
@@ -197,6 +206,7 @@ def _writes(servers: Servers, cfg: OwnedConfig, ds: Dataset, pids: list[int]) ->
         "delete": [ds.entity(count + i)["id"] for i in range(count)],
         "get": [ds.entity(rng.randrange(count))["id"] for _ in range(count)],
         "query_eq": [ds.user_id(rng.randrange(min(ds.users, preload))) for _ in range(count)],
+        "query_eq20": [ds.user_id(rng.randrange(HEAVY)) for _ in range(count)],
     }
     cells: Cells = {}
     by_op: dict[str, list[Any]] = {}
@@ -207,8 +217,10 @@ def _writes(servers: Servers, cfg: OwnedConfig, ds: Dataset, pids: list[int]) ->
             by_op[f"{op}_{n}idx"] = items[op]
         if kind == "i3":
             cells.setdefault("get", {})[layout] = store.get
-            cells.setdefault("query_eq", {})[layout] = _query_eq(store)
-            by_op.update(get=items["get"], query_eq=items["query_eq"])
+            for op in ("query_eq", "query_eq20"):
+                cells.setdefault(op, {})[layout] = _query_eq(store)
+                by_op[op] = items[op]
+            by_op["get"] = items["get"]
     out = _measure(cells, by_op, LayoutConfig(rounds=cfg.rounds, slice_ops=cfg.slice_ops), pids)
     for store in stores.values():
         store.close()

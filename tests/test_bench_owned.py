@@ -24,7 +24,7 @@ def test_owned_benchmark_runs_every_cell(local_cluster: LocalCluster) -> None:
     assert set(reads["ops"]["get_many"]) == {"raw", "owned 2"}
     assert set(reads["ops"]["scatter"]) == {"owned 2"}
     ops = {f"{op}_{n}idx" for op in ("put", "update", "delete") for n in (0, 1, 3)}
-    assert set(writes) == ops | {"get", "query_eq"}
+    assert set(writes) == ops | {"get", "query_eq", "query_eq20"}
     assert all(set(by) == {"owned", "databases"} for by in writes.values())
     assert all(r["ops"] == 2 for by in writes.values() for r in by.values())
     table = format_markdown(results)

@@ -214,10 +214,8 @@ def backfill(
     shards = []
     for shard in range(topo.n_shards):
         position, done, rows, updated = marks.get(shard, (0, False, 0, None))
-        sid = topo.shard_servers[shard]
-        span = ranges[shard]
-        before, top, share = (0, None, 1.0) if span is None else span
-        server = str(topo.servers[sid])
+        before, top, share = ranges[shard] or (0, None, 1.0)
+        server = str(topo.servers[topo.shard_servers[shard]])
         progress = ShardProgress(shard, server, position, top, done, rows, updated, before, share)
         shards.append(progress)
     return Backfill(name, taken, shards)

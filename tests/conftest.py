@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import queue
@@ -33,28 +34,51 @@ def local_cluster() -> Iterator[LocalCluster]:
 
     Base dir: ``$SCHEMALESS_TEST_DIR`` or ``<repo>/.pytest-cluster``.  A cluster that
     was already running is left running; one a session started (marked by
-    ``.started``) is stopped by the last session to end (a shared lock on
-    ``.sessions``); one session starts it at a time (``.starting``).
+    ``.started``) is stopped by the last session to end (``.users``: the live ones).
     """
     base = Path(os.environ.get("SCHEMALESS_TEST_DIR") or REPO / ".pytest-cluster")
     base.mkdir(parents=True, exist_ok=True)
     started = base / ".started"
-    with open(base / ".sessions", "a") as sessions:
-        fcntl.flock(sessions, fcntl.LOCK_SH)
-        with open(base / ".starting", "a") as starting:
-            fcntl.flock(starting, fcntl.LOCK_EX)
-            cluster = LocalCluster(base, servers=2, durable=False)
-            if not all(s.running() for s in cluster.servers):
-                started.touch()
-            cluster.up()
-        yield cluster
-        try:
-            fcntl.flock(sessions, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return  # another session is still using it: the last one stops it
-        if started.exists():
+    with _cluster_lock(base):
+        cluster = LocalCluster(base, servers=2, durable=False)
+        if not all(s.running() for s in cluster.servers):
+            started.touch()
+        cluster.up()
+        _users(base, add=os.getpid())
+    yield cluster
+    with _cluster_lock(base):
+        if not _users(base, remove=os.getpid()) and started.exists():
             cluster.down()
             started.unlink()
+
+
+@contextlib.contextmanager
+def _cluster_lock(base: Path) -> Iterator[None]:
+    """One session at a time starts, joins or leaves the test cluster."""
+    with open(base / ".lock-sessions", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _users(base: Path, add: int | None = None, remove: int | None = None) -> set[int]:
+    """The live test sessions (pids) using the cluster, after adding or removing one
+    (a session killed before it left is dropped when it is found dead)."""
+    path = base / ".users"
+    pids = {int(p) for p in path.read_text().split()} if path.exists() else set()
+    pids = {p for p in pids if _alive(p)} | ({add} if add else set())
+    pids.discard(remove or 0)
+    path.write_text(" ".join(map(str, sorted(pids))))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @pytest.fixture(autouse=True)

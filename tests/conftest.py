@@ -41,9 +41,10 @@ def local_cluster() -> Iterator[LocalCluster]:
     started = base / ".started"
     with _cluster_lock(base):
         cluster = LocalCluster(base, servers=2, durable=False)
-        if not all(s.running() for s in cluster.servers):
+        already = {s.index for s in cluster.servers if s.running()}
+        cluster.up()  # a fresh directory has no servers before
+        if any(s.index not in already for s in cluster.servers):
             started.touch()
-        cluster.up()
         _users(base, add=os.getpid())
     yield cluster
     with _cluster_lock(base):

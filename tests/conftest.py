@@ -125,11 +125,25 @@ class _Dropper:
                 )
                 try:
                     for db in dbs:
-                        conn.cursor().execute(f"DROP DATABASE IF EXISTS {quote(db)}")
+                        _drop(conn, db)
                 finally:
                     conn.close()
             except BaseException as exc:
                 self.errors.append(exc)
+
+
+def _drop(conn: Any, db: str, attempts: int = 10) -> None:
+    """``DROP DATABASE``, again while the server says its directory is not empty
+    (error 1010: a statement of the finished test, such as an ``ALTER TABLE`` whose
+    client went away, may still be writing its temporary files there)."""
+    for attempt in range(attempts):
+        try:
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS {quote(db)}")
+            return
+        except MySQLdb.OperationalError as exc:
+            if exc.args[0] != 1010 or attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")

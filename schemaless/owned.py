@@ -330,8 +330,7 @@ def triggered(stmts: list[str], db: str | None) -> str:
     """A write batch that needs no check (owned layout: ``db`` given): one transaction
     whose every insert or update fires the triggers (a shard not owned fails the whole
     batch, nothing committed) and whose deletes remove only what may go."""
-    sql = in_transaction(stmts)
-    return f"{TRIGGERED} {sql}" if db is not None and stmts else sql
+    return _marked(TRIGGERED, stmts, db)
 
 
 def tentative(stmts: list[str], db: str | None) -> str:
@@ -343,41 +342,41 @@ def tentative(stmts: list[str], db: str | None) -> str:
     again ``checked_first``, or reads the stored state checked, before taking it as "not
     found" or "conflict".  A write that applies pays no check at all
     (docs/architecture.md, "The check")."""
+    return _marked(TENTATIVE, stmts, db)
+
+
+def _marked(mark: str, stmts: list[str], db: str | None) -> str:
+    """``stmts`` in one transaction, marked (owned layout: ``db`` given) as needing no
+    check of their own."""
     sql = in_transaction(stmts)
-    return f"{TENTATIVE} {sql}" if db is not None and stmts else sql
-
-
-def _locked_check(db: str, names: tuple[int, ...]) -> str:
-    """The check reading the ``owned`` rows ``LOCK IN SHARE MODE``: first in a
-    transaction, it holds them to the ``COMMIT`` (a fence waits; one that came first
-    fails the batch before any write)."""
-    return _refuse_unless(f"{_count(db, names, ' LOCK IN SHARE MODE')} < {len(names)}")
+    return f"{mark} {sql}" if db is not None and stmts else sql
 
 
 def checked_first(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     """A write batch whose writes may match no row (owned layout: ``db`` given): one
-    transaction that begins with ``_locked_check`` of every shard it names, so each of
-    them is owned from before its first write to its ``COMMIT``, and a write that
-    affected no row is an answer ("not found", "conflict") of the shard's owner."""
+    transaction that begins by reading the ``owned`` rows of every shard it names
+    ``LOCK IN SHARE MODE``, failing unless each is there, and holds them to its
+    ``COMMIT`` (a fence waits for it; one that came first fails it before any write),
+    so a write that affected no row is an answer ("not found", "conflict") of the
+    shard's owner."""
     if db is None:
         return in_transaction(stmts)
-    return ";\n".join(["START TRANSACTION", _locked_check(db, _names(shards)), *stmts, "COMMIT"])
+    names = _names(shards)
+    check = _refuse_unless(f"{_count(db, names, ' LOCK IN SHARE MODE')} < {len(names)}")
+    return ";\n".join(["START TRANSACTION", check, *stmts, "COMMIT"])
 
 
 def locked(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
-    """A write batch of many rows (owned layout: ``db`` given): one transaction that
-    first reads the ``owned`` rows of every shard it names ``LOCK IN SHARE MODE``,
-    failing unless each is there, and holds them to its ``COMMIT`` (a fence waits for
-    it; one that came first fails it, nothing written), so the triggers skip their
-    own lookup for those shards' rows (``LOCKED``, reset at the end; a failed batch's
-    connection is dropped with it)."""
+    """A write batch of many rows (owned layout: ``db`` given): ``checked_first``, so
+    the ``owned`` rows of every shard it names are held from its start to its
+    ``COMMIT``, and the triggers skip their own lookup for those shards' rows
+    (``LOCKED``, reset at the end; a failed batch's connection is dropped with it)."""
     if db is None:
         return in_transaction(stmts)
     names = _names(shards)
     listed = ",".join(map(str, names))
-    check = _locked_check(db, names)
-    batch = [f"SET {LOCKED} = '{listed}'", "START TRANSACTION", check, *stmts, "COMMIT"]
-    return ";\n".join([*batch, f"SET {LOCKED} = NULL"])
+    batch = checked_first(stmts, db, names)
+    return ";\n".join([f"SET {LOCKED} = '{listed}'", batch, f"SET {LOCKED} = NULL"])
 
 
 def in_guarded_transaction(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:

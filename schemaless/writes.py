@@ -227,15 +227,13 @@ def fence_owner_sql(
     no row (``seen`` None: a tombstone is written).  One result set: the rows changed.
     ``shard``: the owned layout's shard of the entity (its row carries it)."""
     table = quote(db, "entities")
-    if seen is None and shard is not None:
+    if seen is None:
+        lead = [] if shard is None else [shard]  # the owned layout's rows carry it
         sql = (
-            f"INSERT IGNORE INTO {table} (`shard`, `id`, `version`, `updated`)"
-            " VALUES (%s, %s, %s, %s)"
+            f"INSERT IGNORE INTO {table} ({'`shard`, ' * len(lead)}`id`, `version`, `updated`)"
+            f" VALUES ({'%s, ' * len(lead)}%s, %s, %s)"
         )
-        params: list[Any] = [shard, owner, version, now]
-    elif seen is None:
-        sql = f"INSERT IGNORE INTO {table} (`id`, `version`, `updated`) VALUES (%s, %s, %s)"
-        params = [owner, version, now]
+        params: list[Any] = [*lead, owner, version, now]
     else:
         sql = (
             f"UPDATE {table} SET `version` = %s,"

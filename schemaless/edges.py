@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ from .ids import to_id
 from .names import quote
 from .owned import (
     COPYING,
-    TRIGGERED,
     checked_rows,
     checked_select,
     guard_sql,
@@ -68,6 +66,12 @@ _MAX_DATA = 65535
 #: Inverse rows untouched this long with no forward edge are orphans (``repair``).
 GRACE = 60.0
 _SCAN = 500
+#: Whether a table exists and has a trigger: (table, trigger) counts, 0 or 1.
+_HAS_TRIGGER = (
+    "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
+    " AND table_name = %s), (SELECT COUNT(*) FROM information_schema.triggers"
+    " WHERE trigger_schema = %s AND event_object_table = %s AND trigger_name = %s)"
+)
 #: The session variable of a writer whose edge rows come with their counts (``add``'s
 #: transaction, a restore): the count trigger does not count them.
 NOCOUNT = "@schemaless_nocount"
@@ -239,19 +243,6 @@ class _Side:
             self.db,
         )
 
-    def probe(self, shard: int) -> str:
-        """Whether the edge table counts by its trigger: an edge of a random node
-        inserted, its count read, all rolled back (the insert fires the guard, so the
-        read is the shard owner's).  ``information_schema.triggers`` shows a user
-        only the triggers of tables it has the TRIGGER privilege on: not the
-        application's."""
-        return (
-            f"{TRIGGERED} START TRANSACTION;\n"
-            f"{self._upsert(shard)};\n"
-            f"SELECT COUNT(*) FROM {self.counts} WHERE `shard` = {int(shard)} AND `node` = %s;\n"
-            "ROLLBACK"
-        )
-
     def remove(self, shard: int, before: bool = False) -> str:
         """Delete the edge (``before``: only if untouched since a time), uncount it.
         The count's upsert fires the guard's insert trigger whatever the delete
@@ -394,18 +385,23 @@ class Edges:
 
     def _counts_itself(self, topo: Topology, shard: int, kind: str) -> bool:
         """Whether ``kind``'s edge table on the server of ``shard`` has the count
-        trigger (tables made before it have not), probed once per map version
-        (``_Side.probe``).  Until a server whose tables ``schemaless edges create``
-        gave the trigger since is probed again (a new map, a new ``Edges``) it gets
-        the transaction, which counts right either way (``NOCOUNT``)."""
+        trigger (tables made before it have not), asked once per map version
+        (``information_schema``, which shows the application's user the triggers of
+        the tables it may write; a server without the table yet is asked again after
+        the call that creates it).  Until a server whose tables
+        ``schemaless edges create`` gave the trigger since is asked again (a new map,
+        a new ``Edges``) it gets the transaction, which counts right either way
+        (``NOCOUNT``)."""
         key = (topo.map_version, topo.shard_servers[shard], kind)
         known = self._counting.get(key)
         if known is None:
-            node = os.urandom(16)
+            edges = table_names(kind)[0]
             rows = self.ds.cluster.server_of_shard(topo, shard).run(
-                _Side(topo.owned_db, kind).probe(shard), (node, node, 0, 0, None, node)
+                _HAS_TRIGGER, (topo.owned_db, edges, topo.owned_db, edges, f"{edges}_ci")
             )
-            known = self._counting[key] = int(rows[0][0][0]) == 1
+            table, known = (int(n) == 1 for n in rows[0][0])
+            if table:
+                self._counting[key] = known
         return known
 
     # -- reads --------------------------------------------------------------------------

@@ -35,11 +35,6 @@ def test_add_remove_count_idempotent_in_one_round_trip(ds: DataStore) -> None:
         server.tracer = lambda name, sql, s: sent.append(sql)
     assert likes.add(user, entry) is True
     sent = [sql for sql in sent if "edges__" in sql]  # not the catalog's refreshes
-    assert len(sent) == 4  # each side's table probed once for its count trigger
-    assert all(sql.endswith("ROLLBACK") for sql in sent[0::2])
-    sent.clear()
-    assert likes.add(user, entry) is False
-    sent = [sql for sql in sent if "edges__" in sql]
     assert len(sent) == 2  # the inverse, then the edge: one statement each
     assert "edges__liked_by" in sent[0] and "edges__likes" in sent[1]
     assert sent[0].startswith(f"{TRIGGERED} INSERT INTO") and ";" not in sent[0]

@@ -72,6 +72,9 @@ _HAS_TRIGGER = (
     " AND table_name = %s), (SELECT COUNT(*) FROM information_schema.triggers"
     " WHERE trigger_schema = %s AND event_object_table = %s AND trigger_name = %s)"
 )
+#: Where each form of a side has the edge statement's row count (after ``START
+#: TRANSACTION``, and ``SET`` of ``NOCOUNT``).
+_EDGE_AT = {"add": 0, "add_counting": 2, "remove": 1}
 #: The session variable of a writer whose edge rows come with their counts (``add``'s
 #: transaction, a restore): the count trigger does not count them.
 NOCOUNT = "@schemaless_nocount"
@@ -310,7 +313,7 @@ class Edges:
             raise InvalidQuery(f"edge type {kind!r} cannot be its own inverse")
         self.timeout, self.creates = timeout, create
         #: Whether a server's edge table of a type counts by its trigger, by (map
-        #: version, server, type): probed once each (``_counts_itself``).
+        #: version, server, type): asked once each (``_counts_itself``).
         self._counting: dict[tuple[int, int, str], bool] = {}
         if ds.cluster.refresh().owned_db is None:
             raise CatalogError(
@@ -367,19 +370,14 @@ class Edges:
         """One side's write on ``node``'s shard; the edge statement's row count."""
 
         def run(topo: Topology, shard: int) -> int:
-            if op == "add" and self._counts_itself(topo, shard, kind):
-                counts: list[int] = []
-                sql = _write_sql(topo.owned_db, kind, op, shard)
-                self.ds.cluster.server_of_shard(topo, shard).run(
-                    sql, (node, other, *more), commits=True, counts=counts
-                )
-                return counts[0]
-            counts = []
-            sql = _write_sql(topo.owned_db, kind, "add_counting" if op == "add" else op, shard)
+            one = op == "add" and self._counts_itself(topo, shard, kind)
+            form = op if one or op == "remove" else "add_counting"
+            params = (node, other, *more) if one else (node, other, *more, node)
+            counts: list[int] = []
             self.ds.cluster.server_of_shard(topo, shard).run(
-                sql, (node, other, *more, node), commits=True, counts=counts
+                _write_sql(topo.owned_db, kind, form, shard), params, commits=True, counts=counts
             )
-            return counts[2 if op == "add" else 1]  # after START TRANSACTION (and SET)
+            return counts[_EDGE_AT[form]]
 
         return self._call(node, run)
 
@@ -615,8 +613,9 @@ class Edges:
 
 @functools.lru_cache(maxsize=4096)
 def _write_sql(db: str | None, kind: str, op: str, shard: int) -> str:
-    """One side's ``add``, ``add_counting`` or ``remove`` batch on a shard, built once (the same for
-    every call of a map: only the data database's name varies)."""
+    """One side's ``add``, ``add_counting`` or ``remove`` statement or batch on a
+    shard, built once (the same for every call of a map: only the data database's
+    name varies)."""
     side = _Side(db, kind)
     write: Callable[[int], str] = getattr(side, op)
     return write(shard)

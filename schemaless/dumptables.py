@@ -30,6 +30,7 @@ import msgpack
 import MySQLdb.cursors
 
 from .dumpfiles import MANIFEST, PAGE, DumpError, Progress, not_empty, restore_file
+from .edges import NOCOUNT, count_trigger_sql
 from .hashing import shard_of
 from .jsonform import from_json, to_jsonable
 from .movesync import discovered, table_names
@@ -346,6 +347,7 @@ def restore_tables(
             for stmt in [
                 f"CREATE TABLE IF NOT EXISTS {quote(db, t.name)} {t.create.split(' ', 3)[3]}",
                 *(guard_sql(db, t.name) if t.sharded else []),
+                *count_trigger_sql(db, t.name),
             ]
         ],
     )
@@ -371,7 +373,8 @@ def restore_tables(
 
 def _write_rows(ds: DataStore, table: TableDump, rows: list[tuple[Any, ...]]) -> None:
     """Rows of a sharded module table, each into the logical shard of its id (the key's
-    column after ``shard``), through the guard: one transaction per server."""
+    column after ``shard``), through the guard: one transaction per server, edges
+    uncounted (``NOCOUNT``: their counts are rows of the dump too)."""
     topo = ds.cluster.current()
     at = table.columns.index(table.key[1])
 
@@ -381,7 +384,8 @@ def _write_rows(ds: DataStore, table: TableDump, rows: list[tuple[Any, ...]]) ->
     def build(part: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
         shards = {shard(r) for r in part}
         stmt = _insert_sql(str(topo.owned_db), table.name, ("shard", *table.columns), len(part))
-        return locked([stmt], topo.owned_db, shards), [v for r in part for v in (shard(r), *r)]
+        stmts = [f"SET {NOCOUNT} = 1", stmt, f"SET {NOCOUNT} = NULL"]
+        return locked(stmts, topo.owned_db, shards), [v for r in part for v in (shard(r), *r)]
 
     for part in chunks(rows, sql_bytes, ds.cluster.max_batch_bytes):
         ds.cluster.scatter(topo, by_server(topo, part, shard), build)

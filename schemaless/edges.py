@@ -2,13 +2,15 @@
 
 ``Edges(ds, "likes", inverse="liked_by")``: the edge rows of ``src`` and its count row
 live on ``src``'s logical shard, in two tables of the data database of every server
-(owned layout only), so ``add`` and ``remove`` are one round trip per side: the edge
-written, then the count changed by ``ROW_COUNT()`` of that write, in one transaction
-on the server ("non-stored procedures": a hot node's count row is never locked across
-the network).  Both are idempotent.  The inverse (``dst``'s edges back, on ``dst``'s
-shard) is a superset of the forward edges: written first, removed last; ``repair``
-removes the inverse rows an interrupted call left behind (docs/architecture.md,
-"Edges and feeds").
+(owned layout only), so ``add`` and ``remove`` are one round trip per side ("non-stored
+procedures": a hot node's count row is never locked across the network).  ``add``'s
+side is one autocommit statement, the edge's upsert, whose ``AFTER INSERT`` trigger
+counts a new edge (on a server whose tables predate that trigger: the edge and the
+count by ``ROW_COUNT()`` in one transaction); ``remove``'s is the delete, then the
+count changed by ``ROW_COUNT()``, in one transaction.  Both are idempotent.  The
+inverse (``dst``'s edges back, on ``dst``'s shard) is a superset of the forward
+edges: written first, removed last; ``repair`` removes the inverse rows an interrupted
+call left behind (docs/architecture.md, "Edges and feeds").
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .errors import CatalogError, InvalidEntity, InvalidQuery, PermissionDenied,
 from .ids import to_id
 from .names import quote
 from .owned import (
+    COPYING,
     checked_rows,
     checked_select,
     guard_sql,
@@ -42,12 +45,14 @@ if TYPE_CHECKING:
     from .store import DataStore
 
 __all__ = [
+    "NOCOUNT",
     "Edge",
     "EdgePage",
     "Edges",
     "NotCreated",
     "check_limit",
     "check_type",
+    "count_trigger_sql",
     "create_tables",
     "missing_tables",
     "table_names",
@@ -61,6 +66,18 @@ _MAX_DATA = 65535
 #: Inverse rows untouched this long with no forward edge are orphans (``repair``).
 GRACE = 60.0
 _SCAN = 500
+#: Whether a table exists and has a trigger: (table, trigger) counts, 0 or 1.
+_HAS_TRIGGER = (
+    "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
+    " AND table_name = %s), (SELECT COUNT(*) FROM information_schema.triggers"
+    " WHERE trigger_schema = %s AND event_object_table = %s AND trigger_name = %s)"
+)
+#: Where each form of a side has the edge statement's row count (after ``START
+#: TRANSACTION``, and ``SET`` of ``NOCOUNT``).
+_EDGE_AT = {"add": 0, "add_counting": 2, "remove": 1}
+#: The session variable of a writer whose edge rows come with their counts (``add``'s
+#: transaction, a restore): the count trigger does not count them.
+NOCOUNT = "@schemaless_nocount"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +143,30 @@ def tables_sql(db: str, kind: str) -> list[str]:
         ") ENGINE=InnoDB",
         *guard_sql(db, edges),
         *guard_sql(db, counts),
+        *count_trigger_sql(db, edges),
     ]
 
 
 def table_names(kind: str) -> tuple[str, str]:
     return f"edges__{kind}", f"edges__{kind}__n"
+
+
+def count_trigger_sql(db: str, table: str) -> list[str]:
+    """The trigger of an edge table (``edges__T``; none for another table) that counts
+    a new edge: ``AFTER INSERT``, so an upsert of a present edge (an update) fires none.
+    It skips the rows a move copies into the target (``COPYING``, as the guard does)
+    and those of a writer that counts them itself (``NOCOUNT``).  Its upsert of the
+    count fires the count table's guard as well."""
+    kind = table.removeprefix("edges__")
+    if kind == table or not _TYPE.match(kind):
+        return []
+    counts = quote(db, table_names(kind)[1])
+    return [
+        f"CREATE TRIGGER IF NOT EXISTS {quote(db, f'{table}_ci')} AFTER INSERT ON"
+        f" {quote(db, table)} FOR EACH ROW IF {NOCOUNT} IS NULL AND NOT ({COPYING} <=> NEW.`shard`)"
+        f" THEN INSERT INTO {counts} (`shard`, `node`, `n`) VALUES (NEW.`shard`, NEW.`src`, 1)"
+        " ON DUPLICATE KEY UPDATE `n` = `n` + 1; END IF"
+    ]
 
 
 def missing_tables(ds: DataStore, names: list[str]) -> bool:
@@ -181,16 +217,31 @@ class _Side:
             " ON DUPLICATE KEY UPDATE `n` = `n` + VALUES(`n`)"
         )
 
+    def _upsert(self, shard: int) -> str:
+        return (
+            f"INSERT INTO {self.edges} (`shard`, `src`, `dst`, `at`, `touched`, `data`)"
+            f" VALUES ({int(shard)}, %s, %s, %s, %s, %s)"
+            " ON DUPLICATE KEY UPDATE `touched` = VALUES(`touched`)"
+        )
+
     def add(self, shard: int) -> str:
-        """Write the edge (touched again if present), count it if it is new: a row
-        count of 1 is an insert (2: an update of a present edge).  Both are upserts,
-        so both fire the guard's triggers: no check needed (``triggered``)."""
+        """Write the edge (touched again if present): one statement, whose count
+        trigger counts it if it is new; a row count of 1 is an insert (0 or 2: a
+        present edge).  An upsert fires the guard's triggers, and the count's upsert
+        in the trigger those of the count table: no check needed (``triggered``)."""
+        return triggered([self._upsert(shard)], self.db)
+
+    def add_counting(self, shard: int) -> str:
+        """``add`` where the edge table may lack the count trigger (made before it):
+        the edge's upsert, then the count by its ``ROW_COUNT()``, in one transaction,
+        with ``NOCOUNT`` set so a trigger made since does not count it again.  Both
+        are upserts, so both fire the guard's triggers (``triggered``)."""
         return triggered(
             [
-                f"INSERT INTO {self.edges} (`shard`, `src`, `dst`, `at`, `touched`, `data`)"
-                f" VALUES ({int(shard)}, %s, %s, %s, %s, %s)"
-                " ON DUPLICATE KEY UPDATE `touched` = VALUES(`touched`)",
+                f"SET {NOCOUNT} = 1",
+                self._upsert(shard),
                 self._count(shard, "ROW_COUNT() = 1"),
+                f"SET {NOCOUNT} = NULL",
             ],
             self.db,
         )
@@ -261,6 +312,9 @@ class Edges:
         if self.inverse == self.kind:
             raise InvalidQuery(f"edge type {kind!r} cannot be its own inverse")
         self.timeout, self.creates = timeout, create
+        #: Whether a server's edge table of a type counts by its trigger, by (map
+        #: version, server, type): asked once each (``_counts_itself``).
+        self._counting: dict[tuple[int, int, str], bool] = {}
         if ds.cluster.refresh().owned_db is None:
             raise CatalogError(
                 f"edges ({kind!r}) need the owned layout; this datastore has a database per"
@@ -316,14 +370,37 @@ class Edges:
         """One side's write on ``node``'s shard; the edge statement's row count."""
 
         def run(topo: Topology, shard: int) -> int:
-            sql = _write_sql(topo.owned_db, kind, op, shard)
+            one = op == "add" and self._counts_itself(topo, shard, kind)
+            form = op if one or op == "remove" else "add_counting"
+            params = (node, other, *more) if one else (node, other, *more, node)
             counts: list[int] = []
             self.ds.cluster.server_of_shard(topo, shard).run(
-                sql, (node, other, *more, node), commits=True, counts=counts
+                _write_sql(topo.owned_db, kind, form, shard), params, commits=True, counts=counts
             )
-            return counts[1]  # after START TRANSACTION
+            return counts[_EDGE_AT[form]]
 
         return self._call(node, run)
+
+    def _counts_itself(self, topo: Topology, shard: int, kind: str) -> bool:
+        """Whether ``kind``'s edge table on the server of ``shard`` has the count
+        trigger (tables made before it have not), asked once per map version
+        (``information_schema``, which shows the application's user the triggers of
+        the tables it may write; a server without the table yet is asked again after
+        the call that creates it).  Until a server whose tables
+        ``schemaless edges create`` gave the trigger since is asked again (a new map,
+        a new ``Edges``) it gets the transaction, which counts right either way
+        (``NOCOUNT``)."""
+        key = (topo.map_version, topo.shard_servers[shard], kind)
+        known = self._counting.get(key)
+        if known is None:
+            edges = table_names(kind)[0]
+            rows = self.ds.cluster.server_of_shard(topo, shard).run(
+                _HAS_TRIGGER, (topo.owned_db, edges, topo.owned_db, edges, f"{edges}_ci")
+            )
+            table, known = (int(n) == 1 for n in rows[0][0])
+            if table:
+                self._counting[key] = known
+        return known
 
     # -- reads --------------------------------------------------------------------------
 
@@ -536,10 +613,12 @@ class Edges:
 
 @functools.lru_cache(maxsize=4096)
 def _write_sql(db: str | None, kind: str, op: str, shard: int) -> str:
-    """One side's ``add`` or ``remove`` batch on a shard, built once (the same for
-    every call of a map: only the data database's name varies)."""
+    """One side's ``add``, ``add_counting`` or ``remove`` statement or batch on a
+    shard, built once (the same for every call of a map: only the data database's
+    name varies)."""
     side = _Side(db, kind)
-    return side.add(shard) if op == "add" else side.remove(shard)
+    write: Callable[[int], str] = getattr(side, op)
+    return write(shard)
 
 
 def _paged(limit: int, after: bool) -> Callable[[_Side], Callable[[int], str]]:

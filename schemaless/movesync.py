@@ -17,6 +17,7 @@ from typing import Any
 
 from .batch import Batch, gather
 from .connection import Server
+from .edges import count_trigger_sql
 from .errors import CatalogError
 from .index import Index
 from .names import quote
@@ -160,11 +161,13 @@ def copy_wide(src: Server, dst: Server, db: str, tables: Sequence[str]) -> None:
 
 def create_missing(src: Server, dst: Server, db: str, tables: Sequence[Table]) -> None:
     """Create on the target the discovered shard tables it lacks, from the source's
-    definitions, with the guard's triggers."""
+    definitions, with the guard's triggers (and an edge table's count trigger, which
+    skips the copy's rows)."""
     present = table_names(dst, db)
     for t in tables:
         if t.name not in present:
-            dst.run(admin([_definition(src, db, t.name), *guard_sql(db, t.name)]))
+            made = [_definition(src, db, t.name), *guard_sql(db, t.name)]
+            dst.run(admin([*made, *count_trigger_sql(db, t.name)]))
 
 
 def _definition(server: Server, db: str, name: str) -> str:

@@ -281,39 +281,18 @@ class Feeds:
         keys = () if after is None else (after[0], after[0], after[1])
 
         def run(topo: Topology, shard: int) -> list[Sequence[Any]]:
-            inbox = self._q(topo, self.inbox)
-            follows = self._q(topo, table_names(self.graph.kind)[0])
-            s = int(shard)
-            select = (
-                "(SELECT STRAIGHT_JOIN 0 AS `pulled`, i.`at`, i.`post`, i.`author`"
-                f" FROM {inbox} i JOIN {follows} f FORCE INDEX (PRIMARY)"
-                f" ON f.`shard` = {s} AND f.`src` = i.`user` AND f.`dst` = i.`author`"
-                f" WHERE i.`shard` = {s} AND i.`user` = %s{_keyset('i.', bool(keys))}"
-                f" ORDER BY i.`at` DESC, i.`post` DESC LIMIT {int(n)})"
-                f" UNION ALL ({self._posts_sql(topo, s, bool(keys), n)})"
-                f" UNION ALL (SELECT 1, 0, NULL, p.`author` FROM {self._q(topo, self.pulled)} p"
-                f" JOIN {follows} f ON f.`shard` = {s} AND f.`src` = %s AND f.`dst` = p.`author`)"
-            )
-            sql = checked_select(select, topo.owned_db, (s,))
+            assert topo.owned_db is not None
+            sql = _home_sql(topo.owned_db, self.name, self.graph.kind, shard, n, bool(keys))
             got = self._server(topo, shard).run(sql, (user, *keys, user, *keys, user))[0]
             return checked_rows(got, topo.owned_db)
 
         got = self._on(user, run)
-        rows = [_row(r[1:]) for r in got if not r[0]]
+        rows = [_row(r) for r in got if not r[0]]
         pulled_authors = [bytes(r[3]) for r in got if r[0]]
         if not pulled_authors:
             return _newest(rows, n), set()
         pulled, missing = self._pulled_rows(pulled_authors, n, keys, partial)
         return _newest(rows + pulled, n), missing
-
-    def _posts_sql(self, topo: Topology, shard: int, after: bool, n: int) -> str:
-        """The newest ``n`` posts rows of an author (``%s``) on ``shard``, read down the
-        clustered key (the planner would take ``once`` and sort them all)."""
-        return (
-            f"SELECT 0 AS `pulled`, `at`, `post`, `author` FROM {self._q(topo, self.posts_table)}"
-            f" FORCE INDEX (PRIMARY) WHERE `shard` = {int(shard)} AND `author` = %s"
-            f"{_keyset('', after)} ORDER BY `at` DESC, `post` DESC LIMIT {int(n)}"
-        )
 
     def _posts_rows(
         self, author: bytes, n: int, after: tuple[int, bytes] | None, partial: bool
@@ -330,25 +309,23 @@ class Feeds:
 
         def run() -> tuple[list[_Row], set[int]]:
             topo = self.ds.cluster.current()
-            shard = self.ds.cluster.shard_of_id
+            assert topo.owned_db is not None
+            db, of = topo.owned_db, self.ds.cluster.shard_of_id
+            shard = {a: of(a) for a in authors}  # each hashed once
 
             def build(group: list[bytes]) -> Statement:
                 parts = " UNION ALL ".join(
-                    f"({self._posts_sql(topo, shard(a), bool(keys), n)})" for a in group
+                    _posts_sql(db, self.name, shard[a], bool(keys), n) for a in group
                 )
                 merged = f"SELECT * FROM ({parts}) u ORDER BY `at` DESC, `post` DESC LIMIT {int(n)}"
-                sql = checked_select(merged, topo.owned_db, map(shard, group))
+                sql = checked_select(merged, db, {shard[a] for a in group})
                 return sql, [v for a in group for v in (a, *keys)]
 
-            groups = by_server(topo, authors, shard)
+            groups = by_server(topo, authors, shard.__getitem__)
             results = self.ds.cluster.scatter(topo, groups, build, partial=partial)
             unreachable_only(results.errors)
-            rows = [
-                _row(r[1:])
-                for sets in results.results.values()
-                for r in checked_rows(sets[0], topo.owned_db)
-            ]
-            return rows, {shard(a) for sid in results.errors for a in groups[sid]}
+            rows = [_row(r) for sets in results.results.values() for r in checked_rows(sets[0], db)]
+            return rows, {shard[a] for sid in results.errors for a in groups[sid]}
 
         rows, missing = self.ds.calls.call(run, self.timeout)
         return _newest(rows, n), missing
@@ -595,6 +572,38 @@ class Feeds:
         return self.ds.calls.call(lambda: fn(self.ds.cluster.current(), shard), self.timeout)
 
 
+@functools.lru_cache(maxsize=4096)
+def _home_sql(db: str, name: str, graph: str, shard: int, n: int, after: bool) -> str:
+    """A home page's read on the user's server (``_home_rows``), its own ownership check:
+    the inbox rows of authors still followed, the user's own posts, the pulled
+    followees; built once per (shard, n, keyset or not)."""
+    inbox, _, pulled = _tables(name)
+    follows = quote(db, table_names(graph)[0])
+    s = int(shard)
+    select = (
+        "(SELECT STRAIGHT_JOIN 0 AS `pulled`, i.`at`, i.`post`, i.`author`"
+        f" FROM {quote(db, inbox)} i JOIN {follows} f FORCE INDEX (PRIMARY)"
+        f" ON f.`shard` = {s} AND f.`src` = i.`user` AND f.`dst` = i.`author`"
+        f" WHERE i.`shard` = {s} AND i.`user` = %s{_keyset('i.', after)}"
+        f" ORDER BY i.`at` DESC, i.`post` DESC LIMIT {int(n)})"
+        f" UNION ALL {_posts_sql(db, name, s, after, n)}"
+        f" UNION ALL (SELECT 1, 0, NULL, p.`author` FROM {quote(db, pulled)} p"
+        f" JOIN {follows} f ON f.`shard` = {s} AND f.`src` = %s AND f.`dst` = p.`author`)"
+    )
+    return checked_select(select, db, (s,))
+
+
+@functools.lru_cache(maxsize=4096)
+def _posts_sql(db: str, name: str, shard: int, after: bool, n: int) -> str:
+    """The newest ``n`` posts rows of an author (``%s``) on ``shard``, parenthesized,
+    read down the clustered key (the planner would take ``once`` and sort them all)."""
+    return (
+        f"(SELECT 0 AS `pulled`, `at`, `post`, `author` FROM {quote(db, _tables(name)[1])}"
+        f" FORCE INDEX (PRIMARY) WHERE `shard` = {int(shard)} AND `author` = %s"
+        f"{_keyset('', after)} ORDER BY `at` DESC, `post` DESC LIMIT {int(n)})"
+    )
+
+
 def _is_id(entity: Mapping[str, Any]) -> bool:
     try:
         to_id(entity.get("author"))
@@ -604,7 +613,8 @@ def _is_id(entity: Mapping[str, Any]) -> bool:
 
 
 def _row(r: Any) -> _Row:
-    return int(r[0]), bytes(r[1]), bytes(r[2])
+    """(at, post, author) of a read's row (``pulled``, at, post, author)."""
+    return int(r[1]), bytes(r[2]), bytes(r[3])
 
 
 def _newest(rows: list[_Row], n: int) -> list[_Row]:

@@ -16,6 +16,7 @@ import pytest
 from test_cli import Cli, cluster_env
 
 from schemaless import DataStore, Feeds, new_id
+from schemaless import feeds as feeds_module
 from schemaless.errors import InvalidId, InvalidQuery, TableMissing
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
@@ -147,6 +148,28 @@ def test_a_celebrity_is_pulled_once_above_the_threshold(ds: DataStore) -> None:
         assert _ids(feeds.home(fan)) == [later["id"], pulled["id"], pushed["id"]]
     feeds.unfollow(fans[0], star)
     assert _ids(feeds.home(fans[0])) == []
+
+
+def test_pull_pages_merge_every_server_and_build_each_statement_once(ds: DataStore) -> None:
+    feeds = Feeds(ds, "home", pull_threshold=0)  # every author with a follower: pulled
+    reader, authors = new_id(), [new_id() for _ in range(6)]
+    for author in authors:
+        feeds.follow(reader, author)
+    posts = [(feeds.post(a, p), p) for _ in range(3) for a in authors for p in [{"n": 1}]]
+    assert feeds.work(once=True) == 18
+    want = [p["id"] for _, p in sorted(posts, key=lambda vp: (vp[0], vp[1]["id"]), reverse=True)]
+    hits = feeds_module._posts_sql.cache_info().hits, feeds_module._home_sql.cache_info().hits
+    got, cursor = [], None
+    while True:
+        page = feeds.home(reader, limit=4, cursor=cursor)
+        got += _ids(page)
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    assert got == want
+    # five pages: the statements of the keyset pages (same shards, n and shape) are cached
+    assert feeds_module._home_sql.cache_info().hits >= hits[1] + 3
+    assert feeds_module._posts_sql.cache_info().hits >= hits[0] + 3 * len(authors)
 
 
 def test_an_expired_post_never_appears(make_store: Callable[..., DataStore]) -> None:

@@ -2,7 +2,8 @@
 
 ``--threads`` (16) threads like one entry: ``Edges(ds, "likes", inverse="liked_by")
 .add(user, entry)``, so the entry's ``liked_by`` count is the hot row, each side one
-round trip (the edge and its count in one multi-statement transaction on the server).
+round trip (the edge's upsert, counted by its table's trigger, in one statement on the
+server; both sides in one batch when their shards share a server).
 Against it, the naive way through the same proxy with raw mysqlclient: per side START
 TRANSACTION, INSERT the edge, UPDATE the count (an upsert), COMMIT, each a round trip,
 so the count's row lock is held across the network until the COMMIT arrives.

@@ -75,6 +75,7 @@ lint: venv
 	$(PY) -m mypy
 	gcc -fsyntax-only -std=c11 -Wall -Wextra -Werror \
 		-I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" cleaner/_rows.c
+	gcc -fsyntax-only -std=c11 -Wall -Wextra -Werror bench/delayproxy.c
 
 fmt: venv
 	$(PY) -m ruff format .

@@ -8,28 +8,34 @@ TRANSACTION, INSERT the edge, UPDATE the count (an upsert), COMMIT, each a round
 so the count's row lock is held across the network until the COMMIT arrives.
 
 Between clients and servers runs a delay proxy (a process of its own, a port per
-mariadbd, one ``epoll`` loop: ``_Proxy``) that holds every chunk ``--delay`` ms (1)
-each way, as between racks; then the same without it.  Within each, the sides
-alternate in slices (``run_interleaved``: A B B A per round), so background load weighs
-on both alike, and a control runs each side with a new entry per like (no hot row): how
-far each side is from what the machine allows it anyway.  The hot counts are checked
-exact at the end (asserted: the entry's count equals the likes made).  Last, each
-side's CPU a like, from /proc: this process (the client), the proxy, the servers (their
-pids from the local cluster), and the likes/s the machine's cores would allow at that
-cost.  Printed: adds/s and p99 per side, the ratio, the CPU, the load average, the date
-and the commit.
+mariadbd, one ``epoll`` loop) that holds every chunk ``--delay`` ms (1) each way, as
+between racks; then the same without it.  The proxy is ``bench/delayproxy.c``, built
+with gcc on first use into a cache dir (``proxy_binary``), so that it costs the
+machine little CPU, as a network costs the database hosts none; ``--proxy python``
+runs the former one in Python (``_Proxy``), ``--proxy c,python`` each in turn.
+Within each, the sides alternate in slices (``run_interleaved``: A B B A per round),
+so background load weighs on both alike, and a control runs each side with a new
+entry per like (no hot row): how far each side is from what the machine allows it
+anyway.  The hot counts are checked exact at the end (asserted: the entry's count
+equals the likes made).  Last, each side's CPU a like, from /proc: this process (the
+client), the proxy, the servers (their pids from the local cluster), and the likes/s
+the machine's cores would allow at that cost.  Printed: adds/s and p99 per side, the
+ratio, the CPU, the load average, the date and the commit.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import hashlib
 import heapq
 import itertools
 import multiprocessing
 import os
 import select
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,9 +49,40 @@ from .env import Servers, start_cluster
 from .measure import run_interleaved, run_threads
 from .provenance import load_average, provenance
 
-__all__ = ["hot_node", "main"]
+__all__ = ["ProxyBuildError", "delay_proxy", "hot_node", "main", "proxy_binary"]
 
 KINDS = ("liked_by", "likes")  # the naive tables: the hot side (server 0) first
+PROXIES = ("c", "python")
+CFLAGS = ("-O2", "-std=c11", "-Wall")
+
+
+class ProxyBuildError(RuntimeError):
+    """gcc is missing or could not build ``bench/delayproxy.c``."""
+
+
+def proxy_binary() -> Path:
+    """``bench/delayproxy.c`` built with gcc into ``$XDG_CACHE_HOME/schemaless-bench``
+    (``~/.cache`` without it), once per version of the source; its path."""
+    src = Path(__file__).with_name("delayproxy.c")
+    key = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "schemaless-bench"
+    exe = cache / f"delayproxy-{key}"
+    if exe.exists():
+        return exe
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f"{exe.name}.{os.getpid()}.tmp"  # then renamed: builds may race
+    try:
+        done = subprocess.run(
+            ["gcc", *CFLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True
+        )
+    except FileNotFoundError as exc:
+        raise ProxyBuildError(
+            "gcc is not installed: it builds the delay proxy (make deps)"
+        ) from exc
+    if done.returncode:
+        raise ProxyBuildError(f"gcc could not build {src}:\n{done.stderr.strip()}")
+    os.replace(tmp, exe)
+    return exe
 
 
 class _Proxy:
@@ -172,6 +209,36 @@ def serve_proxies(targets: list[str], delay: float, pipe: Any) -> None:
     proxy.serve()
 
 
+@contextlib.contextmanager
+def delay_proxy(
+    targets: Sequence[str], delay: float, kind: str = "c"
+) -> Iterator[tuple[int, list[str]]]:
+    """A delay proxy process (``kind``: "c", or "python" for ``_Proxy``) in front of
+    each ``host:port`` target, holding every chunk ``delay`` seconds each way: its pid
+    and its addresses, in the targets' order; killed at the end."""
+    if kind == "python":
+        ctx = multiprocessing.get_context("spawn")
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=serve_proxies, args=(list(targets), delay, theirs))
+        proc.start()
+        try:
+            yield proc.pid or 0, mine.recv()
+        finally:
+            proc.kill()
+            proc.join()
+        return
+    argv = [str(proxy_binary()), str(round(delay * 1e6)), *targets]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as c:
+        try:
+            assert c.stdout is not None
+            addresses = [c.stdout.readline().strip() for _ in targets]
+            if not all(addresses):
+                raise RuntimeError(f"the delay proxy exited ({c.wait()}): {argv}")
+            yield c.pid, addresses
+        finally:
+            c.kill()
+
+
 def create_naive(servers: Servers, db: str) -> None:
     """The naive tables: ``liked_by`` (and its counts) on server 0, ``likes`` on 1."""
     for i, kind in enumerate(KINDS):
@@ -250,31 +317,32 @@ def hot_node(
     delay_ms: float,
     rounds: int = 3,
     server_pids: Sequence[int] = (),
+    proxy: str = "c",
 ) -> dict[str, Any]:
     """Adds/s of ``Edges.add`` and of the naive way on one hot entry and, as a control,
     on a new entry per like, ``seconds`` each side in ``rounds`` interleaved rounds,
-    through proxies adding ``delay_ms`` each way (none at 0).  Asserts the hot counts
-    exact.  Then each side's CPU a like (``cpu_per_call`` on new entries, a slice
-    each): this process, the proxy and ``server_pids``."""
-    proc, via = None, servers
-    if delay_ms > 0:
-        ctx = multiprocessing.get_context("spawn")
-        mine, theirs = ctx.Pipe()
-        targets = list(servers.addresses)
-        proc = ctx.Process(target=serve_proxies, args=(targets, delay_ms / 1000, theirs))
-        proc.start()
-        via = Servers(tuple(mine.recv()), servers.option_file)
-    tag = f"{int(delay_ms * 1000)}us"
-    create_naive(servers, f"{prefix}_tl_hotraw_{tag}")
-    naive = Naive(via, f"{prefix}_tl_hotraw_{tag}")
-    ds = DataStore(
-        list(via.addresses),
-        prefix=f"{prefix}_tl_hot_{tag}",
-        shards=16,
-        option_file=servers.option_file,
-        pool_size=threads + 4,
-    )
-    try:
+    through a ``proxy`` (``delay_proxy``) adding ``delay_ms`` each way (none at 0).
+    Asserts the hot counts exact.  Then each side's CPU a like (``cpu_per_call`` on
+    new entries, a slice each): this process, the proxy and ``server_pids``."""
+    with contextlib.ExitStack() as stack:
+        proxy_pids, via = [], servers
+        if delay_ms > 0:
+            pid, addresses = stack.enter_context(
+                delay_proxy(servers.addresses, delay_ms / 1000, proxy)
+            )
+            proxy_pids, via = [pid], Servers(tuple(addresses), servers.option_file)
+        tag = f"{int(delay_ms * 1000)}us" + (f"_{proxy}" if proxy_pids else "")
+        create_naive(servers, f"{prefix}_tl_hotraw_{tag}")
+        naive = Naive(via, f"{prefix}_tl_hotraw_{tag}")
+        stack.callback(naive.close)
+        ds = DataStore(
+            list(via.addresses),
+            prefix=f"{prefix}_tl_hot_{tag}",
+            shards=16,
+            option_file=servers.option_file,
+            pool_size=threads + 4,
+        )
+        stack.callback(ds.close)
         likes = Edges(ds, "likes", inverse="liked_by")
         entry, users = new_id(), itertools.count(1)
         calls: dict[str, tuple[Callable[[Any], object], Iterator[Any]]] = {
@@ -285,6 +353,7 @@ def hot_node(
         }
         samples = run_interleaved(calls, threads, seconds, rounds)
         out: dict[str, Any] = {"delay_ms": delay_ms, "threads": threads}
+        out["proxy"] = proxy if delay_ms > 0 else None
         for name, sample in samples.items():
             s = sample.summary()
             assert not sample.errors, f"{name}: {sample.first_error}"
@@ -294,18 +363,11 @@ def hot_node(
             assert n == out[name]["ops"], f"{name}: count {n}, {out[name]['ops']} likes made"
             out[name]["exact"] = True
         out["ratio"] = round(out["Edges.add"]["per_s"] / out["naive"]["per_s"], 2)
-        groups = {"client": [os.getpid()], "proxy": [] if proc is None else [proc.pid]}
-        groups["servers"] = list(server_pids)
+        groups = {"client": [os.getpid()], "proxy": proxy_pids, "servers": list(server_pids)}
         for side in ("naive", "Edges.add"):
             call, items = calls[f"{side}, no hot row"]
             out[side]["cpu_ms"] = cpu_per_call(call, items, threads, seconds / rounds, groups)
         return out
-    finally:
-        ds.close()
-        naive.close()
-        if proc is not None:
-            proc.kill()
-            proc.join()
 
 
 def format_rows(results: list[dict[str, Any]]) -> str:
@@ -321,8 +383,9 @@ def format_rows(results: list[dict[str, Any]]) -> str:
             ratio = f"{r['ratio']}x" if side == "Edges.add" else ""
             hot, cold, cpu = r[side], r[f"{side}, no hot row"], r[side]["cpu_ms"]
             bound = 1000 * (os.cpu_count() or 1) / max(sum(cpu.values()), 1e-9)
+            via = f" ({r['proxy']} proxy)" if r.get("proxy") else ""
             lines.append(
-                f"| {r['delay_ms']:g} ms | {side} | {hot['per_s']:.0f} | {hot['p99_ms']:.1f}"
+                f"| {r['delay_ms']:g} ms{via} | {side} | {hot['per_s']:.0f} | {hot['p99_ms']:.1f}"
                 f" | {cold['per_s']:.0f} | {ratio} | {cpu['client']:.2f} / {cpu['proxy']:.2f}"
                 f" / {cpu['servers']:.2f} | {bound:.0f} |"
             )
@@ -337,17 +400,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=6.0, help="per side and delay")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--delay", type=float, default=1.0, help="ms added each way")
+    p.add_argument("--proxy", default="c", help="c, python, or both in turn (c,python)")
     p.add_argument("--dir", default=".bench-cluster")
     p.add_argument("--prefix", default="bench")
     a = p.parse_args(argv)
+    proxies = a.proxy.split(",")
+    if not set(proxies) <= set(PROXIES):
+        p.error(f"--proxy: {a.proxy!r}: not c, python or both (c,python)")
+    try:
+        if "c" in proxies:
+            proxy_binary()
+    except ProxyBuildError as exc:
+        raise SystemExit(f"bench.hotnode: {exc}") from exc
     servers = start_cluster(a.dir, 2, durable=True)
     pids = [int(s["pid"]) for s in LocalCluster(a.dir).status() if s["pid"] is not None]
     drop_prefix(servers, a.prefix)
     before = load_average()
     try:
         results = [
-            hot_node(servers, a.prefix, a.threads, a.seconds, delay, a.rounds, pids)
-            for delay in (a.delay, 0.0)
+            hot_node(servers, a.prefix, a.threads, a.seconds, delay, a.rounds, pids, proxy)
+            for delay, proxy in [(a.delay, x) for x in proxies] + [(0.0, "c")]
         ]
     finally:
         drop_prefix(servers, a.prefix)

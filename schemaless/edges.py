@@ -401,7 +401,7 @@ class Edges:
         return _write_sql(topo.owned_db, kind, op, shard), params, _EDGE_AT[op]
 
     def _both(self, op: str, src: bytes, dst: bytes, more: tuple[Any, ...]) -> int | None:
-        """``add`` or ``remove`` of an edge with an inverse as ONE batch, when the
+        """``add`` or ``remove`` of an edge with an inverse as one batch, when the
         shards of ``src`` and ``dst`` share a server: the sides in ``add``'s and
         ``remove``'s order (docs/architecture.md, "Edges and feeds"); the forward
         edge statement's row count, or None when they do not share one (then the
@@ -421,6 +421,7 @@ class Edges:
             at = 1
             if op == "remove":
                 sql = _removing_sql(topo.owned_db, (self.kind, inverse), (shard, other))
+                # each side's delete (node, other end), then its count (node)
                 params: tuple[Any, ...] = (src, dst, src, dst, src, dst)
             else:
                 first, params, _ = self._side(topo, other, inverse, op, (dst, src, *more))

@@ -10,7 +10,8 @@ count by ``ROW_COUNT()`` in one transaction); ``remove``'s is the delete, then t
 count changed by ``ROW_COUNT()``, in one transaction.  Both are idempotent.  The
 inverse (``dst``'s edges back, on ``dst``'s shard) is a superset of the forward
 edges: written first, removed last; ``repair`` removes the inverse rows an interrupted
-call left behind (docs/architecture.md, "Edges and feeds").
+call left behind.  When ``src``'s and ``dst``'s shards share a server, both sides go
+in one batch, in that order (``_both``; docs/architecture.md, "Edges and feeds").
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ _HAS_TRIGGER = (
     " AND table_name = %s), (SELECT COUNT(*) FROM information_schema.triggers"
     " WHERE trigger_schema = %s AND event_object_table = %s AND trigger_name = %s)"
 )
-#: Where each form of a side has the edge statement's row count (after ``START
-#: TRANSACTION``, and ``SET`` of ``NOCOUNT``).
-_EDGE_AT = {"add": 0, "add_counting": 2, "remove": 1}
+#: Where each form of a side has the edge statement's row count, from the end (before
+#: ``COMMIT``, and the count and ``SET`` of ``NOCOUNT``), so also in a batch of two sides.
+_EDGE_AT = {"add": -1, "add_counting": -4, "remove": -3}
 #: The session variable of a writer whose edge rows come with their counts (``add``'s
 #: transaction, a restore): the count trigger does not count them.
 NOCOUNT = "@schemaless_nocount"
@@ -251,15 +252,16 @@ class _Side:
         The count's upsert fires the guard's insert trigger whatever the delete
         removed, so on a server that does not own the shard the whole batch fails,
         the delete with it (``triggered``)."""
+        return triggered(self.removing(shard, before), self.db)
+
+    def removing(self, shard: int, before: bool = False) -> list[str]:
+        """``remove``'s statements, for a transaction of its own or a shared one."""
         touched = " AND `touched` < %s" if before else ""
-        return triggered(
-            [
-                f"DELETE FROM {self.edges} WHERE `shard` = {int(shard)} AND `src` = %s"
-                f" AND `dst` = %s{touched}",
-                self._count(shard, "-ROW_COUNT()"),
-            ],
-            self.db,
-        )
+        return [
+            f"DELETE FROM {self.edges} WHERE `shard` = {int(shard)} AND `src` = %s"
+            f" AND `dst` = %s{touched}",
+            self._count(shard, "-ROW_COUNT()"),
+        ]
 
     # Reads are one statement each, their own ownership check (``checked_select``; the
     # first column is never NULL), read by ``Edges._read``.
@@ -352,14 +354,22 @@ class Edges:
         packed), kept with the edge."""
         src, dst, packed = to_id(src), to_id(dst), _pack(data)
         at = now_us()
+        more = (at, at, packed)
         if self.inverse is not None:
-            self._write(self.inverse, "add", dst, src, (at, at, packed))
+            both = self._both("add", src, dst, more)
+            if both is not None:
+                return both == 1
+            self._write(self.inverse, "add", dst, src, more)
             failpoints.hit("edges.between_sides")
-        return self._write(self.kind, "add", src, dst, (at, at, packed)) == 1
+        return self._write(self.kind, "add", src, dst, more) == 1
 
     def remove(self, src: Any, dst: Any) -> bool:
         """Remove the edge (a missing one: nothing changes); whether it was there."""
         src, dst = to_id(src), to_id(dst)
+        if self.inverse is not None:
+            both = self._both("remove", src, dst, ())
+            if both is not None:
+                return both == 1
         gone = self._write(self.kind, "remove", src, dst, ()) == 1
         if self.inverse is not None:
             failpoints.hit("edges.between_sides")
@@ -370,16 +380,60 @@ class Edges:
         """One side's write on ``node``'s shard; the edge statement's row count."""
 
         def run(topo: Topology, shard: int) -> int:
-            one = op == "add" and self._counts_itself(topo, shard, kind)
-            form = op if one or op == "remove" else "add_counting"
-            params = (node, other, *more) if one else (node, other, *more, node)
+            sql, params, at = self._side(topo, shard, kind, op, (node, other, *more))
             counts: list[int] = []
             self.ds.cluster.server_of_shard(topo, shard).run(
-                _write_sql(topo.owned_db, kind, form, shard), params, commits=True, counts=counts
+                sql, params, commits=True, counts=counts
             )
-            return counts[_EDGE_AT[form]]
+            return counts[at]
 
         return self._call(node, run)
+
+    def _side(
+        self, topo: Topology, shard: int, kind: str, op: str, params: tuple[Any, ...]
+    ) -> tuple[str, tuple[Any, ...], int]:
+        """One side's SQL on ``shard``, its parameters (``params``: the node, the other
+        end and ``more``), and where its edge statement's row count is (from the end)."""
+        if op == "add" and not self._counts_itself(topo, shard, kind):
+            op, params = "add_counting", (*params, params[0])
+        elif op == "remove":
+            params = (*params, params[0])
+        return _write_sql(topo.owned_db, kind, op, shard), params, _EDGE_AT[op]
+
+    def _both(self, op: str, src: bytes, dst: bytes, more: tuple[Any, ...]) -> int | None:
+        """``add`` or ``remove`` of an edge with an inverse as one batch, when the
+        shards of ``src`` and ``dst`` share a server: the sides in ``add``'s and
+        ``remove``'s order (docs/architecture.md, "Edges and feeds"); the forward
+        edge statement's row count, or None when they do not share one (then the
+        caller sends a side at a time).  ``add``: the inverse's side, then the
+        forward's, each committed by itself; ``remove``: the forward's statements,
+        then the inverse's, in one transaction (its row count is the answer, and a
+        deadlock's resend of a batch whose first side had committed would lose it)."""
+        n_of = self.ds.cluster.shard_of_id
+        if not _together(self.ds.cluster.current(), n_of(src), n_of(dst)):
+            return None
+        inverse = self._inverse()
+
+        def run(topo: Topology, shard: int) -> int | None:
+            other = n_of(dst)
+            if not _together(topo, shard, other):
+                return None  # the map changed since: a side at a time
+            at = 1
+            if op == "remove":
+                sql = _removing_sql(topo.owned_db, (self.kind, inverse), (shard, other))
+                # each side's delete (node, other end), then its count (node)
+                params: tuple[Any, ...] = (src, dst, src, dst, src, dst)
+            else:
+                first, params, _ = self._side(topo, other, inverse, op, (dst, src, *more))
+                last, tail, at = self._side(topo, shard, self.kind, op, (src, dst, *more))
+                sql, params = f"{first};\n{last}", params + tail
+            counts: list[int] = []
+            self.ds.cluster.server_of_shard(topo, shard).run(
+                sql, params, commits=True, counts=counts
+            )
+            return counts[at]
+
+        return self._call(src, run)
 
     def _counts_itself(self, topo: Topology, shard: int, kind: str) -> bool:
         """Whether ``kind``'s edge table on the server of ``shard`` has the count
@@ -619,6 +673,19 @@ def _write_sql(db: str | None, kind: str, op: str, shard: int) -> str:
     side = _Side(db, kind)
     write: Callable[[int], str] = getattr(side, op)
     return write(shard)
+
+
+@functools.lru_cache(maxsize=4096)
+def _removing_sql(db: str | None, kinds: tuple[str, str], shards: tuple[int, int]) -> str:
+    """``remove`` of both sides in one transaction: the forward's statements on
+    ``shards[0]``, then the inverse's on ``shards[1]`` (the delete's row count at 1)."""
+    forward, inverse = (_Side(db, k).removing(s) for k, s in zip(kinds, shards, strict=True))
+    return triggered([*forward, *inverse], db)
+
+
+def _together(topo: Topology, shard: int, other: int) -> bool:
+    """Whether two shards live on the same server of the map."""
+    return topo.shard_servers[shard] == topo.shard_servers[other]
 
 
 def _paged(limit: int, after: bool) -> Callable[[_Side], Callable[[int], str]]:

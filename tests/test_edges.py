@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import shard_rows, wait_until
 from test_cli import Cli, cluster_env
+from test_edges_together import node_near
 
 from schemaless import DataStore, Edges, Feeds, TableMissing, new_id
 from schemaless import failpoints as fp
@@ -29,7 +30,8 @@ def ds(make_store: Callable[..., DataStore]) -> DataStore:
 
 def test_add_remove_count_idempotent_in_one_round_trip(ds: DataStore) -> None:
     likes = Edges(ds, "likes", inverse="liked_by")
-    user, entry, other = new_id(), new_id(), new_id()
+    user, other = new_id(), new_id()
+    entry = node_near(ds, user, together=False)  # one server's: one batch (test_edges_together)
     sent: list[str] = []
     for server in ds.cluster.servers():
         server.tracer = lambda name, sql, s: sent.append(sql)
@@ -119,7 +121,8 @@ def test_a_cut_between_the_sides_leaves_the_inverse_a_superset_that_repair_clear
     ds: DataStore,
 ) -> None:
     follows = Edges(ds, "follows", inverse="followers")
-    a, b, c = new_id(), new_id(), new_id()
+    a = new_id()  # b's and c's shards on another server: two round trips, cut between
+    b, c = node_near(ds, a, together=False), node_near(ds, a, together=False)
     follows.add(a, c)
     fp.set("edges.between_sides", "raise")
     with pytest.raises(FailpointError):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_cli import Cli, cluster_env, drop_prefix
+from test_edges_together import node_near
 from test_grants import User, new_users, open_as
 
 from schemaless import DataStore, Edges, new_id
@@ -67,7 +68,8 @@ def test_a_side_is_one_statement_and_adding_twice_counts_once(ds: DataStore) -> 
     assert set(triggers(ds, "edges__likes").values()) == {1}
     assert set(triggers(ds, "edges__liked_by").values()) == {1}
     assert triggers(ds, "edges__likes__n") == dict.fromkeys(ds.cluster.topology.servers, 0)
-    user, entry = new_id(), new_id()
+    user = new_id()
+    entry = node_near(ds, user, together=False)  # a side a round trip
     assert likes.add(user, entry) is True
     sent: list[str] = []
     for server in ds.cluster.servers():
@@ -106,14 +108,16 @@ def test_tables_without_the_trigger_count_in_a_transaction_and_once_after_the_up
     old = Edges(ds, "likes", inverse="liked_by")  # the tables exist: nothing created
     assert set(triggers(ds, "edges__likes").values()) == {0}
     entry = new_id()
-    users = [new_id() for _ in range(6)]
+    # the first, third and fifth like in one batch with their inverse (test_edges_together)
+    users = [node_near(ds, entry, together=i % 2 == 0) for i in range(6)]
     sent: list[str] = []
     for server in ds.cluster.servers():
         server.tracer = lambda name, sql, s: sent.append(sql)
     for u in users[:3]:
         assert old.add(u, entry) is True and old.add(u, entry) is False
     sides = [s for s in sent if "edges__" in s]
-    assert sides and all(f"SET {NOCOUNT} = 1" in s and s.endswith("COMMIT") for s in sides)
+    assert len(sides) == 2 * 4 and all(s.count(f"SET {NOCOUNT} = 1") == 2 for s in sides[:2])
+    assert all(f"SET {NOCOUNT} = 1" in s and s.endswith("COMMIT") for s in sides)
     assert old.count_inverse(entry) == 3 and old.count(users[0]) == 1
 
     upgraded = Cli(cluster_env(local_cluster, ds.cluster.topology.prefix)).ok(
@@ -225,7 +229,8 @@ def test_the_application_user_finds_the_trigger_and_adds_by_it(
         sent: list[str] = []
         for server in ds.cluster.servers():
             server.tracer = lambda name, sql, s: sent.append(sql)
-        a, b = new_id(), new_id()
+        a = new_id()
+        b = node_near(ds, a, together=False)  # a side a round trip
         assert likes.add(a, b) is True and likes.add(a, b) is False
         sides = [s for s in sent if "edges__" in s]
         assert len(sides) == 4 and all(s.startswith(f"{TRIGGERED} INSERT") for s in sides)

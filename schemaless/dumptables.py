@@ -30,7 +30,7 @@ import msgpack
 import MySQLdb.cursors
 
 from .dumpfiles import MANIFEST, PAGE, DumpError, Progress, not_empty, restore_file
-from .edges import NOCOUNT, count_trigger_sql
+from .edgetables import NOCOUNT, count_trigger_sql
 from .hashing import shard_of
 from .jsonform import from_json, to_jsonable
 from .movesync import discovered, table_names

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,14 +26,13 @@ import msgpack
 
 from . import failpoints
 from .catalogdb import now_us
+from .edgetables import NOCOUNT, check_type, table_names, tables_sql
 from .errors import CatalogError, InvalidEntity, InvalidQuery, PermissionDenied, TableMissing
 from .ids import to_id
 from .names import quote
 from .owned import (
-    COPYING,
     checked_rows,
     checked_select,
-    guard_sql,
     guarded,
     triggered,
 )
@@ -46,22 +44,17 @@ if TYPE_CHECKING:
     from .store import DataStore
 
 __all__ = [
-    "NOCOUNT",
     "Edge",
     "EdgePage",
     "Edges",
     "NotCreated",
     "check_limit",
-    "check_type",
-    "count_trigger_sql",
     "create_tables",
     "missing_tables",
-    "table_names",
 ]
 
 T = TypeVar("T")
 
-_TYPE = re.compile(r"[a-z](?:_?[a-z0-9]){0,39}\Z")
 _CURSOR = "ec1."
 _MAX_DATA = 65535
 #: Inverse rows untouched this long with no forward edge are orphans (``repair``).
@@ -76,9 +69,6 @@ _HAS_TRIGGER = (
 #: Where each form of a side has the edge statement's row count, from the end (before
 #: ``COMMIT``, and the count and ``SET`` of ``NOCOUNT``), so also in a batch of two sides.
 _EDGE_AT = {"add": -1, "add_counting": -4, "remove": -3}
-#: The session variable of a writer whose edge rows come with their counts (``add``'s
-#: transaction, a restore): the count trigger does not count them.
-NOCOUNT = "@schemaless_nocount"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,69 +95,11 @@ class EdgePage(list[Edge]):
         self.cursor = cursor
 
 
-def check_type(name: object) -> str:
-    """An edge type's name: lower-case letters, digits and single '_' (at most 40)."""
-    if not isinstance(name, str) or not _TYPE.match(name):
-        raise InvalidQuery(
-            f"invalid edge type {name!r}: use lower-case letters, digits and single '_'"
-            " (at most 40, starting with a letter)"
-        )
-    return name
-
-
 def check_limit(limit: object) -> int:
     """A page size from 1 to ``MAX_LIMIT``."""
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidQuery(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
     return limit
-
-
-def tables_sql(db: str, kind: str) -> list[str]:
-    """The edge table and the count table of one edge type, with their guards."""
-    edges, counts = table_names(kind)
-    return [
-        f"CREATE TABLE IF NOT EXISTS {quote(db, edges)} ("
-        " `shard` SMALLINT UNSIGNED NOT NULL,"
-        " `src` BINARY(16) NOT NULL,"
-        " `dst` BINARY(16) NOT NULL,"
-        " `at` BIGINT UNSIGNED NOT NULL,"
-        " `touched` BIGINT UNSIGNED NOT NULL,"
-        " `data` BLOB NULL,"
-        " PRIMARY KEY (`shard`, `src`, `dst`),"
-        " KEY `newest` (`shard`, `src`, `at`, `dst`)"
-        ") ENGINE=InnoDB",
-        f"CREATE TABLE IF NOT EXISTS {quote(db, counts)} ("
-        " `shard` SMALLINT UNSIGNED NOT NULL,"
-        " `node` BINARY(16) NOT NULL,"
-        " `n` BIGINT NOT NULL,"
-        " PRIMARY KEY (`shard`, `node`)"
-        ") ENGINE=InnoDB",
-        *guard_sql(db, edges),
-        *guard_sql(db, counts),
-        *count_trigger_sql(db, edges),
-    ]
-
-
-def table_names(kind: str) -> tuple[str, str]:
-    return f"edges__{kind}", f"edges__{kind}__n"
-
-
-def count_trigger_sql(db: str, table: str) -> list[str]:
-    """The trigger of an edge table (``edges__T``; none for another table) that counts
-    a new edge: ``AFTER INSERT``, so an upsert of a present edge (an update) fires none.
-    It skips the rows a move copies into the target (``COPYING``, as the guard does)
-    and those of a writer that counts them itself (``NOCOUNT``).  Its upsert of the
-    count fires the count table's guard as well."""
-    kind = table.removeprefix("edges__")
-    if kind == table or not _TYPE.match(kind):
-        return []
-    counts = quote(db, table_names(kind)[1])
-    return [
-        f"CREATE TRIGGER IF NOT EXISTS {quote(db, f'{table}_ci')} AFTER INSERT ON"
-        f" {quote(db, table)} FOR EACH ROW IF {NOCOUNT} IS NULL AND NOT ({COPYING} <=> NEW.`shard`)"
-        f" THEN INSERT INTO {counts} (`shard`, `node`, `n`) VALUES (NEW.`shard`, NEW.`src`, 1)"
-        " ON DUPLICATE KEY UPDATE `n` = `n` + 1; END IF"
-    ]
 
 
 def missing_tables(ds: DataStore, names: list[str]) -> bool:

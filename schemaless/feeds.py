@@ -27,14 +27,13 @@ from .edges import (
     Edges,
     NotCreated,
     check_limit,
-    check_type,
     create_tables,
     missing_tables,
     pack_cursor,
-    table_names,
     unpack_cursor,
 )
-from .edges import tables_sql as edge_tables_sql
+from .edgetables import check_type, table_names
+from .edgetables import tables_sql as edge_tables_sql
 from .entity import Entity
 from .errors import InvalidQuery, PermissionDenied, SchemalessError
 from .feed import ChangeEvent, ChangeFeed, enable_changes, encode_cursor

@@ -17,7 +17,7 @@ from typing import Any
 
 from .batch import Batch, gather
 from .connection import Server
-from .edges import count_trigger_sql
+from .edgetables import count_trigger_sql
 from .errors import CatalogError
 from .index import Index
 from .names import quote

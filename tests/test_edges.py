@@ -14,7 +14,8 @@ from test_edges_together import node_near
 
 from schemaless import DataStore, Edges, Feeds, TableMissing, new_id
 from schemaless import failpoints as fp
-from schemaless.edges import _write_sql, table_names
+from schemaless.edges import _write_sql
+from schemaless.edgetables import table_names
 from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery
 from schemaless.failpoints import FailpointError
 from schemaless.local import LocalCluster

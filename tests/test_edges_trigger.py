@@ -19,7 +19,7 @@ from test_grants import User, new_users, open_as
 from schemaless import DataStore, Edges, new_id
 from schemaless.dump import read_manifest
 from schemaless.dumptables import restore_tables, table_dumps
-from schemaless.edges import NOCOUNT
+from schemaless.edgetables import NOCOUNT
 from schemaless.grants import apply_grants
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover

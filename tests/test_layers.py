@@ -32,7 +32,13 @@ LAYERS: list[set[str]] = [
     },
     {"entity", "schema", "index", "batch", "expiry", "locate", "owned"},
     {"connection", "counts"},  # a server's pool; counted indexes' keys and SQL
-    {"catalogdb", "topology", "tables", "writes"},  # SQL builders; the catalog's base, snapshot
+    {
+        "catalogdb",
+        "topology",
+        "tables",
+        "writes",
+        "edgetables",
+    },  # SQL builders; the catalog's base, snapshot
     {"shardmap", "indexstates", "checkpoints", "heartbeats", "dictionaries"},  # catalog parts
     {"catalog"},  # the catalog: created, loaded, its parts as one object
     {"scatter", "stale", "deferrals"},  # one batch per server; the catalog's deferrals

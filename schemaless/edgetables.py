@@ -1,0 +1,76 @@
+"""An edge type's tables and triggers (``schemaless.edges``): their names and the SQL
+that makes them, below the modules that copy them (moves, dumps)."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidQuery
+from .names import quote
+from .owned import COPYING, guard_sql
+
+__all__ = ["NOCOUNT", "check_type", "count_trigger_sql", "table_names", "tables_sql"]
+
+_TYPE = re.compile(r"[a-z](?:_?[a-z0-9]){0,39}\Z")
+#: The session variable of a writer whose edge rows come with their counts (``add``'s
+#: transaction, a restore): the count trigger does not count them.
+NOCOUNT = "@schemaless_nocount"
+
+
+def check_type(name: object) -> str:
+    """An edge type's name: lower-case letters, digits and single '_' (at most 40)."""
+    if not isinstance(name, str) or not _TYPE.match(name):
+        raise InvalidQuery(
+            f"invalid edge type {name!r}: use lower-case letters, digits and single '_'"
+            " (at most 40, starting with a letter)"
+        )
+    return name
+
+
+def tables_sql(db: str, kind: str) -> list[str]:
+    """The edge table and the count table of one edge type, with their guards."""
+    edges, counts = table_names(kind)
+    return [
+        f"CREATE TABLE IF NOT EXISTS {quote(db, edges)} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL,"
+        " `src` BINARY(16) NOT NULL,"
+        " `dst` BINARY(16) NOT NULL,"
+        " `at` BIGINT UNSIGNED NOT NULL,"
+        " `touched` BIGINT UNSIGNED NOT NULL,"
+        " `data` BLOB NULL,"
+        " PRIMARY KEY (`shard`, `src`, `dst`),"
+        " KEY `newest` (`shard`, `src`, `at`, `dst`)"
+        ") ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {quote(db, counts)} ("
+        " `shard` SMALLINT UNSIGNED NOT NULL,"
+        " `node` BINARY(16) NOT NULL,"
+        " `n` BIGINT NOT NULL,"
+        " PRIMARY KEY (`shard`, `node`)"
+        ") ENGINE=InnoDB",
+        *guard_sql(db, edges),
+        *guard_sql(db, counts),
+        *count_trigger_sql(db, edges),
+    ]
+
+
+def table_names(kind: str) -> tuple[str, str]:
+    """An edge type's edge table and count table."""
+    return f"edges__{kind}", f"edges__{kind}__n"
+
+
+def count_trigger_sql(db: str, table: str) -> list[str]:
+    """The trigger of an edge table (``edges__T``; none for another table) that counts
+    a new edge: ``AFTER INSERT``, so an upsert of a present edge (an update) fires none.
+    It skips the rows a move copies into the target (``COPYING``, as the guard does)
+    and those of a writer that counts them itself (``NOCOUNT``).  Its upsert of the
+    count fires the count table's guard as well."""
+    kind = table.removeprefix("edges__")
+    if kind == table or not _TYPE.match(kind):
+        return []
+    counts = quote(db, table_names(kind)[1])
+    return [
+        f"CREATE TRIGGER IF NOT EXISTS {quote(db, f'{table}_ci')} AFTER INSERT ON"
+        f" {quote(db, table)} FOR EACH ROW IF {NOCOUNT} IS NULL AND NOT ({COPYING} <=> NEW.`shard`)"
+        f" THEN INSERT INTO {counts} (`shard`, `node`, `n`) VALUES (NEW.`shard`, NEW.`src`, 1)"
+        " ON DUPLICATE KEY UPDATE `n` = `n` + 1; END IF"
+    ]

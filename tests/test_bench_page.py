@@ -116,7 +116,9 @@ def test_the_page_has_every_area_each_with_a_date_commit_and_command() -> None:
 
 
 def test_the_page_is_one_page() -> None:
-    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) < 320
+    """The current figures only: each bench's generated block and the hand tables of
+    the owned layout and of feeds and edges; every earlier run is in the history."""
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) < 335
 
 
 def test_provenance_names_the_command_as_typed_and_the_commit() -> None:

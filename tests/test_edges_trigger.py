@@ -12,8 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_cli import Cli, cluster_env, drop_prefix
+from test_cli import Cli, cluster_env
 from test_edges_together import node_near
+from test_feeds_grants import admin_datastore
 from test_grants import User, new_users, open_as
 
 from schemaless import DataStore, Edges, new_id
@@ -200,21 +201,12 @@ def test_a_restore_writes_edges_uncounted_with_their_counts_and_the_trigger(
 @pytest.fixture
 def app_store(local_cluster: LocalCluster) -> Iterator[tuple[DataStore, User]]:
     """A new datastore opened as the admin, and an application user with its grants."""
-    prefix = "edgetrig_" + uuid.uuid4().hex[:8]
-    admin_ds = DataStore(
-        local_cluster.addresses,
-        prefix=prefix,
-        shards=4,
-        refresh_interval=0.2,
-        option_file=str(local_cluster.option_file),
-    )
-    try:
-        with new_users(local_cluster, uuid.uuid4().hex[:8], ("app",)) as made:
-            apply_grants(admin_ds, "app", made["app"].account)
-            yield admin_ds, made["app"]
-    finally:
-        admin_ds.close()
-        drop_prefix(local_cluster, prefix)
+    with (
+        admin_datastore(local_cluster, "edgetrig") as admin_ds,
+        new_users(local_cluster, uuid.uuid4().hex[:8], ("app",)) as made,
+    ):
+        apply_grants(admin_ds, "app", made["app"].account)
+        yield admin_ds, made["app"]
 
 
 def test_the_application_user_finds_the_trigger_and_adds_by_it(

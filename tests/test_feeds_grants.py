@@ -5,6 +5,7 @@ create``, ``schemaless feeds create``); before that the application gets
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -20,10 +21,11 @@ from schemaless.grants import apply_grants
 from schemaless.local import LocalCluster
 
 
-@pytest.fixture
-def admin(local_cluster: LocalCluster) -> Iterator[DataStore]:
-    """A new datastore (change feed off) opened as the cluster's admin."""
-    prefix = "feedgrants_" + uuid.uuid4().hex[:8]
+@contextlib.contextmanager
+def admin_datastore(local_cluster: LocalCluster, tag: str) -> Iterator[DataStore]:
+    """A new datastore (4 shards, change feed off) opened as the cluster's admin,
+    dropped at the end."""
+    prefix = f"{tag}_{uuid.uuid4().hex[:8]}"
     ds = DataStore(
         local_cluster.addresses,
         prefix=prefix,
@@ -36,6 +38,13 @@ def admin(local_cluster: LocalCluster) -> Iterator[DataStore]:
     finally:
         ds.close()
         drop_prefix(local_cluster, prefix)
+
+
+@pytest.fixture
+def admin(local_cluster: LocalCluster) -> Iterator[DataStore]:
+    """A new datastore (change feed off) opened as the cluster's admin."""
+    with admin_datastore(local_cluster, "feedgrants") as ds:
+        yield ds
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,8 +47,13 @@ def _pick(
     return BY_TAG, {"tags": tag}, lambda e: tag in e["tags"]
 
 
-def _run(threads: dict[str, Callable[[threading.Event], None]], seconds: float) -> None:
-    """Run the workers until ``seconds`` have passed; re-raise the first failure."""
+def _run(
+    threads: dict[str, Callable[[threading.Event], None]],
+    seconds: float,
+    enough: Callable[[], bool] = lambda: True,
+) -> None:
+    """Run the workers until ``seconds`` have passed and they did ``enough`` (up to ten
+    times as long: a loaded machine is slower, not wrong); re-raise the first failure."""
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -62,6 +68,9 @@ def _run(threads: dict[str, Callable[[threading.Event], None]], seconds: float) 
     for t in running:
         t.start()
     stop.wait(seconds)
+    deadline = time.monotonic() + 9 * seconds
+    while not stop.is_set() and not enough() and time.monotonic() < deadline:
+        stop.wait(0.1)
     stop.set()
     for t in running:
         t.join()
@@ -238,6 +247,14 @@ def test_queries_during_writes_and_cleaner_passes(
                 **({"trainer": trainer} if also == "dictionaries" else {}),
             },
             SECONDS,
+            lambda: (
+                counts["writes"] > 100
+                and counts["queries"] > 20
+                and counts["by_tag"] > 10
+                and counts["churned"] > 100
+                and (counts["passes"] >= 2 or also == "backfill")
+                and (counts["moves"] >= 2 or also != "moves")
+            ),
         )
     finally:
         for c in clients:

@@ -320,7 +320,8 @@ def test_a_backfill_follows_the_shards_that_move_under_it(
     assert moved.shard_servers == (topo.shard_servers[1], topo.shard_servers[0])
     assert not moved.moves
     log = caplog.text
-    assert "the map changed, carrying on with the new one" in log
+    # A lane that meets the old map first says "the map changed"; on a loaded machine
+    # the map's own refresh (every 0.2 s here) may beat it, and both lanes only wait.
     assert "waiting for the move of logical shard(s) 1" in log
     assert_clean(store)
 

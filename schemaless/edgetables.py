@@ -28,7 +28,9 @@ def check_type(name: object) -> str:
 
 
 def tables_sql(db: str, kind: str) -> list[str]:
-    """The edge table and the count table of one edge type, with their guards."""
+    """The edge table and the count table of one edge type, with their guards: only
+    ``BEFORE INSERT`` (``upserts_only``), as every write to them but a delete is an
+    upsert, whose insert guard fires first and holds the ``owned`` row to the commit."""
     edges, counts = table_names(kind)
     return [
         f"CREATE TABLE IF NOT EXISTS {quote(db, edges)} ("
@@ -47,8 +49,8 @@ def tables_sql(db: str, kind: str) -> list[str]:
         " `n` BIGINT NOT NULL,"
         " PRIMARY KEY (`shard`, `node`)"
         ") ENGINE=InnoDB",
-        *guard_sql(db, edges),
-        *guard_sql(db, counts),
+        *guard_sql(db, edges, upserts_only=True),
+        *guard_sql(db, counts, upserts_only=True),
         *count_trigger_sql(db, edges),
     ]
 

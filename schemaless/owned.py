@@ -384,11 +384,14 @@ def in_guarded_transaction(stmts: list[str], db: str | None, shards: Iterable[in
     return in_transaction(stmts if db is None else [*stmts, check_sql(db, shards)])
 
 
-def guard_sql(db: str, table: str) -> list[str]:
+def guard_sql(db: str, table: str, *, upserts_only: bool = False) -> list[str]:
     """The triggers that refuse a row of a shard not owned here (a move's copy into
     the target is let through by ``COPYING``).  Deletes are not guarded: every delete
     of the protocol removes what may go (a stale one leaves the moved copy a superset,
-    which the Cleaner clears), and a move deletes its old rows after the fence."""
+    which the Cleaner clears), and a move deletes its old rows after the fence.
+    ``upserts_only``: only ``BEFORE INSERT``, for a table no statement updates except
+    through ``INSERT ... ON DUPLICATE KEY UPDATE``, whose insert guard fires first
+    (docs/architecture.md, "Edges and feeds")."""
     return [
         f"CREATE TRIGGER IF NOT EXISTS {quote(db, f'{table}_g{when[0].lower()}')}"
         f" BEFORE {when} ON {quote(db, table)} FOR EACH ROW"
@@ -396,7 +399,7 @@ def guard_sql(db: str, table: str) -> list[str]:
         f" AND NOT COALESCE(FIND_IN_SET(NEW.`shard`, {LOCKED}), 0) AND NOT EXISTS (SELECT 1 FROM"
         f" {quote(db, 'owned')} WHERE `shard` = NEW.`shard` LOCK IN SHARE MODE)"
         f" THEN SIGNAL {_REFUSED} 'this logical shard is not on this server (moved)'; END IF"
-        for when in ("INSERT", "UPDATE")
+        for when in (("INSERT",) if upserts_only else ("INSERT", "UPDATE"))
     ]
 
 

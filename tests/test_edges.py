@@ -173,6 +173,58 @@ def test_a_side_sent_to_a_server_without_its_shard_commits_nothing(ds: DataStore
     assert wrong.run(admin(read)) == [((dst,),), ((0,),)]
 
 
+def test_a_fenced_shard_refuses_every_write_on_tables_with_only_the_insert_guard(
+    ds: DataStore,
+) -> None:
+    """Edge and count tables have only the guard's ``BEFORE INSERT`` trigger (their
+    writes are upserts): with the node's ``owned`` row gone (a move's fence), an add of
+    a present edge (the upsert's update), of a new edge (the count row present: its
+    update) and a remove are refused on both types' tables, nothing changes, and the
+    counts stay exact once the shard is back."""
+    likes = Edges(ds, "likes", inverse="liked_by")
+    user, entry = new_id(), new_id()
+    likes.add(user, entry)
+    topo = ds.cluster.current()
+    db = str(topo.owned_db)
+    kinds = {"likes": (user, entry), "liked_by": (entry, user)}
+    triggers = ds.cluster.server_of_shard(topo, 0).run(
+        admin(
+            ["SELECT `trigger_name` FROM information_schema.triggers WHERE `trigger_schema` = %s"]
+        ),
+        [db],
+    )[0]
+    names = {str(t[0]) for t in triggers}
+    for kind in kinds:
+        edges, counts = table_names(kind)
+        assert {f"{edges}_gi", f"{counts}_gi"} <= names
+        assert not {f"{edges}_gu", f"{counts}_gu"} & names
+    for kind, (src, dst) in kinds.items():
+        shard = ds.cluster.shard_of_id(src)
+        server = ds.cluster.server_of_shard(topo, shard)
+        owned = quote(db, "owned")
+        writes = (
+            ("add", (src, dst, 2, 2, None)),
+            ("add", (src, new_id(), 2, 2, None)),
+            ("add_counting", (src, dst, 2, 2, None, src)),
+            ("remove", (src, dst, src)),
+        )
+        server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+        try:
+            for op, params in writes:
+                with pytest.raises(TableMissing, match="not on this server"):
+                    server.run(_write_sql(db, kind, op, shard), params, commits=True)
+        finally:
+            server.run(admin([f"INSERT INTO {owned} (`shard`) VALUES ({shard})"]))
+        edges, counts = (quote(db, t) for t in table_names(kind))
+        where = f"WHERE `shard` = {shard} AND `src` = %s"
+        rows = server.run(admin([f"SELECT `dst`, `touched` FROM {edges} {where}"]), [src])[0]
+        assert [r[0] for r in rows] == [dst] and rows[0][1] != 2  # not touched either
+    assert (likes.count(user), likes.count_inverse(entry)) == (1, 1)
+    assert likes.add(user, entry) is False and likes.add(user, new_id()) is True
+    assert likes.remove(user, entry) is True
+    assert (likes.count(user), likes.count_inverse(entry)) == (1, 0)
+
+
 def test_counts_stay_exact_under_concurrent_adds_of_a_hot_node(ds: DataStore) -> None:
     likes = Edges(ds, "likes", inverse="liked_by")
     entry = new_id()

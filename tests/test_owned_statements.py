@@ -5,7 +5,10 @@ triggers and the check refusing a shard that is not owned, with nothing committe
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +18,9 @@ from schemaless.batch import Batch
 from schemaless.connection import ConnectOptions, Server
 from schemaless.counts import APPLIED, backfill_sql
 from schemaless.dsn import Address
+from schemaless.dumptables import _insert_sql
+from schemaless.edges import _Side
+from schemaless.edgetables import count_trigger_sql, tables_sql
 from schemaless.names import quote
 from schemaless.owned import (
     ADMIN,
@@ -371,3 +377,41 @@ def test_a_maps_shards_are_checked_as_they_are_and_hash_as_a_tuple() -> None:
     assert placed == tuple(range(0, 4096, 2)) and hash(placed) == hash(tuple(placed))
     assert check_sql(DB, placed) == check_sql(DB, [*reversed(placed), 0])
     assert {placed: 1}[tuple(placed)] == 1  # the same key in the caches
+
+
+#: Every plain ``UPDATE`` the library and the Cleaner build, by module and target
+#: expression: none is an edge type's table.  Those have only the guard's ``BEFORE
+#: INSERT`` trigger (``guard_sql(upserts_only=True)``), sound only while nothing but an
+#: upsert updates them (docs/architecture.md, "Edges and feeds"): a new ``UPDATE`` must
+#: be checked against that and listed here.
+PLAIN_UPDATES = {
+    ("schemaless/catalog.py", "{meta}"): 1,
+    ("schemaless/counts.py", "{counts}"): 1,
+    ("schemaless/indexstates.py", "{meta}"): 2,
+    ("schemaless/indexstates.py", "{self._t('indexes')}"): 2,
+    ("schemaless/owned.py", "{t}"): 1,
+    ("schemaless/shardmap.py", "{self._t('meta')}"): 2,
+    ("schemaless/shardmap.py", "{self._t('shards')}"): 1,
+    ("schemaless/writes.py", "{quote(db, row.index.table)}"): 1,
+    ("schemaless/writes.py", "{table}"): 3,
+    ("schemaless/writes.py", "{quote(db_of[s], 'changes_head')}"): 1,
+    ("cleaner/sql.py", "{table}"): 1,
+    ("cleaner/sql.py", "{quote(dbs[shard], 'entities')}"): 1,
+}
+
+
+def test_no_plain_update_reaches_an_edge_or_count_table() -> None:
+    root = Path(__file__).resolve().parent.parent
+    found: Counter[tuple[str, str]] = Counter()
+    for package in ("schemaless", "cleaner"):
+        for path in sorted((root / package).rglob("*.py")):
+            for target in re.findall(r"(?<![A-Z] )\bUPDATE\s+(\{[^}]*\})", path.read_text()):
+                found[(path.relative_to(root).as_posix(), target)] += 1
+    assert dict(found) == PLAIN_UPDATES
+    side = _Side(DB, "likes")
+    writes = [side.add(3), side.add_counting(3), side.remove(3), side.remove(3, before=True)]
+    writes += [*count_trigger_sql(DB, "edges__likes"), _insert_sql(DB, "edges__likes", ("a",), 2)]
+    for sql in writes:  # the edge type's own writes: upserts and deletes only
+        assert "UPDATE" not in sql.replace("ON DUPLICATE KEY UPDATE", ""), sql
+    guards = [t for t in tables_sql(DB, "likes") if "TRIGGER" in t and " BEFORE " in t]
+    assert len(guards) == 2 and all(" BEFORE INSERT ON " in t for t in guards)

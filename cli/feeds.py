@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from schemaless import DataStore
-from schemaless.errors import SchemalessError
+from schemaless.errors import SchemalessError, TransientError
 from schemaless.feeds import Feeds
 
 from .options import Connection, group_connection, pass_connection
 
 __all__ = ["feeds"]
+
+#: Seconds the worker waits after a server's outage stopped a round, before resuming.
+RETRY_AFTER = 2.0
 
 
 @click.group()
@@ -62,7 +67,8 @@ def create(conn: Connection, name: str) -> None:
 @pass_connection
 def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: float) -> None:
     """Fan the posts of feed NAME out into followers' timelines, from the change
-    feed (subscription feeds_NAME: a restart resumes where it stopped).
+    feed (subscription feeds_NAME: a restart resumes where it stopped).  A server's
+    outage prints a warning and the worker resumes once it answers (--once: exit 1).
 
     \b
     Example:
@@ -70,12 +76,25 @@ def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: flo
     """
     with conn.store() as ds:
         try:
-            n = _existing(ds, name, pull_threshold).work(once=once, poll=poll)
+            n = _work(_existing(ds, name, pull_threshold), once, poll)
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
             return
     click.echo(f"feed {name!r}: {n} posts fanned out")
+
+
+def _work(feed: Feeds, once: bool, poll: float) -> int:
+    """Run the worker; without ``once`` it rides out a server's outage (a transient
+    error), resuming from its subscription (a round redone doubles nothing)."""
+    while True:
+        try:
+            return feed.work(once=once, poll=poll)
+        except TransientError as exc:
+            if once:
+                raise
+            click.echo(f"warning: {exc}; resuming in {RETRY_AFTER:g}s", err=True)
+            time.sleep(RETRY_AFTER)
 
 
 @feeds.command()

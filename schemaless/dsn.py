@@ -47,11 +47,18 @@ class Credentials:
         password: str | None = None,
         option_file: str | None = None,
     ) -> Credentials:
-        """Explicit values first, then the environment, then the option file."""
+        """Explicit values first, then the environment, then the option file (which
+        must be a readable file: the driver would skip it and connect as nobody)."""
+        named = option_file or os.environ.get("SCHEMALESS_OPTION_FILE")
+        if named and not (os.path.isfile(named) and os.access(named, os.R_OK)):
+            raise CatalogError(
+                f"option file {named!r} (option_file= or SCHEMALESS_OPTION_FILE) is not a"
+                " readable file"
+            )
         return cls(
             user=user if user is not None else os.environ.get("SCHEMALESS_USER"),
             password=password if password is not None else os.environ.get("SCHEMALESS_PASSWORD"),
-            option_file=option_file or os.environ.get("SCHEMALESS_OPTION_FILE"),
+            option_file=named,
         )
 
     def merged(self, other: Credentials) -> Credentials:

@@ -1,0 +1,90 @@
+"""`schemaless feeds work` rides out a server's outage: it warns and resumes once the
+server answers (it used to exit 1 and leave every timeline unfed); `--once` still fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from schemaless import DataStore, Feeds
+from schemaless.errors import TransientError
+from schemaless.local import LocalCluster
+
+from .helpers import ids_on, open_store, scratch_cluster, wait_for
+
+SICK = 1  # server 0 holds the catalog
+CLI = "from schemaless.cli.main import cli; cli()"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with scratch_cluster("fwork", servers=2, durable=False) as made:
+        yield made
+
+
+@pytest.fixture
+def store(cluster: LocalCluster) -> Iterator[DataStore]:
+    ds = open_store(cluster, changes=True, read_timeout=1.0, connect_timeout=1.0)
+    yield ds
+    if cluster.servers[SICK].pid() is None:
+        cluster.start_server(SICK)
+    ds.close()
+
+
+def _worker(cluster: LocalCluster, store: DataStore, *args: str) -> subprocess.Popen[bytes]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SCHEMALESS_") or k == "SCHEMALESS_FAILPOINTS"
+    }
+    env |= {"SCHEMALESS_LOCAL_DIR": str(cluster.base_dir)}
+    env |= {"SCHEMALESS_PREFIX": store.cluster.topology.prefix}
+    cmd = [sys.executable, "-c", CLI, "feeds", "work", "home", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_the_worker_resumes_after_a_server_outage(cluster: LocalCluster, store: DataStore) -> None:
+    home = Feeds(store, "home")
+    (fan,), (star,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
+    home.follow(fan, star)
+    cluster.stop_server(SICK)
+    worker = _worker(cluster, store)
+    try:
+        time.sleep(6.0)  # open, a round failing on the stopped server, a retry or two
+        assert worker.poll() is None, worker.communicate()[1].decode()[-2000:]
+        cluster.start_server(SICK)
+        wait_for(lambda: _answers(store), 20.0, "the server to answer again")
+        post = {"id": ids_on(store, SICK, 1)[0], "text": "back"}
+        home.post(star, post)
+        assert home.settle(30.0)  # fanned out by the worker that lived through it
+        assert [e["id"] for e in home.home(fan)] == [post["id"]]
+    finally:
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0
+    warned = err.decode()
+    assert "warning: " in warned and "resuming in" in warned, warned
+    assert "Traceback" not in warned and "password" not in warned.lower()
+
+
+def test_once_fails_with_a_typed_error(cluster: LocalCluster, store: DataStore) -> None:
+    Feeds(store, "home")
+    cluster.stop_server(SICK)
+    worker = _worker(cluster, store, "--once")
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 1, err.decode()
+    assert err.decode().startswith("Error: ") and cluster.addresses[SICK] in err.decode()
+
+
+def _answers(store: DataStore) -> bool:
+    try:
+        store.get_many(ids_on(store, SICK, 1))
+    except TransientError:
+        return False
+    return True

@@ -20,7 +20,7 @@ from .daemon import Cleaner, backfill_name
 from .jobs import Supervisor, forwarded_options
 from .metrics import Figures
 from .priority import lower_priority
-from .progress import Progress
+from .progress import Progress, end_progress_lines
 from .repair import Repairer
 from .report import diff_lines
 from .runtime import Stopped
@@ -148,6 +148,7 @@ def _console(quiet: bool, verbose: bool) -> Iterator[None]:
     """Log lines of schemaless to stderr for the duration of the command."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.addFilter(end_progress_lines)  # not after a progress line, on its line
     logger = logging.getLogger("schemaless")
     previous = logger.level
     logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)

@@ -6,13 +6,25 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-__all__ = ["Progress", "Task", "format_duration"]
+__all__ = ["Progress", "Task", "end_progress_lines", "format_duration"]
 
 log = logging.getLogger("schemaless.cleaner")
+
+#: The progress lines drawn on a terminal and not yet ended.
+_DRAWN: weakref.WeakSet[Progress] = weakref.WeakSet()
+
+
+def end_progress_lines(record: logging.LogRecord) -> bool:
+    """A logging filter for a terminal's handler: ends the progress line drawn there,
+    so the record gets a line of its own (it is always let through)."""
+    for progress in list(_DRAWN):
+        progress.end_line()
+    return True
 
 
 def format_duration(seconds: float) -> str:
@@ -79,7 +91,7 @@ class Progress:
         self.note: Callable[[], str] = lambda: ""
         self._last = float("-inf")
         self._width = 0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a record logged while it is held ends the line
 
     def update(
         self,
@@ -121,6 +133,7 @@ class Progress:
                 self.stream.write("\r" + text + pad)
                 self.stream.flush()
                 self._width = len(text)
+                _DRAWN.add(self)
             else:
                 log.info("progress: %s", text)
 
@@ -139,6 +152,10 @@ class Progress:
     def close(self) -> None:
         """Show the final figures and end the line."""
         self.show(force=True)
+        self.end_line()
+
+    def end_line(self) -> None:
+        """End the line drawn on the terminal, if any (the next draws a new one)."""
         with self._lock:
             self._end_line()
 
@@ -147,3 +164,4 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._width = 0
+            _DRAWN.discard(self)

@@ -4,6 +4,7 @@ writers, the race cases of the design notes, orphans of crashed writers, purge."
 from __future__ import annotations
 
 import io
+import logging
 import random
 import threading
 import time
@@ -17,7 +18,7 @@ from schemaless import DataStore, Index, failpoints
 from schemaless.catalog import Topology
 from schemaless.cleaner import Cleaner
 from schemaless.cleaner.access import read_entities, read_rows
-from schemaless.cleaner.progress import Progress
+from schemaless.cleaner.progress import Progress, end_progress_lines
 from schemaless.cleaner.runtime import Shutdown
 from schemaless.cleaner.throttle import TokenBucket
 from schemaless.cleaner.verify import diff_indexes
@@ -855,6 +856,27 @@ def test_progress_on_a_terminal_and_in_logs(caplog: pytest.LogCaptureFixture) ->
     logged.update("recent", 30)
     lines = [r.getMessage() for r in caplog.records if "progress" in r.getMessage()]
     assert len(lines) == 2 and "recent: 30 rows" in lines[-1]
+
+
+def test_a_log_line_on_the_terminal_starts_after_the_progress_line() -> None:
+    """The cleaner's console handler ends the progress line before a record (a user's
+    trial saw "... 102.9 ms2026-11-28 03:22:56,0 INFO ... now ready")."""
+    out = io.StringIO()
+    progress = Progress(out, tty=True, clock=lambda: 1.0)
+    handler = logging.StreamHandler(out)
+    handler.addFilter(end_progress_lines)
+    logger = logging.getLogger("schemaless.test_progress_lines")
+    logger.addHandler(handler)
+    try:
+        progress.update("by_link", 10, 100, 1, 8)
+        logger.warning("backfilled: now ready")
+        progress.update("by_link", 20, 100, 2, 8)
+        progress.close()
+    finally:
+        logger.removeHandler(handler)
+    lines = out.getvalue().split("\n")
+    assert lines[0].startswith("\rby_link: 10/") and lines[1] == "backfilled: now ready"
+    assert lines[2].startswith("\rby_link: 20/") and lines[3] == ""
 
 
 def test_token_bucket() -> None:

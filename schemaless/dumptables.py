@@ -30,12 +30,12 @@ import msgpack
 import MySQLdb.cursors
 
 from .dumpfiles import MANIFEST, PAGE, DumpError, Progress, not_empty, restore_file
-from .edgetables import NOCOUNT, count_trigger_sql
+from .edgetables import NOCOUNT, count_trigger_sql, guards_sql
 from .hashing import shard_of
 from .jsonform import from_json, to_jsonable
 from .movesync import discovered, table_names
 from .names import quote
-from .owned import admin, guard_sql, locked
+from .owned import admin, locked
 from .scatter import by_server, chunks, sql_bytes
 
 if TYPE_CHECKING:
@@ -346,7 +346,7 @@ def restore_tables(
             for t in tables
             for stmt in [
                 f"CREATE TABLE IF NOT EXISTS {quote(db, t.name)} {t.create.split(' ', 3)[3]}",
-                *(guard_sql(db, t.name) if t.sharded else []),
+                *(guards_sql(db, t.name) if t.sharded else []),
                 *count_trigger_sql(db, t.name),
             ]
         ],

@@ -9,7 +9,7 @@ from .errors import InvalidQuery
 from .names import quote
 from .owned import COPYING, guard_sql
 
-__all__ = ["NOCOUNT", "check_type", "count_trigger_sql", "table_names", "tables_sql"]
+__all__ = ["NOCOUNT", "check_type", "count_trigger_sql", "guards_sql", "table_names", "tables_sql"]
 
 _TYPE = re.compile(r"[a-z](?:_?[a-z0-9]){0,39}\Z")
 #: The session variable of a writer whose edge rows come with their counts (``add``'s
@@ -76,3 +76,10 @@ def count_trigger_sql(db: str, table: str) -> list[str]:
         f" THEN INSERT INTO {counts} (`shard`, `node`, `n`) VALUES (NEW.`shard`, NEW.`src`, 1)"
         " ON DUPLICATE KEY UPDATE `n` = `n` + 1; END IF"
     ]
+
+
+def guards_sql(db: str, table: str) -> list[str]:
+    """The guard of a module table that a move or a restore makes: an edge type's
+    tables (``edges__T``, ``edges__T__n``: written by upserts only) get only the insert
+    guard, as ``tables_sql`` makes them; any other table both."""
+    return guard_sql(db, table, upserts_only=table.startswith("edges__"))

@@ -17,11 +17,11 @@ from typing import Any
 
 from .batch import Batch, gather
 from .connection import Server
-from .edgetables import count_trigger_sql
+from .edgetables import count_trigger_sql, guards_sql
 from .errors import CatalogError
 from .index import Index
 from .names import quote
-from .owned import COPYING, admin, guard_sql
+from .owned import COPYING, admin
 from .results import scalar
 from .scatter import chunks, sql_bytes
 from .topology import Topology
@@ -166,7 +166,7 @@ def create_missing(src: Server, dst: Server, db: str, tables: Sequence[Table]) -
     present = table_names(dst, db)
     for t in tables:
         if t.name not in present:
-            made = [_definition(src, db, t.name), *guard_sql(db, t.name)]
+            made = [_definition(src, db, t.name), *guards_sql(db, t.name)]
             dst.run(admin([*made, *count_trigger_sql(db, t.name)]))
 
 

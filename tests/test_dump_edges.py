@@ -134,11 +134,11 @@ def test_edges_and_feeds_restore_into_another_shard_count_through_the_cli(
     # the restored rows are guarded, and the graph and the feed keep working
     db = str(target.cluster.topology.owned_db)
     triggers = target.cluster.server_of_shard(target.cluster.topology, 0).run(
-        "SELECT COUNT(*) FROM information_schema.triggers WHERE trigger_schema = %s"
+        "SELECT trigger_name FROM information_schema.triggers WHERE trigger_schema = %s"
         " AND event_object_table = 'edges__likes__n'",
         (db,),
     )
-    assert triggers[0][0][0] == 2
+    assert [r[0] for r in triggers[0]] == ["edges__likes__n_gi"]  # written by upserts only
     likes, feeds = graph(target)
     likes.add(users[9], new_id())
     assert likes.count(users[9]) == before[f"count {users[9].hex()}"][0] + 1

@@ -15,14 +15,18 @@ __all__ = ["Progress", "Task", "end_progress_lines", "format_duration"]
 
 log = logging.getLogger("schemaless.cleaner")
 
-#: The progress lines drawn on a terminal and not yet ended.
+#: The progress lines drawn on a terminal and not yet ended (under ``_DRAWN_LOCK``,
+#: taken after a ``Progress``'s own lock, never before it).
 _DRAWN: weakref.WeakSet[Progress] = weakref.WeakSet()
+_DRAWN_LOCK = threading.Lock()
 
 
 def end_progress_lines(record: logging.LogRecord) -> bool:
     """A logging filter for a terminal's handler: ends the progress line drawn there,
     so the record gets a line of its own (it is always let through)."""
-    for progress in list(_DRAWN):
+    with _DRAWN_LOCK:
+        drawn = list(_DRAWN)
+    for progress in drawn:
         progress.end_line()
     return True
 
@@ -133,7 +137,8 @@ class Progress:
                 self.stream.write("\r" + text + pad)
                 self.stream.flush()
                 self._width = len(text)
-                _DRAWN.add(self)
+                with _DRAWN_LOCK:
+                    _DRAWN.add(self)
             else:
                 log.info("progress: %s", text)
 
@@ -164,4 +169,5 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._width = 0
-            _DRAWN.discard(self)
+            with _DRAWN_LOCK:
+                _DRAWN.discard(self)

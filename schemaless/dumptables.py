@@ -30,7 +30,7 @@ import msgpack
 import MySQLdb.cursors
 
 from .dumpfiles import MANIFEST, PAGE, DumpError, Progress, not_empty, restore_file
-from .edgetables import NOCOUNT, count_trigger_sql, guards_sql
+from .edgetables import NOCOUNT, triggers_sql
 from .hashing import shard_of
 from .jsonform import from_json, to_jsonable
 from .movesync import discovered, table_names
@@ -346,8 +346,7 @@ def restore_tables(
             for t in tables
             for stmt in [
                 f"CREATE TABLE IF NOT EXISTS {quote(db, t.name)} {t.create.split(' ', 3)[3]}",
-                *(guards_sql(db, t.name) if t.sharded else []),
-                *count_trigger_sql(db, t.name),
+                *(triggers_sql(db, t.name) if t.sharded else []),
             ]
         ],
     )

@@ -342,12 +342,12 @@ class Edges:
         then the inverse's, in one transaction (its row count is the answer, and a
         deadlock's resend of a batch whose first side had committed would lose it)."""
         n_of = self.ds.cluster.shard_of_id
-        if not _together(self.ds.cluster.current(), n_of(src), n_of(dst)):
+        other = n_of(dst)  # the hash of an id, the same on every map
+        if not _together(self.ds.cluster.current(), n_of(src), other):
             return None
         inverse = self._inverse()
 
         def run(topo: Topology, shard: int) -> int | None:
-            other = n_of(dst)
             if not _together(topo, shard, other):
                 return None  # the map changed since: a side at a time
             at = 1

@@ -9,7 +9,14 @@ from .errors import InvalidQuery
 from .names import quote
 from .owned import COPYING, guard_sql
 
-__all__ = ["NOCOUNT", "check_type", "count_trigger_sql", "guards_sql", "table_names", "tables_sql"]
+__all__ = [
+    "NOCOUNT",
+    "check_type",
+    "count_trigger_sql",
+    "table_names",
+    "tables_sql",
+    "triggers_sql",
+]
 
 _TYPE = re.compile(r"[a-z](?:_?[a-z0-9]){0,39}\Z")
 #: The session variable of a writer whose edge rows come with their counts (``add``'s
@@ -78,8 +85,10 @@ def count_trigger_sql(db: str, table: str) -> list[str]:
     ]
 
 
-def guards_sql(db: str, table: str) -> list[str]:
-    """The guard of a module table that a move or a restore makes: an edge type's
-    tables (``edges__T``, ``edges__T__n``: written by upserts only) get only the insert
-    guard, as ``tables_sql`` makes them; any other table both."""
-    return guard_sql(db, table, upserts_only=table.startswith("edges__"))
+def triggers_sql(db: str, table: str) -> list[str]:
+    """The triggers of a shard table (a module's) that a move or a restore makes: the
+    guard, only the insert one for an edge type's tables (``edges__T``,
+    ``edges__T__n``: written by upserts only) as ``tables_sql`` makes them, both for
+    any other table; and an edge table's count trigger."""
+    guards = guard_sql(db, table, upserts_only=table.startswith("edges__"))
+    return [*guards, *count_trigger_sql(db, table)]

@@ -17,7 +17,7 @@ from typing import Any
 
 from .batch import Batch, gather
 from .connection import Server
-from .edgetables import count_trigger_sql, guards_sql
+from .edgetables import triggers_sql
 from .errors import CatalogError
 from .index import Index
 from .names import quote
@@ -166,8 +166,7 @@ def create_missing(src: Server, dst: Server, db: str, tables: Sequence[Table]) -
     present = table_names(dst, db)
     for t in tables:
         if t.name not in present:
-            made = [_definition(src, db, t.name), *guards_sql(db, t.name)]
-            dst.run(admin([*made, *count_trigger_sql(db, t.name)]))
+            dst.run(admin([_definition(src, db, t.name), *triggers_sql(db, t.name)]))
 
 
 def _definition(server: Server, db: str, name: str) -> str:

@@ -19,7 +19,9 @@ Two ways to say exactly what you mean: a value in double quotes is a JSON string
 (``title="42"`` is the text 42, ``title=" padded "`` keeps its spaces), and a cast
 prefix ``int:``, ``float:``, ``bool:``, ``str:``, ``bytes:`` or ``uuid:`` converts the
 rest as that type (``user_id=uuid:0f8e...`` on an untyped column).  Spaces around the
-value are ignored otherwise.
+value are ignored otherwise.  A missing value (``link>``, ``title=``) is refused, as is
+an unquoted value starting with ``=``, ``<`` or ``>`` (``a==1``, ``a=>1``): ``link>""``
+is the empty string.
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ def literal(text: str, type_name: str) -> Any:
     ValueError says what was expected.
     """
     text = text.strip()
+    if not text:
+        raise ValueError('no value after the operator (write "" for the empty string)')
+    if text[0] in "=<>":
+        raise ValueError(
+            f"a value starting with {text[0]!r} (an operator typed twice?): "
+            "a text that starts so goes in double quotes"
+        )
     quoted = len(text) >= 2 and text[0] == text[-1] == '"'
     kind = type_name.partition("(")[0]
     if quoted:
@@ -117,7 +126,7 @@ def parse_where(expressions: Sequence[str], index: Index) -> dict[str, Any]:
         if m is None:
             raise BadOption(
                 f"{expr!r}: expected PROPERTY OP VALUE with OP one of = > >= < <= "
-                "(or PROPERTY__startswith=VALUE)",
+                "(or PROPERTY__startswith=VALUE; there is no != or in)",
                 "--where",
             )
         prop, op, text = m.groups()

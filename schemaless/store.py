@@ -682,6 +682,11 @@ def _servers(specs: Sequence[str] | str, creds: Credentials) -> tuple[list[Addre
 
 def _merge(where: Mapping[str, Any] | None, conditions: dict[str, Any]) -> dict[str, Any]:
     """Conditions from ``where=`` and from keywords; a key given twice is refused."""
+    if where is not None and not isinstance(where, Mapping):
+        raise InvalidQuery(
+            f"where= takes a mapping of conditions ({{'published__gt': t}}), "
+            f"not a {type(where).__name__}"
+        )
     if not where:
         return conditions
     twice = set(where) & set(conditions)

@@ -387,6 +387,9 @@ def test_a_property_named_like_a_query_parameter_can_be_queried(make_store: Any)
     assert [e.id for e in store.iter(key_words, where={"order": 3})] == [key]
     with pytest.raises(InvalidQuery):
         store.query(key_words, where={"limit": 1}, **{"limit__gte": 0, "order": 3})
+    for call in (store.query, store.count, store.iter):
+        with pytest.raises(InvalidQuery, match="where= takes a mapping"):
+            call(key_words, where="order>")  # the CLI's form, not Python's
 
 
 def test_get_all_with_a_property_named_like_a_query_parameter(make_store: Any) -> None:

@@ -362,6 +362,10 @@ def test_where_converts_values_by_column_type(run: Cli) -> None:
         ("http://x/y?a=1", "auto", "http://x/y?a=1"),
         ("int:7", "str(5)", 7),
         ("bool:yes", "auto", True),
+        ('""', "str(10)", ""),
+        ('""', "auto", ""),
+        ('"=x"', "auto", "=x"),
+        ("str:", "auto", ""),
     ],
 )
 def test_literal(text: str, type_name: str, expected: object) -> None:
@@ -390,7 +394,17 @@ def test_query_by_prefix(run: Cli) -> None:
     ("where", "needle"),
     [
         ("user_id", "expected PROPERTY OP VALUE"),
-        ("user_id!=3", "expected PROPERTY OP VALUE"),
+        ("user_id!=3", "there is no != or in"),
+        ("user_id in 1,2", "there is no != or in"),
+        ("published>", "no value after the operator"),
+        ("published>= ", "no value after the operator"),
+        ("published<", "no value after the operator"),
+        ("published<=", "no value after the operator"),
+        ("user_id=", "no value after the operator"),
+        ("user_id__startswith=", "no value after the operator"),
+        ("published==5", "an operator typed twice"),
+        ("published=>5", "an operator typed twice"),
+        ("published<>5", "an operator typed twice"),
         ("nope=1", "no property 'nope'"),
         (f"user_id={USER[:30]}", "expected 32 hex characters"),
         ("published=soon", "expected an integer"),
@@ -399,6 +413,18 @@ def test_query_by_prefix(run: Cli) -> None:
 def test_bad_where_names_the_option(run: Cli, where: str, needle: str) -> None:
     line = run.fails("query", "by_user", "--where", where)
     assert "'--where'" in line and needle in line
+
+
+def test_where_empty_string_is_quoted(run: Cli) -> None:
+    """``s>""`` is a value (the empty string); ``s>`` and ``index create --where k=``
+    are refused before anything runs (a user's trial had ``link>`` run as ``> ''``)."""
+    run.ok("put", input='{"s": ""}\n{"s": "nonempty"}\n')
+    above = json_lines(run.ok("query", "t_str", "--where", 's>""', "--json").stdout)
+    assert "nonempty" in [e["s"] for e in above] and "" not in [e["s"] for e in above]
+    assert "no value" in run.fails("count", "t_str", "--where", "s>", "--no-exact")
+    line = run.fails("index", "create", "by_empty", "--property", "s", "--where", "kind=")
+    assert "'--where'" in line and "no value after the operator" in line
+    assert "by_empty" not in run.ok("index", "list").output
 
 
 def test_bad_options_name_the_option(run: Cli) -> None:

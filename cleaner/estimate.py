@@ -8,6 +8,9 @@ figures are exact.  A shard's rows lie between its lowest and highest ``added_id
 segment's span tells how dense they are there (purged tombstones leave gaps, and in the
 owned layout so do the other shards of the server, whose rows share the counter), so
 each sampled row stands for ``(MAX(added_id) - MIN(added_id) + 1) / span`` rows.
+The ranges are measured first, in one statement per server, and the sample keeps only
+rows within them: the figures are those of the rows stored at that time (``as_of``),
+whatever a writer adds while the shards are read.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Estimate:
     index: Index
     shards: int
     grace: float  # seconds a backfill waits before it starts (every writer maintains it)
+    as_of: float = 0.0  # when the shards' ranges were measured: the sample's rows are older
     sampled: int = 0  # entity rows read, tombstones included
     exact: bool = True  # every entity row was read
     stored: float = 0.0  # entity rows, tombstones included
@@ -91,6 +95,7 @@ class Estimate:
         return {
             "index": self.index.to_dict(),
             "shards": self.shards,
+            "as_of": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.as_of)),
             "sampled_rows": self.sampled,
             "exact": self.exact,
             "stored_rows": round(self.stored),
@@ -164,6 +169,7 @@ def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:
     # the backfill's grace period (``backfill.grace_deadline``), from the declaration
     out = Estimate(index, topo.n_shards, grace=2 * topo.refresh_interval + 1.0)
     budget = max(_PER_SHARD, sample // max(1, topo.n_shards))
+    out.as_of = time.time()
     for shard, (before, top, _) in sorted(added_ranges(store, topo).items()):
         if not top:
             continue
@@ -181,18 +187,23 @@ def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:
 def _read(
     store: DataStore, topo: Topology, shard: int, before: int, top: int, budget: int
 ) -> list[tuple[list[EntityRow], int]]:
-    """Segments of a shard's rows (``added_id`` in ``(before, top]``), each with the
-    ``added_id`` span it covers; the whole shard in one if ``top - before <= budget``."""
+    """Segments of a shard's rows (``added_id`` in ``(before, top]``: a row written since
+    ``top`` was measured is left out), each with the ``added_id`` span it covers; the
+    whole shard in one if ``top - before <= budget``."""
+
+    def upto_top(start: int, n: int) -> list[EntityRow]:
+        return [r for r in next(entity_batches(store, topo, shard, start, n), []) if r[0] <= top]
+
     if top - before <= budget:
-        return [(next(entity_batches(store, topo, shard, before, budget), []), top - before)]
+        return [(upto_top(before, budget), top - before)]
     rnd = random.Random(shard)  # random-ish, and the same sample each time
     size = budget // _SEGMENTS
     width = (top - before) // _SEGMENTS
     out = []
     for i in range(_SEGMENTS):
         start = before + i * width + rnd.randrange(max(1, width - size))
-        rows = next(entity_batches(store, topo, shard, start, size), [])
-        end = rows[-1][0] if len(rows) == size else max(top, rows[-1][0] if rows else top)
+        rows = upto_top(start, size)
+        end = rows[-1][0] if len(rows) == size else top
         out.append((rows, max(1, end - start)))
     return out
 

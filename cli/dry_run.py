@@ -48,6 +48,7 @@ def _n(value: float, exact: bool) -> str:
 
 def _lines(r: dict[str, Any]) -> list[str]:
     name, exact = r["index"]["name"], r["exact"]
+    when = r["as_of"][11:19] + " UTC"
     out = [f"dry run: index {name}: nothing declared"]
     if r["exists"] is not None:
         out.append(f"  index {name} already exists and is {r['exists']}: create changes nothing")
@@ -56,6 +57,7 @@ def _lines(r: dict[str, Any]) -> list[str]:
         return out
     how = "every row: figures exact" if exact else "a sample: figures estimated"
     out.append(f"  sampled      {r['sampled_rows']:,} entity rows on {r['shards']} shards ({how})")
+    out.append(f"               of the rows stored at {when}: rows written since are not in them")
     tombstones = r["stored_rows"] - r["entities"]
     out.append(
         f"  entities     {_n(r['entities'], exact)} live, {_n(tombstones, exact)} tombstones"
@@ -92,7 +94,8 @@ def _lines(r: dict[str, Any]) -> list[str]:
     eta, grace = human_duration(r["eta_s"]), human_duration(r["grace_s"])
     rows, rate = _n(r["stored_rows"], exact), r["rows_per_s"] or 0
     out.append(f"  backfill ETA {eta}: {grace} grace, then {rows} rows at {rate:,.0f} rows/s")
-    out.append("               (the sample's pace in one process: read, decode, rows; no writes)")
+    out.append("               (the sample's pace in one process: read, decode, rows; no writes;")
+    out.append("               rows written before the backfill starts add to its rows)")
     if r["unindexable"] or r["duplicates_in_sample"]:
         out.append(
             "the index could not become ready until these are fixed: create refuses it"

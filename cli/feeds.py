@@ -68,7 +68,8 @@ def create(conn: Connection, name: str) -> None:
 def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: float) -> None:
     """Fan the posts of feed NAME out into followers' timelines, from the change
     feed (subscription feeds_NAME: a restart resumes where it stopped).  A server's
-    outage prints a warning and the worker resumes once it answers (--once: exit 1).
+    outage prints a warning: the followers on the other servers still get new posts,
+    the rest once it answers (--once: exit 1 when caught up).
 
     \b
     Example:
@@ -85,11 +86,16 @@ def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: flo
 
 
 def _work(feed: Feeds, once: bool, poll: float) -> int:
-    """Run the worker; without ``once`` it rides out a server's outage (a transient
-    error), resuming from its subscription (a round redone doubles nothing)."""
+    """Run the worker; it fans out to the servers that answer and warns when one does
+    not (retrying its part); without ``once`` it also rides out an error that stops it
+    (a transient one), resuming from its subscription (a round redone doubles nothing)."""
+
+    def warn(exc: SchemalessError) -> None:
+        click.echo(f"warning: {exc}; fanning out to the other servers, retrying its part", err=True)
+
     while True:
         try:
-            return feed.work(once=once, poll=poll)
+            return feed.work(once=once, poll=poll, warn=None if once else warn)
         except TransientError as exc:
             if once:
                 raise

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .catalogdb import now_us
@@ -35,8 +36,8 @@ from .edges import (
 from .edgetables import check_type, table_names
 from .edgetables import tables_sql as edge_tables_sql
 from .entity import Entity
-from .errors import InvalidQuery, PermissionDenied, SchemalessError
-from .feed import ChangeEvent, ChangeFeed, enable_changes, encode_cursor
+from .errors import InvalidQuery, PermissionDenied, SchemalessError, TransientError
+from .feed import ChangeEvent, ChangeFeed, Position, enable_changes, encode_cursor
 from .ids import to_id
 from .names import quote
 from .owned import (
@@ -59,7 +60,10 @@ __all__ = ["Feeds"]
 _CURSOR = "fc1."
 _FAN = 5000  # followers read, and inbox rows written, per round trip
 _TRIM = 100  # readers trimmed per transaction
+_OWED = 100_000  # posts and inbox rows owed, above which the worker reads no new changes
 _Row = tuple[int, bytes, bytes]  # (at, post, author)
+_InboxRow = tuple[int, bytes, _Row]  # (reader's shard, reader, row)
+_Failed = SchemalessError | None  # why a server did not answer (None: every one did)
 #: A page's rows: (node, n, after, partial) -> (rows, logical shards that did not answer)
 _Rows = Callable[[bytes, int, "tuple[int, bytes] | None", bool], "tuple[list[_Row], set[int]]"]
 #: The inbox's pages are compressed: a reader's rows repeat their shard, reader and
@@ -178,7 +182,10 @@ class Feeds:
         new = self.graph.add(user, author)
         rows = self._posts_rows(author, self.backfill, None, False)[0] if self.backfill else []
         if rows:
-            self._insert_inbox({user: rows})
+            shard = self.ds.cluster.shard_of_id(user)
+            _, error = self._insert_inbox([(shard, user, r) for r in rows])
+            if error is not None:
+                raise error
         return new
 
     def unfollow(self, user: Any, author: Any) -> bool:
@@ -329,12 +336,15 @@ class Feeds:
         rows, missing = self.ds.calls.call(run, self.timeout)
         return _newest(rows, n), missing
 
-    def _write_posts(self, posts: list[tuple[bytes, int, bytes]]) -> dict[bytes, int]:
+    def _write_posts(
+        self, posts: list[tuple[bytes, int, bytes]]
+    ) -> tuple[dict[bytes, int], _Failed]:
         """The posts rows ``(author, at, post)``, one transaction per server (a post
         present keeps its row); each post's time as stored: its first version's, so
-        the inbox rows of a fan-out done again (or of a later version) are the same."""
+        the inbox rows of a fan-out done again (or of a later version) are the same.
+        A post whose author's server did not answer is left out (and why, returned)."""
 
-        def run() -> dict[bytes, int]:
+        def run() -> tuple[dict[bytes, int], _Failed]:
             topo = self.ds.cluster.current()
             table = self._q(topo, self.posts_table)
             shard = self.ds.cluster.shard_of_id
@@ -356,30 +366,31 @@ class Feeds:
                 return sql, [v for p in group for v in p] + [v for a, _, p in group for v in (a, p)]
 
             groups = by_server(topo, posts, lambda p: shard(p[0]))
-            results = self.ds.cluster.scatter(topo, groups, build).results
-            return {bytes(p): int(at) for sets in results.values() for p, at in sets[0]}
+            found = self.ds.cluster.scatter(topo, groups, build, partial=True)
+            stored = {bytes(p): int(at) for sets in found.results.values() for p, at in sets[0]}
+            return stored, _unreachable(found.errors)
 
         return self.ds.calls.call(run, self.timeout)
 
-    def _insert_inbox(self, rows: Mapping[bytes, Iterable[_Row]]) -> None:
-        """Inbox rows by reader, in rounds of up to ``_FAN`` rows a server, one
-        transaction per server (a row present: kept)."""
-        flat = [
-            (shard, user, r)
-            for user, rs in rows.items()
-            for shard in [self.ds.cluster.shard_of_id(user)]
-            for r in rs
-        ]
+    def _insert_inbox(self, rows: list[_InboxRow]) -> tuple[list[_InboxRow], _Failed]:
+        """Inbox rows, in rounds of up to ``_FAN`` rows a server, one transaction per
+        server (a row present: kept); those of servers that did not answer, and why."""
         step = _FAN * len(self.ds.cluster.current().servers)
-        for start in range(0, len(flat), step):
-            part = flat[start : start + step]
-            self.ds.calls.call(functools.partial(self._inbox_batch, part), self.timeout)
+        left: list[_InboxRow] = []
+        error: _Failed = None
+        for start in range(0, len(rows), step):
+            part = rows[start : start + step]
+            failed, why = self.ds.calls.call(
+                functools.partial(self._inbox_batch, part), self.timeout
+            )
+            left, error = left + failed, error or why
+        return left, error
 
-    def _inbox_batch(self, part: list[tuple[int, bytes, _Row]]) -> None:
+    def _inbox_batch(self, part: list[_InboxRow]) -> tuple[list[_InboxRow], _Failed]:
         topo = self.ds.cluster.current()
         table = self._q(topo, self.inbox)
 
-        def build(group: list[tuple[int, bytes, _Row]]) -> Statement:
+        def build(group: list[_InboxRow]) -> Statement:
             values = ", ".join(f"({s}, %s, %s, %s, %s)" for s, _, _ in group)
             sql = in_guarded_transaction(
                 [
@@ -391,7 +402,9 @@ class Feeds:
             )
             return sql, [v for _, u, (at, post, author) in group for v in (u, at, post, author)]
 
-        self.ds.cluster.scatter(topo, by_server(topo, part, lambda p: p[0]), build)
+        groups = by_server(topo, part, lambda p: p[0])
+        errors = self.ds.cluster.scatter(topo, groups, build, partial=True).errors
+        return [row for sid in errors for row in groups[sid]], _unreachable(errors)
 
     # -- trimming -----------------------------------------------------------------------
 
@@ -447,53 +460,105 @@ class Feeds:
     # -- the fan-out worker -------------------------------------------------------------
 
     def work(
-        self, once: bool = False, poll: float = 0.2, stop: Callable[[], bool] | None = None
+        self,
+        once: bool = False,
+        poll: float = 0.2,
+        stop: Callable[[], bool] | None = None,
+        warn: Callable[[SchemalessError], None] | None = None,
     ) -> int:
-        """Fan posts out from the change feed under the subscription ``feeds_<name>``,
-        acknowledging after each round's fan-out (a crash repeats a round: inbox rows
-        are never doubled); ``once``: until caught up.  How many posts were handled."""
+        """Fan posts out from the change feed under the subscription ``feeds_<name>``;
+        ``once``: until caught up.  How many posts were handled.
+
+        A server that does not answer holds back only what needs it: the feed is read
+        server by server, each part of a post's fan-out is written where its server
+        answers, and what failed is owed (retried each round); the subscription is
+        acknowledged only up to before the oldest change of a post owed, so a crash
+        does it again (inbox rows are never doubled).  ``warn`` hears of an outage
+        when it begins; ``once`` raises it when caught up (docs/architecture.md,
+        "Edges and feeds")."""
         sub = self.ds.subscribe(self.subscription)
         self._pulled |= self._pulled_list()
-        feed = ChangeFeed(self.ds.reader, sub.positions, sub.shards)
-        feed.check_on()
-        handled = 0
+        groups = by_server(self.ds.cluster.current(), sub.shards, int)
+        feeds = [ChangeFeed(self.ds.reader, sub.positions, shards) for shards in groups.values()]
+        feeds[0].check_on()
+        owed, acked, handled, failing = _Owed(), dict(sub.positions), 0, False
         while True:
-            events, more = feed.next_round()
-            handled += self.fan_out(events)
-            if events:
-                sub.ack(encode_cursor(feed.positions))
+            events, more, error = self._read(feeds) if owed.size() < _OWED else ([], False, None)
+            posts = [e for e in events if self._is_post(e)]
+            handled += len(posts)
+            error = self._deliver(posts, owed) or error
+            held = owed.hold({s: p for f in feeds for s, p in f.positions.items()})
+            if held != acked:
+                sub.ack(encode_cursor(held))
+                acked = held
+            if error is not None and not failing and warn is not None:
+                warn(error)
+            failing = error is not None
             if not events and not more:
+                if once and error is not None:
+                    raise error
                 if once:
-                    break
+                    return handled
                 time.sleep(poll)
-        return handled
 
-    def fan_out(self, events: Iterable[ChangeEvent]) -> int:
-        """Fan out the posts among ``events`` (deletes and other entities are left);
-        how many posts."""
-        posts = [
-            (to_id(e.entity["author"]), e.version, e.id)
-            for e in events
-            if e.entity is not None and e.entity.get("feed") == self.name and _is_id(e.entity)
-        ]
+    def _read(self, feeds: list[ChangeFeed]) -> tuple[list[ChangeEvent], bool, _Failed]:
+        """A round of each server's feed: the events of those that answered, whether
+        one has more at once, and why one did not answer."""
+        events: list[ChangeEvent] = []
+        more, error = False, None
+        for feed in feeds:
+            try:
+                found, full = feed.next_round()
+            except TransientError as exc:
+                error = error or exc
+                continue
+            events += found
+            more = more or full
+        return events, more, error
+
+    def _is_post(self, e: ChangeEvent) -> bool:
+        return e.entity is not None and e.entity.get("feed") == self.name and _is_id(e.entity)
+
+    def _deliver(self, posts: list[ChangeEvent], owed: _Owed) -> _Failed:
+        """Write the inbox rows ``owed`` holds, then fan out its posts and ``posts``;
+        what fails is owed again; why a server did not answer."""
+        owed.rows, error = self._insert_inbox(owed.rows)
+        posts, owed.events = owed.events + posts, []
         if not posts:
-            return 0
-        stored = self._write_posts(posts)
-        counts = self.graph.counts_inverse({a for a, _, _ in posts} - self._pulled)
-        for author, n in counts.items():
+            return error
+        owed.note(posts)
+        stored, why = self._write_posts([(_author(e), e.version, e.id) for e in posts])
+        owed.events = [e for e in posts if e.id not in stored]
+        try:
+            rows = self._inbox_rows([e for e in posts if e.id in stored], stored)
+        except TransientError as exc:  # an author's server, since its posts row
+            owed.events = posts
+            return exc
+        failed, late = self._insert_inbox(rows)
+        owed.rows += failed
+        return error or why or late
+
+    def _inbox_rows(self, posts: list[ChangeEvent], stored: Mapping[bytes, int]) -> list[_InboxRow]:
+        """The inbox rows of ``posts`` (each at its posts row's time in ``stored``): a
+        row per follower of each pushed author (an author over ``pull_threshold``
+        followers is pulled instead)."""
+        authors = {_author(e) for e in posts}
+        for author, n in self.graph.counts_inverse(authors - self._pulled).items():
             if n > self.pull_threshold:
                 self._pull(author)
         by_author: dict[bytes, list[_Row]] = {}
-        for author, _, post in posts:
+        for e in posts:
+            author = _author(e)
             if author not in self._pulled:
-                by_author.setdefault(author, []).append((stored[post], post, author))
-        inbox: dict[bytes, list[_Row]] = {}
-        for author, rows in by_author.items():
-            for chunk in self.graph.sources(author, _FAN):
-                for follower in chunk:
-                    inbox.setdefault(follower, []).extend(rows)
-        self._insert_inbox(inbox)
-        return len(posts)
+                by_author.setdefault(author, []).append((stored[e.id], e.id, author))
+        shard_of = self.ds.cluster.shard_of_id
+        return [
+            (shard_of(follower), follower, row)
+            for author, rows in by_author.items()
+            for chunk in self.graph.sources(author, _FAN)
+            for follower in chunk
+            for row in rows
+        ]
 
     def _pull(self, author: bytes) -> None:
         """Put an author on every server's pulled list (server-wide rows of no
@@ -569,6 +634,50 @@ class Feeds:
 
     def _on_shard(self, shard: int, fn: Callable[[Topology, int], Any]) -> Any:
         return self.ds.calls.call(lambda: fn(self.ds.cluster.current(), shard), self.timeout)
+
+
+@dataclass
+class _Owed:
+    """What the fan-out worker read and has not delivered: posts to fan out again whole
+    (their author's server did not answer) and inbox rows to write again (their
+    reader's server did not), and each post's change, which the subscription's
+    position must not pass."""
+
+    events: list[ChangeEvent] = field(default_factory=list)
+    rows: list[_InboxRow] = field(default_factory=list)
+    changes: dict[bytes, tuple[int, int | None]] = field(default_factory=dict)
+
+    def size(self) -> int:
+        return len(self.events) + len(self.rows)
+
+    def note(self, posts: Iterable[ChangeEvent]) -> None:
+        """Each post's oldest change read (a later version's comes after it)."""
+        for e in posts:
+            self.changes.setdefault(e.id, (e.shard, e.seq))
+
+    def hold(self, positions: Mapping[int, Position]) -> dict[int, Position]:
+        """``positions``, each logical shard's kept before the oldest change of a post
+        still owed (the changes of the others forgotten)."""
+        owed = {e.id for e in self.events} | {row[1] for _, _, row in self.rows}
+        self.changes = {p: c for p, c in self.changes.items() if p in owed}
+        held = dict(positions)
+        for shard, seq in self.changes.values():
+            pos = held[shard]
+            if isinstance(pos, int) and seq is not None:  # a feed's change, not a snapshot
+                held[shard] = min(pos, seq - 1)
+        return held
+
+
+def _author(e: ChangeEvent) -> bytes:
+    assert e.entity is not None  # a post's event
+    return to_id(e.entity["author"])
+
+
+def _unreachable(errors: Mapping[int, SchemalessError]) -> _Failed:
+    """The first of a partial scatter's errors, each a server that did not answer
+    (any other error is raised)."""
+    unreachable_only(errors)
+    return next(iter(errors.values()), None)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -143,7 +143,7 @@ def parse_where(expressions: Sequence[str], index: Index) -> dict[str, Any]:
         try:
             value = literal(text, ctype.name)
         except ValueError as exc:
-            raise BadOption(f"{expr!r}: {exc} for {prop} ({ctype.name})", "--where") from None
+            raise BadOption(f"{expr!r}: {prop} is {ctype.name}: {exc}", "--where") from None
         key = prop + suffix
         try:
             if suffix == _STARTSWITH:

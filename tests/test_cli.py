@@ -407,7 +407,7 @@ def test_query_by_prefix(run: Cli) -> None:
         ("published<>5", "an operator typed twice"),
         ("nope=1", "no property 'nope'"),
         (f"user_id={USER[:30]}", "expected 32 hex characters"),
-        ("published=soon", "expected an integer"),
+        ("published=soon", "published is int: expected an integer"),
     ],
 )
 def test_bad_where_names_the_option(run: Cli, where: str, needle: str) -> None:

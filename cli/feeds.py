@@ -59,11 +59,18 @@ def create(conn: Connection, name: str) -> None:
 @click.option("--once", is_flag=True, help="Stop once every post so far is fanned out.")
 @click.option(
     "--pull-threshold",
+    type=click.IntRange(min=0),
     default=1000,
     show_default=True,
     help="Authors with more followers are pulled at read time, not fanned out.",
 )
-@click.option("--poll", default=0.2, show_default=True, help="Seconds between empty rounds.")
+@click.option(
+    "--poll",
+    type=click.FloatRange(min=0),
+    default=0.2,
+    show_default=True,
+    help="Seconds between empty rounds.",
+)
 @pass_connection
 def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: float) -> None:
     """Fan the posts of feed NAME out into followers' timelines, from the change

@@ -128,8 +128,7 @@ class Feeds:
         timeout: float | None = None,
         create: bool = True,
     ) -> None:
-        if len(check_type(name)) > 30:
-            raise InvalidQuery(f"feed name {name!r} is longer than 30")
+        _check_name(name)
         for value, what in ((pull_threshold, "pull_threshold"), (backfill, "backfill")):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidQuery(f"{what} must be an int >= 0, got {value!r}")
@@ -476,6 +475,8 @@ class Feeds:
         does it again (inbox rows are never doubled).  ``warn`` hears of an outage
         when it begins; ``once`` raises it when caught up (docs/architecture.md,
         "Edges and feeds")."""
+        if not isinstance(poll, (int, float)) or not poll >= 0:
+            raise InvalidQuery(f"poll must be a number of seconds >= 0, got {poll!r}")
         sub = self.ds.subscribe(self.subscription)
         self._pulled |= self._pulled_list()
         groups = by_server(self.ds.cluster.current(), sub.shards, int)
@@ -666,6 +667,19 @@ class _Owed:
             if isinstance(pos, int) and seq is not None:  # a feed's change, not a snapshot
                 held[shard] = min(pos, seq - 1)
         return held
+
+
+def _check_name(name: object) -> None:
+    """A feed's name: an edge type's (``check_type``), of 30 characters at most."""
+    try:
+        if len(check_type(name)) <= 30:
+            return
+    except InvalidQuery:
+        pass
+    raise InvalidQuery(
+        f"invalid feed name {name!r}: use lower-case letters, digits and single '_'"
+        " (at most 30, starting with a letter)"
+    )
 
 
 def _author(e: ChangeEvent) -> bytes:

@@ -253,8 +253,11 @@ def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:
         feeds.follow(ann, ann)
     with pytest.raises(InvalidId):
         feeds.follow(ann, "bob")
-    with pytest.raises(InvalidQuery, match="invalid edge type"):
-        Feeds(ds, "Home!")
+    for bad in ("Home!", "a" * 31, "home__x", 7):
+        with pytest.raises(InvalidQuery, match="invalid feed name"):
+            Feeds(ds, bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidQuery, match="poll must be"):
+        feeds.work(once=True, poll=-1)
     with pytest.raises(InvalidQuery, match="pull_threshold"):
         Feeds(ds, "home", pull_threshold=-1)
     with pytest.raises(InvalidQuery, match="mapping"):
@@ -377,4 +380,7 @@ def test_cli_worker_once(ds: DataStore, local_cluster: LocalCluster) -> None:
     run = Cli(cluster_env(local_cluster, ds.cluster.topology.prefix))
     assert "1 posts fanned out" in run.ok("feeds", "work", "home", "--once").output
     assert len(feeds.home(ann)) == 1
-    assert "invalid edge type" in run.fails("feeds", "work", "Bad!", "--once")
+    assert "invalid feed name 'Bad!'" in run.fails("feeds", "work", "Bad!", "--once")
+    for option, value in (("--poll", "-1"), ("--pull-threshold", "-1")):
+        line = run.fails("feeds", "work", "home", option, value)  # a traceback, once
+        assert f"Invalid value for '{option}'" in line

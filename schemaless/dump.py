@@ -153,7 +153,10 @@ def dump(
     out = Path(directory)
     if (out / MANIFEST).exists() or any(out.glob("shard-*")) or (out / TABLES).exists():
         raise DumpError(f"{out} already holds a dump: choose an empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DumpError(f"cannot make the dump directory {out}: {exc.strerror}") from exc
     topo = ds.cluster.refresh()
     if topo.moves:
         raise CatalogError("logical shards are being moved: dump once the moves have finished")

@@ -208,7 +208,7 @@ def test_bad_directories(make_store: Any, tmp_path: Path) -> None:
     with pytest.raises(dumping.DumpError, match="unknown dump encoding"):
         dumping.dump(src, tmp_path / "e", encoding="csv")
     (tmp_path / "a file").write_text("")  # a user's trial: `dump /proc/nope`, a traceback
-    with pytest.raises(dumping.DumpError, match="cannot make the dump directory .*a file/d"):
+    with pytest.raises(dumping.DumpError, match=r"cannot make the dump directory .*a file/d"):
         dumping.dump(src, tmp_path / "a file" / "d")
     with pytest.raises(CatalogError, match="does not define"):
         dumping.restore(make_store([Index("other", ["x"], shard_on="x")]), tmp_path / "d")

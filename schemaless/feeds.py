@@ -530,35 +530,43 @@ class Feeds:
         owed.note(posts)
         stored, why = self._write_posts([(_author(e), e.version, e.id) for e in posts])
         owed.events = [e for e in posts if e.id not in stored]
+        by_author: dict[bytes, list[ChangeEvent]] = {}
+        for e in posts:
+            if e.id in stored:
+                by_author.setdefault(_author(e), []).append(e)
         try:
-            rows = self._inbox_rows([e for e in posts if e.id in stored], stored)
+            counts = self.graph.counts_inverse(set(by_author) - self._pulled)
         except TransientError as exc:  # an author's server, since its posts row
             owed.events = posts
             return exc
+        rows: list[_InboxRow] = []
+        for author, events in by_author.items():
+            try:
+                rows += self._inbox_rows(author, events, stored, counts.get(author, 0))
+            except TransientError as exc:  # its pull (every server) or its followers
+                owed.events += events
+                why = why or exc
         failed, late = self._insert_inbox(rows)
         owed.rows += failed
         return error or why or late
 
-    def _inbox_rows(self, posts: list[ChangeEvent], stored: Mapping[bytes, int]) -> list[_InboxRow]:
-        """The inbox rows of ``posts`` (each at its posts row's time in ``stored``): a
-        row per follower of each pushed author (an author over ``pull_threshold``
-        followers is pulled instead)."""
-        authors = {_author(e) for e in posts}
-        for author, n in self.graph.counts_inverse(authors - self._pulled).items():
-            if n > self.pull_threshold:
-                self._pull(author)
-        by_author: dict[bytes, list[_Row]] = {}
-        for e in posts:
-            author = _author(e)
-            if author not in self._pulled:
-                by_author.setdefault(author, []).append((stored[e.id], e.id, author))
+    def _inbox_rows(
+        self, author: bytes, posts: list[ChangeEvent], stored: Mapping[bytes, int], followers: int
+    ) -> list[_InboxRow]:
+        """The inbox rows of an author's ``posts`` (each at its posts row's time in
+        ``stored``): one per follower, none if the author is pulled (from now on, with
+        more than ``pull_threshold`` followers)."""
+        if followers > self.pull_threshold:
+            self._pull(author)
+        if author in self._pulled:
+            return []
         shard_of = self.ds.cluster.shard_of_id
+        mine = [(stored[e.id], e.id, author) for e in posts]
         return [
             (shard_of(follower), follower, row)
-            for author, rows in by_author.items()
             for chunk in self.graph.sources(author, _FAN)
             for follower in chunk
-            for row in rows
+            for row in mine
         ]
 
     def _pull(self, author: bytes) -> None:

@@ -113,7 +113,11 @@ def _work(feed: Feeds, once: bool, poll: float) -> int:
 @feeds.command()
 @click.argument("name")
 @click.option(
-    "--keep", default=1000, show_default=True, help="Inbox rows kept for each reader, newest."
+    "--keep",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Inbox rows kept for each reader, newest.",
 )
 @pass_connection
 def trim(conn: Connection, name: str, keep: int) -> None:

@@ -384,3 +384,4 @@ def test_cli_worker_once(ds: DataStore, local_cluster: LocalCluster) -> None:
     for option, value in (("--poll", "-1"), ("--pull-threshold", "-1")):
         line = run.fails("feeds", "work", "home", option, value)  # a traceback, once
         assert f"Invalid value for '{option}'" in line
+    assert "Invalid value for '--keep'" in run.fails("feeds", "trim", "home", "--keep", "0")

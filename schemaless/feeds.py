@@ -64,7 +64,8 @@ _Row = tuple[int, bytes, bytes]  # (at, post, author)
 _Rows = Callable[[bytes, int, "tuple[int, bytes] | None", bool], "tuple[list[_Row], set[int]]"]
 #: The inbox's pages are compressed: a reader's rows repeat their shard, reader and
 #: the authors they follow, and ids of one time share prefixes (59-80 bytes a row
-#: instead of 174; docs/feeds.md, "The inbox row's floor").
+#: instead of 174; docs/feeds.md, "The inbox row's floor").  The posts table's too,
+#: and the follow graph's (``edgetables.tables_sql``): half the pages.
 INBOX_COMPRESSED = "ROW_FORMAT=COMPRESSED KEY_BLOCK_SIZE=8"
 
 
@@ -85,7 +86,7 @@ def tables_sql(db: str, name: str) -> list[str]:
         " `shard` SMALLINT UNSIGNED NOT NULL, `author` BINARY(16) NOT NULL,"
         " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
         " PRIMARY KEY (`shard`, `author`, `at`, `post`),"
-        " UNIQUE KEY `once` (`shard`, `author`, `post`)) ENGINE=InnoDB",
+        f" UNIQUE KEY `once` (`shard`, `author`, `post`)) ENGINE=InnoDB {INBOX_COMPRESSED}",
         f"CREATE TABLE IF NOT EXISTS {quote(db, pulled)} ("
         " `author` BINARY(16) NOT NULL PRIMARY KEY, `since` BIGINT UNSIGNED NOT NULL"
         ") ENGINE=InnoDB",
@@ -363,13 +364,14 @@ class Feeds:
 
     def _insert_inbox(self, rows: Mapping[bytes, Iterable[_Row]]) -> None:
         """Inbox rows by reader, in rounds of up to ``_FAN`` rows a server, one
-        transaction per server (a row present: kept)."""
-        flat = [
+        transaction per server (a row present: kept); in the key's order, so each
+        reader's rows are appended, not wedged between the authors' (fuller pages)."""
+        flat = sorted(
             (shard, user, r)
             for user, rs in rows.items()
             for shard in [self.ds.cluster.shard_of_id(user)]
             for r in rs
-        ]
+        )
         step = _FAN * len(self.ds.cluster.current().servers)
         for start in range(0, len(flat), step):
             part = flat[start : start + step]

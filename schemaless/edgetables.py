@@ -49,13 +49,13 @@ def tables_sql(db: str, kind: str) -> list[str]:
         " `data` BLOB NULL,"
         " PRIMARY KEY (`shard`, `src`, `dst`),"
         " KEY `newest` (`shard`, `src`, `at`, `dst`)"
-        ") ENGINE=InnoDB ROW_FORMAT=COMPRESSED KEY_BLOCK_SIZE=8",
+        ") ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {quote(db, counts)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL,"
         " `node` BINARY(16) NOT NULL,"
         " `n` BIGINT NOT NULL,"
         " PRIMARY KEY (`shard`, `node`)"
-        ") ENGINE=InnoDB ROW_FORMAT=COMPRESSED KEY_BLOCK_SIZE=8",
+        ") ENGINE=InnoDB",
         *guard_sql(db, edges, upserts_only=True),
         *guard_sql(db, counts, upserts_only=True),
         *count_trigger_sql(db, edges),

@@ -64,8 +64,8 @@ _Row = tuple[int, bytes, bytes]  # (at, post, author)
 _Rows = Callable[[bytes, int, "tuple[int, bytes] | None", bool], "tuple[list[_Row], set[int]]"]
 #: The inbox's pages are compressed: a reader's rows repeat their shard, reader and
 #: the authors they follow, and ids of one time share prefixes (59-80 bytes a row
-#: instead of 174; docs/feeds.md, "The inbox row's floor").  The posts table's too,
-#: and the follow graph's (``edgetables.tables_sql``): half the pages.
+#: instead of 174; docs/feeds.md, "The inbox row's floor").  The posts table's too
+#: (a quarter of the pages); not the follow graph's, whose adds it would slow.
 INBOX_COMPRESSED = "ROW_FORMAT=COMPRESSED KEY_BLOCK_SIZE=8"
 
 

@@ -92,9 +92,9 @@ def test_inbox_rows_are_written_in_their_keys_order(
     parts: list[list[Any]] = []
     batch = feeds_module.Feeds._inbox_batch
 
-    def spy(self: Feeds, part: list[Any]) -> None:
+    def spy(self: Feeds, part: list[Any]) -> Any:
         parts.append(part)
-        batch(self, part)
+        return batch(self, part)
 
     monkeypatch.setattr(feeds_module.Feeds, "_inbox_batch", spy)
     feeds = Feeds(ds, "home", backfill=0)

@@ -71,8 +71,10 @@ def count_trigger_sql(db: str, table: str) -> list[str]:
     """The trigger of an edge table (``edges__T``; none for another table) that counts
     a new edge: ``AFTER INSERT``, so an upsert of a present edge (an update) fires none.
     It skips the rows a move copies into the target (``COPYING``, as the guard does)
-    and those of a writer that counts them itself (``NOCOUNT``).  Its upsert of the
-    count fires the count table's guard as well."""
+    and those of a writer that counts them itself (``NOCOUNT``).  It updates the
+    present count row (no guard of its own to fire: the edge's insert guard has just
+    checked the same shard and holds its ``owned`` row), and upserts a new node's,
+    which fires the count table's guard (docs/architecture.md, "Edges and feeds")."""
     kind = table.removeprefix("edges__")
     if kind == table or not _TYPE.match(kind):
         return []
@@ -80,8 +82,11 @@ def count_trigger_sql(db: str, table: str) -> list[str]:
     return [
         f"CREATE TRIGGER IF NOT EXISTS {quote(db, f'{table}_ci')} AFTER INSERT ON"
         f" {quote(db, table)} FOR EACH ROW IF {NOCOUNT} IS NULL AND NOT ({COPYING} <=> NEW.`shard`)"
-        f" THEN INSERT INTO {counts} (`shard`, `node`, `n`) VALUES (NEW.`shard`, NEW.`src`, 1)"
-        " ON DUPLICATE KEY UPDATE `n` = `n` + 1; END IF"
+        f" THEN UPDATE {counts} SET `n` = `n` + 1"
+        " WHERE `shard` = NEW.`shard` AND `node` = NEW.`src`;"
+        f" IF ROW_COUNT() = 0 THEN INSERT INTO {counts} (`shard`, `node`, `n`)"
+        " VALUES (NEW.`shard`, NEW.`src`, 1) ON DUPLICATE KEY UPDATE `n` = `n` + 1; END IF;"
+        " END IF"
     ]
 
 

@@ -17,7 +17,7 @@ from test_edges_together import node_near
 from test_feeds_grants import admin_datastore
 from test_grants import User, new_users, open_as
 
-from schemaless import DataStore, Edges, new_id
+from schemaless import DataStore, Edges, ServerError, new_id
 from schemaless.dump import read_manifest
 from schemaless.dumptables import restore_tables, table_dumps
 from schemaless.edgetables import NOCOUNT
@@ -244,3 +244,53 @@ def test_the_application_user_finds_the_trigger_and_adds_by_it(
         sides = [s for s in sent if "edges__" in s]
         assert len(sides) == 4 and all(s.startswith(f"{TRIGGERED} INSERT") for s in sides)
         assert (likes.count(a), likes.count_inverse(b)) == (1, 1)
+
+
+def refuse_count_inserts(ds: DataStore, table: str) -> None:
+    """Swap the count table's insert guard for one that refuses every row: a write that
+    fires it fails (``ServerError``, "count guard fired")."""
+    topo = ds.cluster.current()
+    db = str(topo.owned_db)
+    guard, target = quote(db, f"{table}_gi"), quote(db, table)
+    for server in ds.cluster.all_servers(topo).values():
+        server.run(admin([f"DROP TRIGGER {guard}"]))
+        server.run(
+            admin(
+                [
+                    f"CREATE TRIGGER {guard} BEFORE INSERT ON {target} FOR EACH ROW"
+                    " SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'count guard fired'"
+                ]
+            )
+        )
+
+
+def test_the_trigger_updates_a_present_count_past_its_guard_and_upserts_a_new_one(
+    ds: DataStore,
+) -> None:
+    """The count trigger updates a node's present count row, which fires no guard of
+    the count table (the edge's insert guard has checked the shard), and inserts a new
+    node's through the count table's insert guard, which still refuses it."""
+    likes = Edges(ds, "likes")
+    user = new_id()
+    assert likes.add(user, new_id()) is True  # the count row is made
+    refuse_count_inserts(ds, "edges__likes__n")
+    assert likes.add(user, new_id()) is True and likes.add(user, new_id()) is True
+    assert likes.count(user) == 3 == edge_rows(ds, "edges__likes", user)
+    stranger = new_id()
+    with pytest.raises(ServerError, match="count guard fired"):
+        likes.add(stranger, new_id())
+    assert likes.count(stranger) == 0 == edge_rows(ds, "edges__likes", stranger)
+
+
+def test_concurrent_first_edges_of_new_nodes_count_each_once(ds: DataStore) -> None:
+    """Threads adding the first edges of the same new nodes at once (each finds no count
+    row to update, then upserts it; READ COMMITTED: no gap lock, no deadlock) and of one
+    hot node: every count exact."""
+    likes = Edges(ds, "likes", inverse="liked_by")
+    users, entry = [new_id() for _ in range(12)], new_id()
+    pairs = [(u, new_id()) for u in users for _ in range(4)] + [(u, entry) for u in users]
+    with ThreadPoolExecutor(16) as pool:
+        new = list(pool.map(lambda p: likes.add(*p), pairs + pairs[::-1]))
+    assert sum(new) == len(pairs)
+    assert all(likes.count(u) == 5 == edge_rows(ds, "edges__likes", u) for u in users)
+    assert likes.count_inverse(entry) == 12 == edge_rows(ds, "edges__liked_by", entry)

@@ -7,6 +7,7 @@ import click
 from schemaless.edges import Edges
 from schemaless.errors import InvalidId, SchemalessError
 from schemaless.ids import id_hex, parse_id
+from schemaless.query import MAX_LIMIT
 
 from .options import BadOption, Connection, group_connection, pass_connection
 from .output import cell, echo_table, json_line
@@ -78,7 +79,13 @@ def count(conn: Connection, kind: str, node: bytes) -> None:
 @edges.command()
 @click.argument("kind", metavar="TYPE")
 @click.argument("node", metavar="ID", callback=_id)
-@click.option("--limit", default=20, show_default=True, help="Edges on the page.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_LIMIT),
+    default=20,
+    show_default=True,
+    help="Edges on the page.",
+)
 @click.option("--cursor", help="The cursor printed after the previous page.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines (dst, at, data).")
 @pass_connection

@@ -263,6 +263,8 @@ def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> Non
     with pytest.raises(InvalidQuery, match="unknown edge type"):
         Edges(ds, "likez", create=False).count(user)
     assert "ID" in run.fails("edges", "count", "likes", "xyz")
+    for bad in ("0", "1001"):  # the option named, as every page size of the CLI
+        assert "'--limit'" in run.fails("edges", "page", "likes", user.hex(), "--limit", bad)
 
 
 def test_the_hot_node_bench_counts_exactly_through_its_delay_proxy(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import time
+import signal
+import threading
 
 import click
 
@@ -76,7 +77,8 @@ def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: flo
     """Fan the posts of feed NAME out into followers' timelines, from the change
     feed (subscription feeds_NAME: a restart resumes where it stopped).  A server's
     outage prints a warning: the followers on the other servers still get new posts,
-    the rest once it answers (--once: exit 1 when caught up).
+    the rest once it answers (--once: exit 1 when caught up).  SIGTERM stops it after
+    its round, exit 0.
 
     \b
     Example:
@@ -100,14 +102,20 @@ def _work(feed: Feeds, once: bool, poll: float) -> int:
     def warn(exc: SchemalessError) -> None:
         click.echo(f"warning: {exc}; fanning out to the other servers, retrying its part", err=True)
 
-    while True:
-        try:
-            return feed.work(once=once, poll=poll, warn=None if once else warn)
-        except TransientError as exc:
-            if once:
-                raise
-            click.echo(f"warning: {exc}; resuming in {RETRY_AFTER:g}s", err=True)
-            time.sleep(RETRY_AFTER)
+    stopping = threading.Event()  # SIGTERM: stop after the round, exit 0
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    try:
+        while True:
+            try:
+                return feed.work(once, poll, stopping.is_set, None if once else warn)
+            except TransientError as exc:
+                if once:
+                    raise
+                click.echo(f"warning: {exc}; resuming in {RETRY_AFTER:g}s", err=True)
+                if stopping.wait(RETRY_AFTER):
+                    return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @feeds.command()

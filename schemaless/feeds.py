@@ -470,7 +470,9 @@ class Feeds:
         warn: Callable[[SchemalessError], None] | None = None,
     ) -> int:
         """Fan posts out from the change feed under the subscription ``feeds_<name>``;
-        ``once``: until caught up.  How many posts were handled.
+        ``once``: until caught up; ``stop``: asked after each round, the worker returns
+        when it says so (a round's fan-out done and acknowledged).  How many posts were
+        handled.
 
         A server that does not answer holds back only what needs it: the feed is read
         server by server, each part of a post's fan-out is written where its server
@@ -499,6 +501,8 @@ class Feeds:
             if error is not None and not failing and warn is not None:
                 warn(error)
             failing = error is not None
+            if stop is not None and stop():
+                return handled
             if not events and not more:
                 if once and error is not None:
                     raise error

@@ -148,3 +148,22 @@ def _answers(store: DataStore) -> bool:
     except TransientError:
         return False
     return True
+
+
+def test_sigterm_stops_the_worker_after_its_round(cluster: LocalCluster, store: DataStore) -> None:
+    """A service manager's SIGTERM ends the worker cleanly (exit 0, its count), the posts
+    acknowledged so far fanned out (it used to die with 143)."""
+    home = Feeds(store, "home")
+    (fan,), (star,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
+    home.follow(fan, star)
+    worker = _worker(cluster, store)
+    try:
+        post = {"id": ids_on(store, 0, 1)[0], "text": "before the stop"}
+        home.post(star, post)
+        assert home.settle(30.0)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err.decode()[-2000:]
+    assert "posts fanned out" in out.decode() and "Traceback" not in err.decode()
+    assert post["id"] in [e["id"] for e in home.home(fan)]

@@ -92,18 +92,25 @@ def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]
     return thread, out
 
 
-def _lock_waits(store: DataStore, sid: int) -> int:
+def _trx(store: DataStore, sid: int) -> list[Any]:
+    """The server's open transactions: state and what each runs."""
     server = store.cluster.all_servers(store.cluster.topology)[sid]
-    sql = "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
-    return int(server.run(sql)[0][0][0])
+    sql = "SELECT trx_state, trx_query FROM information_schema.INNODB_TRX"
+    return list(server.run(sql)[0])
 
 
-def _wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll ``check`` every 0.15 s: InnoDB refreshes what INNODB_TRX shows only when it
-    was last read more than 0.1 s before."""
+def _lock_waits(store: DataStore, sid: int) -> int:
+    return sum(1 for state, _ in _trx(store, sid) if state == "LOCK WAIT")
+
+
+def _wait_lock_waits(store: DataStore, n: int, timeout: float = 30.0) -> None:
+    """Wait until ``n`` transactions of server 0 wait for a lock, polling every 0.15 s
+    (InnoDB refreshes INNODB_TRX only when last read more than 0.1 s before; a loaded
+    machine can take seconds); a timeout shows the server's transactions."""
     deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
+    while _lock_waits(store, 0) != n:
+        if time.monotonic() > deadline:
+            pytest.fail(f"not {n} lock waits; server 0's transactions: {_trx(store, 0)}")
         time.sleep(0.15)
 
 
@@ -141,9 +148,9 @@ def test_a_put_inside_step_2_delays_the_fence_and_no_other_shard(
     first, second, n, cur = _second_locked(store, locker, a)
     writes = [{"id": first, "n": n}, {"id": second, "n": n + 1}]
     writer, wrote = _in_thread(lambda: store.put_many(writes))
-    _wait_for(lambda: _lock_waits(store, 0) == 1)  # step 2 stopped at the second entity
+    _wait_lock_waits(store, 1)  # step 2 stopped at the second entity
     fencer, fenced = _in_thread(lambda: _fence(store, a))
-    _wait_for(lambda: _lock_waits(store, 0) == 2)  # the fence waits too
+    _wait_lock_waits(store, 2)  # the fence waits too
     started = time.monotonic()
     (other,) = _ids(store, b, 1)
     store.put({"id": other, "n": _value(store, a, n + 2)})
@@ -217,10 +224,10 @@ def test_a_stopped_writer_holds_the_fence_no_longer_than_its_batch_runs(
     args += [first.hex(), second.hex(), str(n)]
     proc = subprocess.Popen([sys.executable, "-c", WRITER, *args], stdout=subprocess.PIPE)
     try:
-        _wait_for(lambda: _lock_waits(store, 0) == 1)
+        _wait_lock_waits(store, 1)
         os.kill(proc.pid, signal.SIGSTOP)
         fencer, fenced = _in_thread(lambda: _fence(store, a))
-        _wait_for(lambda: _lock_waits(store, 0) == 2)
+        _wait_lock_waits(store, 2)
         cur.execute("ROLLBACK")
         fencer.join(UNDELAYED)
         assert not fencer.is_alive() and "error" not in fenced, fenced

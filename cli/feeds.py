@@ -107,7 +107,9 @@ def _work(feed: Feeds, once: bool, poll: float) -> int:
     try:
         while True:
             try:
-                return feed.work(once, poll, stopping.is_set, None if once else warn)
+                return feed.work(
+                    once=once, poll=poll, stop=stopping.is_set, warn=None if once else warn
+                )
             except TransientError as exc:
                 if once:
                     raise

@@ -571,9 +571,10 @@ class Feeds:
         shard_of = self.ds.cluster.shard_of_id
         mine = [(stored[e.id], e.id, author) for e in posts]
         return [
-            (shard_of(follower), follower, row)
+            (shard, follower, row)
             for chunk in self.graph.sources(author, _FAN)
             for follower in chunk
+            for shard in [shard_of(follower)]  # hashed once, whatever its posts
             for row in mine
         ]
 

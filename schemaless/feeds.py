@@ -478,15 +478,16 @@ class Feeds:
         server by server, each part of a post's fan-out is written where its server
         answers, and what failed is owed (retried each round); the subscription is
         acknowledged only up to before the oldest change of a post owed, so a crash
-        does it again (inbox rows are never doubled).  ``warn`` hears of an outage
+        does it again (inbox rows are never doubled); the feed's shards are grouped by
+        server again when the map changes (a move).  ``warn`` hears of an outage
         when it begins; ``once`` raises it when caught up (docs/architecture.md,
         "Edges and feeds")."""
         if not isinstance(poll, (int, float)) or not poll >= 0:
             raise InvalidQuery(f"poll must be a number of seconds >= 0, got {poll!r}")
         sub = self.ds.subscribe(self.subscription)
         self._pulled |= self._pulled_list()
-        groups = by_server(self.ds.cluster.current(), sub.shards, int)
-        feeds = [ChangeFeed(self.ds.reader, sub.positions, shards) for shards in groups.values()]
+        topo = self.ds.cluster.current()
+        feeds = self._feeds(topo, sub.shards, sub.positions)
         feeds[0].check_on()
         owed, acked, handled, failing = _Owed(), dict(sub.positions), 0, False
         while True:
@@ -503,12 +504,24 @@ class Feeds:
             failing = error is not None
             if stop is not None and stop():
                 return handled
+            if self.ds.cluster.current().map_version != topo.map_version:
+                topo = self.ds.cluster.current()
+                positions = {s: p for f in feeds for s, p in f.positions.items()}
+                feeds = self._feeds(topo, sub.shards, positions)
             if not events and not more:
                 if once and error is not None:
                     raise error
                 if once:
                     return handled
                 time.sleep(poll)
+
+    def _feeds(
+        self, topo: Topology, shards: Sequence[int], positions: Mapping[int, Position]
+    ) -> list[ChangeFeed]:
+        """A change feed per server of ``topo`` over its ``shards``, from ``positions``,
+        so a server that does not answer holds back only its own shards."""
+        groups = by_server(topo, list(shards), int)
+        return [ChangeFeed(self.ds.reader, positions, group) for group in groups.values()]
 
     def _read(self, feeds: list[ChangeFeed]) -> tuple[list[ChangeEvent], bool, _Failed]:
         """A round of each server's feed: the events of those that answered, whether

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from schemaless import DataStore, Feeds
+from schemaless import DataStore, Feeds, new_id
 from schemaless.errors import TransientError
 from schemaless.local import LocalCluster
+from schemaless.move import ShardMover
 
 from .helpers import ids_on, open_store, scratch_cluster, wait_for
 
@@ -124,6 +125,45 @@ def test_followers_on_live_servers_get_posts_during_an_outage(
     assert worker.returncode == 0, err.decode()[-2000:]
     if how == "paused":
         assert "warning: " in err.decode() and "Traceback" not in err.decode()
+
+
+def test_after_a_move_the_worker_reads_the_shard_with_its_new_server(
+    cluster: LocalCluster, store: DataStore
+) -> None:
+    """A shard moved from SICK to server 0 under a running worker, then SICK stopped:
+    a post stored on that shard still reaches a follower on server 0 (the worker
+    grouped its feeds by server at its start only, so it read the moved shard with
+    SICK's and held it back until SICK came back)."""
+    home = Feeds(store, "home")
+    assert home.work(once=True) >= 0
+    star, fan = ids_on(store, 0, 2)
+    home.follow(fan, star)
+    worker = _worker(cluster, store)
+    try:
+        first = {"id": ids_on(store, 0, 1)[0], "text": "before the move"}
+        home.post(star, first)
+        wait_for(lambda: _home_ids(home, fan) == [first["id"]], 30.0, "the first post")
+        topo = store.cluster.current()
+        shard = next(s for s in range(topo.n_shards) if topo.shard_servers[s] == SICK)
+        ShardMover(store).move(shard, 0)
+        time.sleep(2.0)  # the worker's map is refreshed every 0.2 s
+        cluster.stop_server(SICK)
+        post = {"id": _id_on_shard(store, shard), "text": "after the move"}
+        home.post(star, post)
+        want = [post["id"], first["id"]]
+        wait_for(lambda: _home_ids(home, fan) == want, 30.0, "the post on the moved shard")
+    finally:
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=30)
+        cluster.start_server(SICK)
+    assert worker.returncode == 0, err.decode()[-2000:]
+
+
+def _id_on_shard(store: DataStore, shard: int) -> bytes:
+    while True:
+        key = new_id()
+        if store.cluster.shard_of_id(key) == shard:
+            return key
 
 
 def _home_ids(home: Feeds, user: bytes) -> list[bytes]:

@@ -62,6 +62,8 @@ class Estimate:
     unindexable: float = 0.0  # live entities with a value that does not fit its column
     corrupt: float = 0.0
     row_bytes: float = 0.0  # the index rows' bytes, InnoDB overheads included
+    missing: list[int] = field(default_factory=list)  # shards of servers that did not answer
+    unreachable: list[str] = field(default_factory=list)  # those servers' addresses
     seconds: float = 0.0  # reading, decoding and building the rows of the sample
     found: Fit = field(init=False)  # the sample's misfits and (unique) repeats, unweighted
 
@@ -98,6 +100,8 @@ class Estimate:
             "as_of": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.as_of)),
             "sampled_rows": self.sampled,
             "exact": self.exact,
+            "missing_shards": self.missing,
+            "unreachable": self.unreachable,
             "stored_rows": round(self.stored),
             "entities": round(self.entities),
             "index_rows": round(self.rows),
@@ -163,14 +167,21 @@ def added_ranges(
     }
 
 
-def estimate(store: DataStore, index: Index, sample: int = SAMPLE) -> Estimate:
-    """Sample every logical shard (see the module docstring); the figures."""
+def estimate(
+    store: DataStore, index: Index, sample: int = SAMPLE, *, partial: bool = False
+) -> Estimate:
+    """Sample every logical shard (see the module docstring); the figures.  ``partial``:
+    the shards of servers that do not answer are left out (``missing``), not an error."""
     topo = store.cluster.refresh()
     # the backfill's grace period (``backfill.grace_deadline``), from the declaration
     out = Estimate(index, topo.n_shards, grace=2 * topo.refresh_interval + 1.0)
     budget = max(_PER_SHARD, sample // max(1, topo.n_shards))
     out.as_of = time.time()
-    for shard, (before, top, _) in sorted(added_ranges(store, topo).items()):
+    ranges = added_ranges(store, topo, partial=partial)
+    out.missing = [s for s in range(topo.n_shards) if s not in ranges]
+    out.unreachable = sorted({str(topo.servers[topo.shard_servers[s]]) for s in out.missing})
+    out.exact = not out.missing
+    for shard, (before, top, _) in sorted(ranges.items()):
         if not top:
             continue
         started = time.perf_counter()

@@ -33,8 +33,14 @@ def show_dry_run(ds: DataStore, definition: Index, as_json: bool) -> None:
             f"index {name!r} already exists with a different definition: "
             f"{existing.index!r}; create would fail (drop and purge it first)"
         )
-    report: dict[str, Any] = estimate(ds, definition).as_dict()
+    report: dict[str, Any] = estimate(ds, definition, partial=True).as_dict()
     report["exists"] = None if existing is None else existing.state
+    if report["unreachable"]:
+        click.echo(
+            f"warning: unreachable: {', '.join(report['unreachable'])} (its shards are not"
+            " in these figures)",
+            err=True,
+        )
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
         return
@@ -52,11 +58,20 @@ def _lines(r: dict[str, Any]) -> list[str]:
     out = [f"dry run: index {name}: nothing declared"]
     if r["exists"] is not None:
         out.append(f"  index {name} already exists and is {r['exists']}: create changes nothing")
+    if r["missing_shards"]:
+        out.append(
+            f"  not sampled  {len(r['missing_shards'])} of {r['shards']} shards, on"
+            f" {', '.join(r['unreachable'])}, which did not answer: the figures below leave"
+            " their entities out, and create fails until every server answers"
+        )
     if not r["stored_rows"]:
-        out.append(f"  no entities stored: {name} would be ready at once")
+        where = "on the shards that answered" if r["missing_shards"] else "stored"
+        ready = "" if r["missing_shards"] else f": {name} would be ready at once"
+        out.append(f"  no entities {where}{ready}")
         return out
     how = "every row: figures exact" if exact else "a sample: figures estimated"
-    out.append(f"  sampled      {r['sampled_rows']:,} entity rows on {r['shards']} shards ({how})")
+    shards = r["shards"] - len(r["missing_shards"])
+    out.append(f"  sampled      {r['sampled_rows']:,} entity rows on {shards} shards ({how})")
     out.append(f"               of the rows stored at {when}: rows written since are not in them")
     tombstones = r["stored_rows"] - r["entities"]
     out.append(

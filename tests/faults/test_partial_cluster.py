@@ -23,6 +23,7 @@ from schemaless import CatalogError, CatalogUnavailable, DataStore, Index
 from schemaless.cli.main import cli
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
+from schemaless.owned import admin
 
 from .helpers import ids_on, scratch_cluster, values_on
 
@@ -280,6 +281,37 @@ def test_the_cli_shows_a_sick_server_as_unknown(
     assert found.exit_code == 0 and _hex(healthy) in found.stdout, found.stdout
     failed = _cli(cluster, store, "get", _hex(entities[SICK][0]))
     assert failed.exit_code == 1 and sick in failed.stderr, failed.stderr
+
+
+def test_a_dry_run_samples_the_servers_that_answer_and_create_refuses(
+    cluster: LocalCluster, store: DataStore, entities: dict[int, list[dict[str, Any]]]
+) -> None:
+    """``index create --dry-run`` with a server stopped: the figures of the shards that
+    answer, the others named (it used to fail); ``create`` itself fails, nothing
+    declared."""
+    sick = cluster.addresses[SICK]
+    topo = store.cluster.refresh()
+    stored = 0
+    for sid in (0, 1):  # every entity row of the servers that answer, tombstones too
+        table = f"`{topo.owned_db}`.`entities`"
+        count = admin([f"SELECT COUNT(*) FROM {table}"])
+        rows = store.cluster.server(topo.servers[sid]).run(count)[0]
+        stored += int(rows[0][0])
+    cluster.stop_server(SICK)
+    args = ["index", "create", "by_k", "--property", "k:int", "--dry-run"]
+    shown = _cli(cluster, store, *args)
+    assert shown.exit_code == 0, (shown.stdout, shown.stderr)
+    assert sick in shown.stderr and "unreachable" in shown.stderr, shown.stderr
+    assert f"not sampled  2 of 6 shards, on {sick}" in shown.stdout, shown.stdout
+    assert "sampled      " in shown.stdout and "on 4 shards" in shown.stdout, shown.stdout
+    report = json.loads(_cli(cluster, store, *args, "--json").stdout)
+    assert report["missing_shards"] == [s for s in range(6) if topo.shard_servers[s] == SICK]
+    assert report["unreachable"] == [sick] and report["exact"] is False
+    assert report["stored_rows"] == report["sampled_rows"] == stored
+    declared = _cli(cluster, store, *args[:-1])
+    assert declared.exit_code == 1 and sick in declared.stderr, declared.stderr
+    cluster.start_server(SICK)
+    assert "by_k" not in store.cluster.refresh().indexes
 
 
 # -- local mode --------------------------------------------------------------------------

@@ -109,23 +109,27 @@ class Figures:
             return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
 
 
-def figure_families(figures: Mapping[str, Any], labels: Mapping[str, str]) -> list[Metric]:
-    """Figures as Prometheus metric families: ``schemaless_cleaner_<figure>`` (counters
-    with ``_total``), and ``schemaless_cleaner_up`` labelled with the state."""
+def figure_families(
+    figures: Mapping[str, Any],
+    labels: Mapping[str, str],
+    *,
+    prefix: str = "schemaless_cleaner",
+    counters: frozenset[str] = _COUNTERS,
+) -> list[Metric]:
+    """Figures as Prometheus metric families: ``<prefix>_<figure>`` (``counters`` with
+    ``_total``), and ``<prefix>_up`` labelled with the state."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     names, values = sorted(labels), [labels[k] for k in sorted(labels)]
     out: list[Metric] = []
     for name, value in sorted(figures.items()):
         if name == "state":
-            up = GaugeMetricFamily(
-                "schemaless_cleaner_up", "The Cleaner's state", labels=[*names, "state"]
-            )
+            up = GaugeMetricFamily(f"{prefix}_up", "The process's state", labels=[*names, "state"])
             up.add_metric([*values, str(value)], 1)
             out.append(up)
         elif isinstance(value, (int, float)):  # the throttle's reason, no limit: not figures
-            kind = CounterMetricFamily if name in _COUNTERS else GaugeMetricFamily
-            family = kind(f"schemaless_cleaner_{name}", name.replace("_", " "), labels=names)
+            kind = CounterMetricFamily if name in counters else GaugeMetricFamily
+            family = kind(f"{prefix}_{name}", name.replace("_", " "), labels=names)
             family.add_metric(values, float(value))
             out.append(family)
     return out

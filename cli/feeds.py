@@ -11,6 +11,7 @@ from schemaless import DataStore
 from schemaless.errors import SchemalessError, TransientError
 from schemaless.feeds import Feeds
 
+from .feeds_metrics import WorkerFigures, serving
 from .options import Connection, group_connection, pass_connection
 
 __all__ = ["feeds"]
@@ -72,21 +73,41 @@ def create(conn: Connection, name: str) -> None:
     show_default=True,
     help="Seconds between empty rounds.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    help="Serve Prometheus figures at http://HOST:PORT/metrics (0: any free port).",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
 @pass_connection
-def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: float) -> None:
+def work(
+    conn: Connection,
+    name: str,
+    once: bool,
+    pull_threshold: int,
+    poll: float,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Fan the posts of feed NAME out into followers' timelines, from the change
     feed (subscription feeds_NAME: a restart resumes where it stopped).  A server's
     outage prints a warning: the followers on the other servers still get new posts,
     the rest once it answers (--once: exit 1 when caught up).  SIGTERM stops it after
-    its round, exit 0.
+    its round, exit 0.  --metrics-port serves its figures (posts, rounds, what it owes,
+    seconds behind, its state) for Prometheus.
 
     \b
     Example:
         schemaless feeds work home --once
+        schemaless feeds work home --metrics-port 9188
     """
-    with conn.store() as ds:
+    figures = WorkerFigures(name)
+    with conn.store() as ds, serving(figures, metrics_port, metrics_host):
         try:
-            n = _work(_existing(ds, name, pull_threshold), once, poll)
+            n = _work(_existing(ds, name, pull_threshold), once, poll, figures)
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
@@ -94,7 +115,7 @@ def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: flo
     click.echo(f"feed {name!r}: {n} posts fanned out")
 
 
-def _work(feed: Feeds, once: bool, poll: float) -> int:
+def _work(feed: Feeds, once: bool, poll: float, figures: WorkerFigures) -> int:
     """Run the worker; it fans out to the servers that answer and warns when one does
     not (retrying its part); without ``once`` it also rides out an error that stops it
     (a transient one), resuming from its subscription (a round redone doubles nothing)."""
@@ -108,7 +129,11 @@ def _work(feed: Feeds, once: bool, poll: float) -> int:
         while True:
             try:
                 return feed.work(
-                    once=once, poll=poll, stop=stopping.is_set, warn=None if once else warn
+                    once=once,
+                    poll=poll,
+                    stop=stopping.is_set,
+                    warn=None if once else warn,
+                    progress=figures.round,
                 )
             except TransientError as exc:
                 if once:

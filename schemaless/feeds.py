@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .catalog import Topology
     from .store import DataStore
 
-__all__ = ["Feeds"]
+__all__ = ["Feeds", "WorkRound"]
 
 _CURSOR = "fc1."
 _FAN = 5000  # followers read, and inbox rows written, per round trip
@@ -468,6 +468,7 @@ class Feeds:
         poll: float = 0.2,
         stop: Callable[[], bool] | None = None,
         warn: Callable[[SchemalessError], None] | None = None,
+        progress: Callable[[WorkRound], None] | None = None,
     ) -> int:
         """Fan posts out from the change feed under the subscription ``feeds_<name>``;
         ``once``: until caught up; ``stop``: asked after each round, the worker returns
@@ -481,7 +482,7 @@ class Feeds:
         does it again (inbox rows are never doubled); the feed's shards are grouped by
         server again when the map changes (a move).  ``warn`` hears of an outage
         when it begins; ``once`` raises it when caught up (docs/architecture.md,
-        "Edges and feeds")."""
+        "Edges and feeds").  ``progress`` hears of each round (``WorkRound``)."""
         if not isinstance(poll, (int, float)) or not poll >= 0:
             raise InvalidQuery(f"poll must be a number of seconds >= 0, got {poll!r}")
         sub = self.ds.subscribe(self.subscription)
@@ -502,6 +503,8 @@ class Feeds:
             if error is not None and not failing and warn is not None:
                 warn(error)
             failing = error is not None
+            if progress is not None:
+                progress(WorkRound(len(posts), owed.size(), failing, _behind(events, more)))
             if stop is not None and stop():
                 return handled
             if self.ds.cluster.current().map_version != topo.map_version:
@@ -665,6 +668,25 @@ class Feeds:
 
     def _on_shard(self, shard: int, fn: Callable[[Topology, int], Any]) -> Any:
         return self.ds.calls.call(lambda: fn(self.ds.cluster.current(), shard), self.timeout)
+
+
+@dataclass(frozen=True)
+class WorkRound:
+    """One round of the fan-out worker (``Feeds.work(progress=...)``): the posts it
+    read, the posts and inbox rows it still owes, whether a server did not answer, and
+    how far behind the change feed it is (seconds; 0 when caught up)."""
+
+    posts: int
+    owed: int
+    failing: bool
+    behind_s: float
+
+
+def _behind(events: list[ChangeEvent], more: bool) -> float:
+    """Seconds since the newest change a round read was written, if more wait."""
+    if not more or not events:
+        return 0.0
+    return max(0.0, time.time() - max(e.at for e in events) / 1e6)
 
 
 @dataclass

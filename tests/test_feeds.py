@@ -18,6 +18,7 @@ from test_cli import Cli, cluster_env
 from schemaless import DataStore, Feeds, new_id
 from schemaless import feeds as feeds_module
 from schemaless.errors import InvalidId, InvalidQuery, TableMissing
+from schemaless.feeds import WorkRound
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
 from schemaless.names import quote
@@ -116,9 +117,12 @@ def test_a_fan_out_in_many_rounds_reaches_every_follower(
     posts = [{"text": "one"}, {"text": "two"}]
     for post in posts:
         feeds.post(star, post)
-    assert feeds.work(once=True) == 2
+    rounds: list[WorkRound] = []
+    assert feeds.work(once=True, progress=rounds.append) == 2
     for fan in fans:
         assert _ids(feeds.home(fan)) == [posts[1]["id"], posts[0]["id"]]
+    assert sum(r.posts for r in rounds) == 2  # each round told, the last caught up
+    assert rounds[-1] == WorkRound(posts=0, owed=0, failing=False, behind_s=0.0)
 
 
 def test_a_celebrity_is_pulled_once_above_the_threshold(ds: DataStore) -> None:

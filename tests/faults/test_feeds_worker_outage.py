@@ -6,11 +6,15 @@ fails."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -164,6 +168,64 @@ def _id_on_shard(store: DataStore, shard: int) -> bytes:
         key = new_id()
         if store.cluster.shard_of_id(key) == shard:
             return key
+
+
+def test_the_workers_metrics_show_an_outage_and_what_it_owes(
+    cluster: LocalCluster, store: DataStore
+) -> None:
+    """``feeds work --metrics-port``: posts counted, nothing owed; with SICK stopped the
+    state is failing and the far follower's row owed; back to running and 0 after."""
+    home = Feeds(store, "home")
+    assert home.work(once=True) >= 0
+    (star, near), (far,) = ids_on(store, 0, 2), ids_on(store, SICK, 1)
+    home.follow(near, star)
+    home.follow(far, star)
+    port = _free_port()
+    worker = _worker(cluster, store, "--metrics-port", str(port))
+    try:
+        first = {"id": ids_on(store, 0, 1)[0], "text": "first"}
+        home.post(star, first)
+        assert home.settle(30.0)
+        wait_for(lambda: _figures(port).get("posts_total", 0) >= 1, 10.0, "the post counted")
+        assert _figures(port)["owed"] == 0 and _figures(port)["state"] == "running"
+        cluster.stop_server(SICK)
+        home.post(star, {"id": ids_on(store, 0, 1)[0], "text": "during"})
+        wait_for(lambda: _figures(port)["state"] == "failing", 30.0, "the failing state")
+        wait_for(lambda: _figures(port)["owed"] >= 1, 30.0, "the far follower's row owed")
+        cluster.start_server(SICK)
+        wait_for(lambda: _figures(port)["state"] == "running", 60.0, "running again")
+        wait_for(lambda: _figures(port)["owed"] == 0, 30.0, "nothing owed")
+        assert _figures(port)["posts_total"] >= 2 and _figures(port)["rounds_total"] > 2
+    finally:
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err.decode()[-2000:]
+    assert f"metrics at http://127.0.0.1:{port}/metrics" in err.decode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _figures(port: int) -> dict[str, Any]:
+    """The feed ``home``'s figures from the worker's endpoint (``state``: the one set)."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return {"state": None, "owed": None}
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        m = re.match(r"schemaless_feeds_(\w+)\{(.*)\} (\S+)$", line)
+        if m is None or 'feed="home"' not in m[2]:
+            continue
+        if m[1] == "up":
+            out["state"] = re.search(r'state="(\w+)"', m[2])[1]  # type: ignore[index]
+        else:
+            out[m[1]] = float(m[3])
+    return out
 
 
 def _home_ids(home: Feeds, user: bytes) -> list[bytes]:

@@ -18,7 +18,7 @@ from schemaless.store import DataStore
 
 from .daemon import Cleaner, backfill_name
 from .jobs import Supervisor, forwarded_options
-from .metrics import Figures
+from .metrics import Figures, metrics_options
 from .priority import lower_priority
 from .progress import Progress, end_progress_lines
 from .repair import Repairer
@@ -243,15 +243,7 @@ def _open(conn: Connection) -> DataStore:
     help="Trim change feed rows older than this, even if a subscription still needs them.",
 )
 @fence_option
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    metavar="PORT",
-    help="Serve Prometheus figures at http://HOST:PORT/metrics.",
-)
-@click.option(
-    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
-)
+@metrics_options
 @click.option(
     "--nice",
     type=click.IntRange(0, 19),

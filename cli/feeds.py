@@ -11,7 +11,7 @@ from schemaless import DataStore
 from schemaless.errors import SchemalessError, TransientError
 from schemaless.feeds import Feeds
 
-from .feeds_metrics import WorkerFigures, serving
+from .feeds_metrics import WorkerFigures, metrics_options, serving
 from .options import Connection, group_connection, pass_connection
 
 __all__ = ["feeds"]
@@ -73,15 +73,7 @@ def create(conn: Connection, name: str) -> None:
     show_default=True,
     help="Seconds between empty rounds.",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    metavar="PORT",
-    help="Serve Prometheus figures at http://HOST:PORT/metrics (0: any free port).",
-)
-@click.option(
-    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
-)
+@metrics_options
 @pass_connection
 def work(
     conn: Connection,

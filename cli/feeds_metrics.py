@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from schemaless.cleaner.metrics import (  # type: ignore[import-not-found, unused-ignore]
-    MetricsServer,
-    figure_families,
-)
+from schemaless.cleaner import metrics  # type: ignore[import-not-found, unused-ignore]
 from schemaless.feeds import WorkRound
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-__all__ = ["WorkerFigures", "serving"]
+__all__ = ["WorkerFigures", "metrics_options", "serving"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def metrics_options(command: F) -> F:
+    """``--metrics-port`` and ``--metrics-host``, as the Cleaner's."""
+    out: F = metrics.metrics_options(command)
+    return out
 
 
 class WorkerFigures:
@@ -50,7 +55,7 @@ class WorkerFigures:
         with self._lock:
             values = dict(self._values)
         labels = {"feed": self.feed}
-        out: list[Metric] = figure_families(
+        out: list[Metric] = metrics.figure_families(
             values, labels, prefix="schemaless_feeds", counters=self.COUNTERS
         )
         return out
@@ -64,7 +69,7 @@ def serving(figures: WorkerFigures, port: int | None, host: str) -> Iterator[Non
         yield
         return
     try:
-        server = MetricsServer(figures.families, port, host)
+        server = metrics.MetricsServer(figures.families, port, host)
     except OSError as exc:
         raise click.BadParameter(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}", param_hint="'--metrics-port'"

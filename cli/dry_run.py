@@ -52,9 +52,10 @@ def _n(value: float, exact: bool) -> str:
     return f"{value:,.0f}" if exact else f"~{value:,.0f}"
 
 
-def _lines(r: dict[str, Any]) -> list[str]:
-    name, exact = r["index"]["name"], r["exact"]
-    when = r["as_of"][11:19] + " UTC"
+def _head(r: dict[str, Any]) -> list[str]:
+    """The report's first lines: the index, whether it exists, the shards not sampled,
+    and (alone) that nothing is stored."""
+    name = r["index"]["name"]
     out = [f"dry run: index {name}: nothing declared"]
     if r["exists"] is not None:
         out.append(f"  index {name} already exists and is {r['exists']}: create changes nothing")
@@ -68,6 +69,14 @@ def _lines(r: dict[str, Any]) -> list[str]:
         where = "on the shards that answered" if r["missing_shards"] else "stored"
         ready = "" if r["missing_shards"] else f": {name} would be ready at once"
         out.append(f"  no entities {where}{ready}")
+    return out
+
+
+def _lines(r: dict[str, Any]) -> list[str]:
+    exact = r["exact"]
+    when = r["as_of"][11:19] + " UTC"
+    out = _head(r)
+    if not r["stored_rows"]:
         return out
     how = "every row: figures exact" if exact else "a sample: figures estimated"
     shards = r["shards"] - len(r["missing_shards"])

@@ -131,6 +131,7 @@ def _work(feed: Feeds, once: bool, poll: float, figures: WorkerFigures) -> int:
                 if once:
                     raise
                 click.echo(f"warning: {exc}; resuming in {RETRY_AFTER:g}s", err=True)
+                figures.failing()
                 if stopping.wait(RETRY_AFTER):
                     return 0
     finally:

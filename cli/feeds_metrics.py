@@ -50,6 +50,11 @@ class WorkerFigures:
             self._values["behind_seconds"] = done.behind_s
             self._values["state"] = "failing" if done.failing else "running"
 
+    def failing(self) -> None:
+        """The worker stopped on an error and waits to resume."""
+        with self._lock:
+            self._values["state"] = "failing"
+
     def families(self) -> list[Metric]:
         """The figures as metric families ``schemaless_feeds_*``, labelled by feed."""
         with self._lock:

@@ -63,10 +63,12 @@ def test_the_worker_resumes_after_a_server_outage(cluster: LocalCluster, store: 
     (fan,), (star,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
     home.follow(fan, star)
     cluster.stop_server(SICK)
-    worker = _worker(cluster, store)
+    port = _free_port()
+    worker = _worker(cluster, store, "--metrics-port", str(port))
     try:
         time.sleep(6.0)  # open, a round failing on the stopped server, a retry or two
         assert worker.poll() is None, worker.communicate()[1].decode()[-2000:]
+        assert _figures(port)["state"] == "failing"
         cluster.start_server(SICK)
         wait_for(lambda: _answers(store), 20.0, "the server to answer again")
         post = {"id": ids_on(store, SICK, 1)[0], "text": "back"}

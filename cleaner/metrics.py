@@ -117,9 +117,11 @@ def figure_families(
     *,
     prefix: str = "schemaless_cleaner",
     counters: frozenset[str] = _COUNTERS,
+    helps: Mapping[str, str] | None = None,
 ) -> list[Metric]:
     """Figures as Prometheus metric families: ``<prefix>_<figure>`` (``counters`` with
-    ``_total``), and ``<prefix>_up`` labelled with the state."""
+    ``_total``; ``helps``: their help texts, else the name), and ``<prefix>_up``
+    labelled with the state."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     names, values = sorted(labels), [labels[k] for k in sorted(labels)]
@@ -131,7 +133,8 @@ def figure_families(
             out.append(up)
         elif isinstance(value, (int, float)):  # the throttle's reason, no limit: not figures
             kind = CounterMetricFamily if name in counters else GaugeMetricFamily
-            family = kind(f"{prefix}_{name}", name.replace("_", " "), labels=names)
+            text = (helps or {}).get(name, name.replace("_", " "))
+            family = kind(f"{prefix}_{name}", text, labels=names)
             family.add_metric(values, float(value))
             out.append(family)
     return out

@@ -34,6 +34,12 @@ class WorkerFigures:
     while a server does not answer)."""
 
     COUNTERS = frozenset({"posts", "rounds"})
+    HELPS = {
+        "posts": "Posts the fan-out worker read from the change feed",
+        "rounds": "Rounds of the fan-out worker",
+        "owed": "Posts and inbox rows it owes: a server did not answer",
+        "behind_seconds": "Age of the newest change it read while more wait (0: caught up)",
+    }
 
     def __init__(self, feed: str) -> None:
         self.feed = feed
@@ -61,7 +67,7 @@ class WorkerFigures:
             values = dict(self._values)
         labels = {"feed": self.feed}
         out: list[Metric] = metrics.figure_families(
-            values, labels, prefix="schemaless_feeds", counters=self.COUNTERS
+            values, labels, prefix="schemaless_feeds", counters=self.COUNTERS, helps=self.HELPS
         )
         return out
 

@@ -33,6 +33,8 @@ def test_rounds_add_posts_and_set_what_is_owed_and_the_state() -> None:
     assert got["schemaless_feeds_posts_total"] == 5 and got["schemaless_feeds_rounds_total"] == 2
     assert got["schemaless_feeds_owed"] == 7 and got["schemaless_feeds_behind_seconds"] == 0
     assert got["failing"] == 1 and "running" not in got
+    helps = {f.name: f.documentation for f in figures.families()}
+    assert helps["schemaless_feeds_owed"].startswith("Posts and inbox rows it owes")
     kinds = {f.name: type(f) for f in figures.families()}
     assert kinds["schemaless_feeds_posts"] is CounterMetricFamily
     assert kinds["schemaless_feeds_owed"] is GaugeMetricFamily

@@ -87,6 +87,11 @@ def work(conn: Connection, name: str, once: bool, pull_threshold: int, poll: flo
     with conn.store() as ds:
         try:
             n = _work(_existing(ds, name, pull_threshold), once, poll)
+        except TransientError as exc:  # --once, caught up on the servers that answer
+            raise click.ClickException(
+                f"{exc}; the posts for the followers on the other servers are fanned out,"
+                " the rest is owed: run it again once the server answers"
+            ) from None
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:

@@ -100,6 +100,11 @@ def changes(
     with conn.store() as ds:
         if unsubscribe is not None:
             n = unsubscribe_name(ds.cluster, unsubscribe)
+            if not n:  # a typo: say so rather than "0 positions forgotten", exit 0
+                raise click.ClickException(
+                    f"no subscription {unsubscribe!r}: nothing forgotten"
+                    " (`schemaless changes --status` lists them)"
+                )
             click.echo(f"subscription {unsubscribe!r}: {n} positions forgotten")
             return
         if status:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from schemaless.edges import Edges
+from schemaless.edges import Edges, missing_tables
+from schemaless.edgetables import table_names
 from schemaless.errors import InvalidId, SchemalessError
 from schemaless.ids import id_hex, parse_id
 from schemaless.query import MAX_LIMIT
@@ -126,7 +127,17 @@ def repair(conn: Connection, kind: str, inverse: str, grace: float) -> None:
     """
     with conn.store() as ds:
         try:
-            n = Edges(ds, kind, inverse=inverse, create=False).repair(grace)
+            n = _known(Edges(ds, kind, inverse=inverse, create=False)).repair(grace)
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(f"{kind}/{inverse}: {n} orphaned inverse edges removed")
+
+
+def _known(edges: Edges) -> Edges:
+    """``edges`` if its tables exist (a mistyped type is named, not a missing table)."""
+    if missing_tables(edges.ds, [t for k in edges.kinds() for t in table_names(k)]):
+        raise click.ClickException(
+            f"unknown edge type {'/'.join(edges.kinds())!r}: its tables do not exist"
+            f" (`{edges.command()}` creates them)"
+        )
+    return edges

@@ -1,5 +1,6 @@
-"""CLI status commands with one server of two stopped (found in a new user's trial):
-they show what the servers that answer hold and name the other, as ``shards`` does."""
+"""CLI commands with one server of two stopped or frozen (found in a new user's trial):
+status commands show what the servers that answer hold and name the other, as
+``shards`` does; a failed ``put`` says what it may have stored."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from schemaless.cli.main import cli
 from schemaless.local import LocalCluster
 from schemaless.subscriptions import feed_status
 
+from .helpers import ids_on
+
 SICK = 1  # server 0 holds the catalog
 
 
-def _cli(cluster: LocalCluster, store: DataStore, *args: str) -> Result:
+def _cli(cluster: LocalCluster, store: DataStore, *args: str, stdin: str = "") -> Result:
     env = {
         "SCHEMALESS_LOCAL_DIR": str(cluster.base_dir),
         "SCHEMALESS_PREFIX": store.cluster.topology.prefix,
@@ -25,7 +28,7 @@ def _cli(cluster: LocalCluster, store: DataStore, *args: str) -> Result:
         "SCHEMALESS_PASSWORD": None,
         "SCHEMALESS_OPTION_FILE": None,
     }
-    return CliRunner(env=env).invoke(cli, list(args), catch_exceptions=False)
+    return CliRunner(env=env).invoke(cli, list(args), input=stdin, catch_exceptions=False)
 
 
 def test_changes_status_shows_a_stopped_server_as_unknown(
@@ -64,3 +67,19 @@ def test_local_status_shows_a_frozen_server_as_paused(
     )
     servers = json.loads(listed.output)["servers"]
     assert [(s["running"], s["paused"]) for s in servers] == [(True, False), (False, True)]
+
+
+def test_a_put_that_fails_on_one_server_says_the_others_may_be_stored(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """A batch goes to each server in parallel: with one down, ``put`` exits 1, and the
+    entities of the other are stored; it used to print only ``server unavailable``."""
+    store = fault_store()
+    (healthy,), (sick,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
+    fault_cluster.stop_server(SICK)
+    lines = "".join(json.dumps({"id": k.hex(), "n": 1}) + "\n" for k in (healthy, sick))
+    put = _cli(fault_cluster, store, "put", stdin=lines)
+    assert put.exit_code == 1, (put.stdout, put.stderr)
+    assert fault_cluster.addresses[SICK] in put.stderr, put.stderr
+    assert "on the servers that answered may be stored: put them again" in put.stderr
+    assert store.get(healthy) == {"id": healthy, "n": 1}

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from schemaless.catalog import IndexInfo, IndexState
-from schemaless.errors import IndexDefinitionError, IndexDoesNotFit
+from schemaless.errors import IndexDefinitionError, IndexDoesNotFit, TransientError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
@@ -197,6 +197,11 @@ def create(
             for line in exc.examples:
                 click.echo(line)
             raise CliError(exc.summary) from None
+        except TransientError as exc:  # a server down: the dry run samples the others
+            raise CliError(
+                f"{exc}; index create needs every server (it makes the index's tables on"
+                " each): run it again once they all answer (--dry-run works meanwhile)"
+            ) from None
         refresh = ds.cluster.topology.refresh_interval
     if as_json:
         shown = {"definition": definition.to_dict(), "existed": existed is not None}

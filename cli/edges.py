@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from schemaless.edges import Edges, missing_tables
@@ -21,6 +23,13 @@ def _id(ctx: click.Context, param: click.Parameter, value: str) -> bytes:
         return parse_id(value)
     except InvalidId as exc:
         raise BadOption(str(exc), "ID") from None
+
+
+def _seconds(value: float, option: str) -> float:
+    """A finite number of seconds >= 0 (``nan`` and ``inf`` got past ``FloatRange``)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise BadOption(f"expected a finite number of seconds >= 0, got {value!r}", option)
+    return value
 
 
 @click.group()
@@ -116,7 +125,13 @@ def page(
 @edges.command()
 @click.argument("kind", metavar="TYPE")
 @click.option("--inverse", required=True, metavar="TYPE", help="The inverse edge type.")
-@click.option("--grace", default=60.0, show_default=True, help="Seconds an orphan is left.")
+@click.option(
+    "--grace",
+    default=60.0,
+    show_default=True,
+    callback=lambda _ctx, _param, value: _seconds(value, "--grace"),
+    help="Seconds an orphan is left.",
+)
 @pass_connection
 def repair(conn: Connection, kind: str, inverse: str, grace: float) -> None:
     """Remove inverse edges whose forward edge is missing (a call cut between them).

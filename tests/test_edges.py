@@ -266,6 +266,8 @@ def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> Non
     repair = ("edges", "repair", "likes", "--inverse", "liked_bz")  # was "missing table"
     assert "unknown edge type 'likes/liked_bz'" in run.fails(*repair)
     assert "0 orphaned" in run.ok("edges", "repair", "likes", "--inverse", "liked_by").output
+    for bad in ("nan", "inf", "-1"):  # nan and inf were tracebacks, -1 a grace of 0
+        assert "'--grace'" in run.fails(*repair[:-1], "liked_by", "--grace", bad)
     for bad in ("0", "1001"):  # the option named, as every page size of the CLI
         assert "'--limit'" in run.fails("edges", "page", "likes", user.hex(), "--limit", bad)
 

@@ -190,24 +190,29 @@ def create(
             show_dry_run(ds, definition, as_json)
             return
         existed = ds.cluster.refresh().indexes.get(name)
-        try:
-            state = ds.declare_index(definition, force=force)
-        except IndexDoesNotFit as exc:  # the examples on stdout, the counts as the error
-            click.echo(f"index {definition.name}: nothing declared; e.g.")
-            for line in exc.examples:
-                click.echo(line)
-            raise CliError(exc.summary) from None
-        except TransientError as exc:  # a server down: the dry run samples the others
-            raise CliError(
-                f"{exc}; index create needs every server (it makes the index's tables on"
-                " each): run it again once they all answer (--dry-run works meanwhile)"
-            ) from None
+        state = _declare(ds, definition, force)
         refresh = ds.cluster.topology.refresh_interval
     if as_json:
         shown = {"definition": definition.to_dict(), "existed": existed is not None}
         click.echo(json.dumps({**shown, "state": state}, sort_keys=True))
         return
     _echo_created(definition, existed is not None, state, refresh)
+
+
+def _declare(ds: DataStore, definition: Index, force: bool) -> str:
+    """``declare_index``, its refusals as one-line errors."""
+    try:
+        return ds.declare_index(definition, force=force)
+    except IndexDoesNotFit as exc:  # the examples on stdout, the counts as the error
+        click.echo(f"index {definition.name}: nothing declared; e.g.")
+        for line in exc.examples:
+            click.echo(line)
+        raise CliError(exc.summary) from None
+    except TransientError as exc:  # a server down: the dry run samples the others
+        raise CliError(
+            f"{exc}; index create needs every server (it makes the index's tables on"
+            " each): run it again once they all answer (--dry-run works meanwhile)"
+        ) from None
 
 
 def _definition(

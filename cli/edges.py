@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import click
 
+from schemaless.cleaner.main import Finite
 from schemaless.edges import Edges, missing_tables
 from schemaless.edgetables import table_names
 from schemaless.errors import InvalidId, SchemalessError
@@ -23,13 +22,6 @@ def _id(ctx: click.Context, param: click.Parameter, value: str) -> bytes:
         return parse_id(value)
     except InvalidId as exc:
         raise BadOption(str(exc), "ID") from None
-
-
-def _seconds(value: float, option: str) -> float:
-    """A finite number of seconds >= 0 (``nan`` and ``inf`` got past ``FloatRange``)."""
-    if not (math.isfinite(value) and value >= 0):
-        raise BadOption(f"expected a finite number of seconds >= 0, got {value!r}", option)
-    return value
 
 
 @click.group()
@@ -129,7 +121,7 @@ def page(
     "--grace",
     default=60.0,
     show_default=True,
-    callback=lambda _ctx, _param, value: _seconds(value, "--grace"),
+    type=Finite(min=0),
     help="Seconds an orphan is left.",
 )
 @pass_connection

@@ -8,6 +8,7 @@ import threading
 import click
 
 from schemaless import DataStore
+from schemaless.cleaner.main import Finite
 from schemaless.errors import SchemalessError, TransientError
 from schemaless.feeds import Feeds
 
@@ -67,7 +68,7 @@ def create(conn: Connection, name: str) -> None:
 )
 @click.option(
     "--poll",
-    type=click.FloatRange(min=0),
+    type=Finite(min=0),
     default=0.2,
     show_default=True,
     help="Seconds between empty rounds.",

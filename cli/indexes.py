@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from schemaless.catalog import IndexInfo, IndexState
+from schemaless.cleaner.main import Finite
 from schemaless.errors import IndexDefinitionError, IndexDoesNotFit, TransientError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
@@ -321,7 +322,7 @@ def _overall(ds: DataStore, building: list[IndexInfo]) -> tuple[dict[str, float 
 @click.argument("name")
 @click.option(
     "--watch",
-    type=click.FloatRange(min=0.1),
+    type=Finite(min=0.1),
     metavar="SECONDS",
     help="Show it again every SECONDS until the index is no longer building (rows/s "
     "and ETA measured between the views).",

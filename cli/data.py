@@ -128,11 +128,12 @@ def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None
     name = "stdin" if name in ("-", "<stdin>") else name
     if source.isatty():
         click.echo("reading JSON entities from stdin (end with Ctrl-D)", err=True)
+    text = _read(source, name)
     stored = 0
     with conn.store() as ds:
         batch: list[tuple[str, dict[str, Any]]] = []
         try:
-            for item in entities_from_text(decode_input(source.read(), name), name):
+            for item in entities_from_text(text, name):
                 batch.append(item)
                 if len(batch) >= _PUT_BATCH:
                     _put_batch(ds, batch, ttl, as_json)
@@ -153,6 +154,15 @@ def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None
         raise CliError(f"no entities in {name} (expected a JSON object or JSON lines)")
     if not as_json:
         click.echo(f"stored {stored} entit{'y' if stored == 1 else 'ies'}", err=True)
+
+
+def _read(source: Any, name: str) -> str:
+    """The text of ``source`` (an unreadable file is an error naming it, not a traceback)."""
+    try:
+        data = source.read()
+    except OSError as exc:
+        raise CliError(f"cannot read {name}: {exc.strerror or exc}") from None
+    return decode_input(data, name)
 
 
 #: What a failed batch of puts may have stored (a statement per server, in parallel).

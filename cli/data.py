@@ -128,9 +128,9 @@ def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None
     name = "stdin" if name in ("-", "<stdin>") else name
     if source.isatty():
         click.echo("reading JSON entities from stdin (end with Ctrl-D)", err=True)
-    text = _read(source, name)
     stored = 0
-    with conn.store() as ds:
+    with conn.store() as ds:  # opened first: a bad connection fails before one types
+        text = _read(source, name)
         batch: list[tuple[str, dict[str, Any]]] = []
         try:
             for item in entities_from_text(text, name):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -38,18 +39,29 @@ else:  # the CLI's option stack: the same options, errors and redaction
         inherited_connection,
     )
 
-__all__ = ["main", "worker_args"]
+__all__ = ["Finite", "main", "worker_args"]
 
 log = logging.getLogger("schemaless.cleaner")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class Finite(click.FloatRange):
+    """A ``FloatRange`` that also refuses ``nan`` and ``inf``, which pass its bounds
+    (``--tombstone-retention nan`` was a traceback)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def fence_option(fn: F) -> F:
     """``--fence-after``."""
     return click.option(
         "--fence-after",
-        type=click.FloatRange(min=0),
+        type=Finite(min=0),
         default=60.0,
         show_default=True,
         metavar="SECONDS",
@@ -86,7 +98,7 @@ _THROTTLE_OPTIONS = [
     ),
     click.option(
         "--max-lag",
-        type=click.FloatRange(min=0, min_open=True),
+        type=Finite(min=0, min_open=True),
         metavar="SECONDS",
         help="Slow down while a replica lags more (default: the store's max_replica_lag, 5 s).",
     ),
@@ -109,7 +121,7 @@ _THROTTLE_OPTIONS = [
     ),
     click.option(
         "--max-latency-ms",
-        type=click.FloatRange(min=0, min_open=True),
+        type=Finite(min=0, min_open=True),
         metavar="MS",
         help="Slow down while a server's canary p90, or its clients' reported write "
         "p99, is over this (default: 2x the baseline taken at start, at least 6 ms).",
@@ -197,7 +209,7 @@ def _open(conn: Connection) -> DataStore:
 )
 @click.option(
     "--pending-after",
-    type=click.FloatRange(min=0),
+    type=Finite(min=0),
     default=10.0,
     show_default=True,
     metavar="SECONDS",
@@ -213,14 +225,14 @@ def _open(conn: Connection) -> DataStore:
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     metavar="ROWS_PER_S",
     help="Average rows per second at most, a hard cap over the throttle (default: unlimited).",
 )
 @throttle_options
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0),
+    type=Finite(min=0),
     default=10.0,
     show_default=True,
     metavar="SECONDS",
@@ -228,7 +240,7 @@ def _open(conn: Connection) -> DataStore:
 )
 @click.option(
     "--tombstone-retention",
-    type=click.FloatRange(min=0),
+    type=Finite(min=0),
     default=3600.0,
     show_default=True,
     metavar="SECONDS",
@@ -236,7 +248,7 @@ def _open(conn: Connection) -> DataStore:
 )
 @click.option(
     "--feed-retention",
-    type=click.FloatRange(min=0),
+    type=Finite(min=0),
     default=7 * 24 * 3600.0,
     show_default=True,
     metavar="SECONDS",

@@ -10,7 +10,7 @@ import click
 
 from schemaless.catalog import IndexState
 from schemaless.entity import Entity
-from schemaless.errors import InvalidId, SchemalessError
+from schemaless.errors import InvalidId, SchemalessError, TransientError
 from schemaless.ids import id_hex, parse_id
 from schemaless.index import Index
 from schemaless.query import MAX_LIMIT
@@ -129,10 +129,11 @@ def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None
     if source.isatty():
         click.echo("reading JSON entities from stdin (end with Ctrl-D)", err=True)
     stored = 0
-    with conn.store() as ds:
+    with conn.store() as ds:  # opened first: a bad connection fails before one types
+        text = _read(source, name)
         batch: list[tuple[str, dict[str, Any]]] = []
         try:
-            for item in entities_from_text(decode_input(source.read(), name), name):
+            for item in entities_from_text(text, name):
                 batch.append(item)
                 if len(batch) >= _PUT_BATCH:
                     _put_batch(ds, batch, ttl, as_json)
@@ -143,14 +144,32 @@ def put(conn: Connection, source: Any, ttl: float | None, as_json: bool) -> None
                 stored += len(batch)
         except SchemalessError as exc:
             where = [f"{w}: " for w, e in batch if "id" in e and _names(exc, e["id"])]
+            before = f" ({stored} entities were stored before this)" if stored else ""
+            if isinstance(exc, TransientError) and len(batch) > 1:  # servers in parallel
+                raise CliError(f"{exc}{before}; {_PARTLY}") from exc
             if where or stored:
-                before = f" ({stored} entities were stored before this)" if stored else ""
                 raise CliError(f"{''.join(where[:1])}{exc}{before}") from exc
             raise
     if not stored:
         raise CliError(f"no entities in {name} (expected a JSON object or JSON lines)")
     if not as_json:
         click.echo(f"stored {stored} entit{'y' if stored == 1 else 'ies'}", err=True)
+
+
+def _read(source: Any, name: str) -> str:
+    """The text of ``source`` (an unreadable file is an error naming it, not a traceback)."""
+    try:
+        data = source.read()
+    except OSError as exc:
+        raise CliError(f"cannot read {name}: {exc.strerror or exc}") from None
+    return decode_input(data, name)
+
+
+#: What a failed batch of puts may have stored (a statement per server, in parallel).
+_PARTLY = (
+    "the entities of this batch on the servers that answered may be stored: put them"
+    ' again once it answers (last writer wins; an entity without "id" gets a new one)'
+)
 
 
 def _put_batch(

@@ -95,6 +95,25 @@ def _lines(r: dict[str, Any]) -> list[str]:
         f"  index size   ~{human_bytes(r['size_bytes'])} (an estimate from the sampled values:"
         " both B-trees, pages 70% full)"
     )
+    out += _problems(r, exact)
+    eta, grace = human_duration(r["eta_s"]), human_duration(r["grace_s"])
+    rows, rate = _n(r["stored_rows"], exact), r["rows_per_s"] or 0
+    out.append(f"  backfill ETA {eta}: {grace} grace, then {rows} rows at {rate:,.0f} rows/s")
+    out.append("               (the sample's pace in one process: read, decode, rows; no writes;")
+    out.append("               rows written before the backfill starts add to its rows)")
+    if r["unindexable"] or r["duplicates_in_sample"]:
+        out.append(
+            "the index could not become ready until these are fixed: create refuses it"
+            " (--force declares it anyway)"
+        )
+    elif r["corrupt"]:
+        out.append("the backfill sets these entities aside: logged and counted, not indexed")
+    return out
+
+
+def _problems(r: dict[str, Any], exact: bool) -> list[str]:
+    """The sample's misfits, duplicates and corrupt entities, with examples."""
+    out: list[str] = []
     if r["unindexable"]:
         out.append(
             f"  unindexable  {100 * r['unindexable_share']:.1f}% of entities "
@@ -115,16 +134,4 @@ def _lines(r: dict[str, Any]) -> list[str]:
             out.append(f"    entity {e['entity_id']} on shard {e['shard']}: {e['message']}")
     if r["corrupt"]:
         out.append(f"  corrupt      {_n(r['corrupt'], exact)} entities cannot be decoded")
-    eta, grace = human_duration(r["eta_s"]), human_duration(r["grace_s"])
-    rows, rate = _n(r["stored_rows"], exact), r["rows_per_s"] or 0
-    out.append(f"  backfill ETA {eta}: {grace} grace, then {rows} rows at {rate:,.0f} rows/s")
-    out.append("               (the sample's pace in one process: read, decode, rows; no writes;")
-    out.append("               rows written before the backfill starts add to its rows)")
-    if r["unindexable"] or r["duplicates_in_sample"]:
-        out.append(
-            "the index could not become ready until these are fixed: create refuses it"
-            " (--force declares it anyway)"
-        )
-    elif r["corrupt"]:
-        out.append("the backfill sets these entities aside: logged and counted, not indexed")
     return out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from schemaless.edges import Edges
+from schemaless.cleaner.main import Finite
+from schemaless.edges import Edges, missing_tables
+from schemaless.edgetables import table_names
 from schemaless.errors import InvalidId, SchemalessError
 from schemaless.ids import id_hex, parse_id
 from schemaless.query import MAX_LIMIT
@@ -115,7 +117,13 @@ def page(
 @edges.command()
 @click.argument("kind", metavar="TYPE")
 @click.option("--inverse", required=True, metavar="TYPE", help="The inverse edge type.")
-@click.option("--grace", default=60.0, show_default=True, help="Seconds an orphan is left.")
+@click.option(
+    "--grace",
+    default=60.0,
+    show_default=True,
+    type=Finite(min=0),
+    help="Seconds an orphan is left.",
+)
 @pass_connection
 def repair(conn: Connection, kind: str, inverse: str, grace: float) -> None:
     """Remove inverse edges whose forward edge is missing (a call cut between them).
@@ -126,7 +134,17 @@ def repair(conn: Connection, kind: str, inverse: str, grace: float) -> None:
     """
     with conn.store() as ds:
         try:
-            n = Edges(ds, kind, inverse=inverse, create=False).repair(grace)
+            n = _known(Edges(ds, kind, inverse=inverse, create=False)).repair(grace)
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
     click.echo(f"{kind}/{inverse}: {n} orphaned inverse edges removed")
+
+
+def _known(edges: Edges) -> Edges:
+    """``edges`` if its tables exist (a mistyped type is named, not a missing table)."""
+    if missing_tables(edges.ds, [t for k in edges.kinds() for t in table_names(k)]):
+        raise click.ClickException(
+            f"unknown edge type {'/'.join(edges.kinds())!r}: its tables do not exist"
+            f" (`{edges.command()}` creates them)"
+        )
+    return edges

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 
@@ -14,7 +15,14 @@ from schemaless.subscriptions import feed_status
 from schemaless.subscriptions import unsubscribe as unsubscribe_name
 
 from .options import BadOption, Connection, pass_connection
-from .output import cell, echo_table, entity_to_json, human_duration, json_line
+from .output import (
+    cell,
+    echo_table,
+    entity_to_json,
+    human_duration,
+    json_line,
+    warn_unreachable,
+)
 
 __all__ = ["changes"]
 
@@ -92,6 +100,11 @@ def changes(
     with conn.store() as ds:
         if unsubscribe is not None:
             n = unsubscribe_name(ds.cluster, unsubscribe)
+            if not n:  # a typo: say so rather than "0 positions forgotten", exit 0
+                raise click.ClickException(
+                    f"no subscription {unsubscribe!r}: nothing forgotten"
+                    " (`schemaless changes --status` lists them)"
+                )
             click.echo(f"subscription {unsubscribe!r}: {n} positions forgotten")
             return
         if status:
@@ -113,7 +126,8 @@ def changes(
 
 
 def _status(ds: DataStore, as_json: bool) -> None:
-    rows = feed_status(ds.cluster)
+    rows = feed_status(ds.cluster, partial=True)
+    warn_unreachable(a for r in rows for a in r["unreachable"])
     if as_json:
         for row in rows:
             click.echo(json_line(row))
@@ -127,10 +141,17 @@ def _status(ds: DataStore, as_json: bool) -> None:
             [
                 r["name"],
                 str(r["shards"]),
-                str(r["behind"]),
-                human_duration(r["oldest_s"]) if r["behind"] else "-",
+                *_lag(r),
                 human_duration(r["acked_s"]) + " ago",
             ]
             for r in rows
         ],
     )
+
+
+def _lag(row: dict[str, Any]) -> list[str]:
+    """A subscription's ``behind`` and ``oldest unacked`` cells (``unknown`` when a
+    server of its shards did not answer)."""
+    if row["behind"] is None:
+        return ["unknown", "unknown"]
+    return [str(row["behind"]), human_duration(row["oldest_s"]) if row["behind"] else "-"]

@@ -8,6 +8,7 @@ import threading
 import click
 
 from schemaless import DataStore
+from schemaless.cleaner.main import Finite
 from schemaless.errors import SchemalessError, TransientError
 from schemaless.feeds import Feeds
 
@@ -68,7 +69,7 @@ def create(conn: Connection, name: str) -> None:
 )
 @click.option(
     "--poll",
-    type=click.FloatRange(min=0),
+    type=Finite(min=0),
     default=0.2,
     show_default=True,
     help="Seconds between empty rounds.",
@@ -100,6 +101,11 @@ def work(
     with conn.store() as ds, serving(figures, metrics_port, metrics_host):
         try:
             n = _work(_existing(ds, name, pull_threshold), once, poll, figures)
+        except TransientError as exc:  # --once, caught up on the servers that answer
+            raise click.ClickException(
+                f"{exc}; the posts for the followers on the other servers are fanned out,"
+                " the rest is owed: run it again once the server answers"
+            ) from None
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:

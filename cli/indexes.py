@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from schemaless.catalog import IndexInfo, IndexState
-from schemaless.errors import IndexDefinitionError, IndexDoesNotFit
+from schemaless.cleaner.main import Finite
+from schemaless.errors import IndexDefinitionError, IndexDoesNotFit, TransientError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
@@ -190,19 +191,29 @@ def create(
             show_dry_run(ds, definition, as_json)
             return
         existed = ds.cluster.refresh().indexes.get(name)
-        try:
-            state = ds.declare_index(definition, force=force)
-        except IndexDoesNotFit as exc:  # the examples on stdout, the counts as the error
-            click.echo(f"index {definition.name}: nothing declared; e.g.")
-            for line in exc.examples:
-                click.echo(line)
-            raise CliError(exc.summary) from None
+        state = _declare(ds, definition, force)
         refresh = ds.cluster.topology.refresh_interval
     if as_json:
         shown = {"definition": definition.to_dict(), "existed": existed is not None}
         click.echo(json.dumps({**shown, "state": state}, sort_keys=True))
         return
     _echo_created(definition, existed is not None, state, refresh)
+
+
+def _declare(ds: DataStore, definition: Index, force: bool) -> str:
+    """``declare_index``, its refusals as one-line errors."""
+    try:
+        return ds.declare_index(definition, force=force)
+    except IndexDoesNotFit as exc:  # the examples on stdout, the counts as the error
+        click.echo(f"index {definition.name}: nothing declared; e.g.")
+        for line in exc.examples:
+            click.echo(line)
+        raise CliError(exc.summary) from None
+    except TransientError as exc:  # a server down: the dry run samples the others
+        raise CliError(
+            f"{exc}; index create needs every server (it makes the index's tables on"
+            " each): run it again once they all answer (--dry-run works meanwhile)"
+        ) from None
 
 
 def _definition(
@@ -311,7 +322,7 @@ def _overall(ds: DataStore, building: list[IndexInfo]) -> tuple[dict[str, float 
 @click.argument("name")
 @click.option(
     "--watch",
-    type=click.FloatRange(min=0.1),
+    type=Finite(min=0.1),
     metavar="SECONDS",
     help="Show it again every SECONDS until the index is no longer building (rows/s "
     "and ETA measured between the views).",

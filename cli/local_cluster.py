@@ -41,7 +41,7 @@ def _echo_servers(cluster: LocalCluster) -> None:
         [
             str(s["index"]),
             str(s["address"]),
-            "yes" if s["running"] else "no",
+            "paused" if s["paused"] else "yes" if s["running"] else "no",
             str(s["pid"] or "-"),
             str(s["datadir"]),
         ]
@@ -148,9 +148,13 @@ def status(base_dir: Path | None, as_json: bool) -> None:
     if not cluster.servers:
         click.echo(f"no local cluster in {cluster.base_dir}: start one with `schemaless local up`")
         return
-    up_count = sum(1 for s in cluster.status() if s["running"])
+    servers = cluster.status()
+    up_count = sum(1 for s in servers if s["running"])
+    paused = [str(s["pid"]) for s in servers if s["paused"]]
+    resume = f" ({len(paused)} paused: `kill -CONT {' '.join(paused)}` resumes them)"
     click.echo(
-        f"local cluster in {cluster.base_dir}: {up_count} of {len(cluster.servers)} servers running"
+        f"local cluster in {cluster.base_dir}: {up_count} of {len(cluster.servers)} servers"
+        f" running{resume if paused else ''}"
     )
     _echo_servers(cluster)
     click.echo(f"option file (user and password): {cluster.option_file}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from schemaless.catalog import Topology
+from schemaless.cleaner.main import Finite
 from schemaless.dsn import Address, parse_address
 from schemaless.errors import CatalogError
 from schemaless.move import MoveReport, ShardMover, rebalance_plan
@@ -158,7 +159,7 @@ def rollback(conn: Connection, shard: int) -> None:
 )
 @click.option(
     "--pause",
-    type=click.FloatRange(0, 60),
+    type=Finite(0, 60),
     default=0.05,
     show_default=True,
     help="Seconds between two deletes (owned layout).",

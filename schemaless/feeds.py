@@ -483,8 +483,7 @@ class Feeds:
         server again when the map changes (a move).  ``warn`` hears of an outage
         when it begins; ``once`` raises it when caught up (docs/architecture.md,
         "Edges and feeds").  ``progress`` hears of each round (``WorkRound``)."""
-        if not isinstance(poll, (int, float)) or not poll >= 0:
-            raise InvalidQuery(f"poll must be a number of seconds >= 0, got {poll!r}")
+        _check_seconds("poll", poll)
         sub = self.ds.subscribe(self.subscription)
         self._pulled |= self._pulled_list()
         topo = self.ds.cluster.current()
@@ -625,6 +624,7 @@ class Feeds:
     def settle(self, timeout: float = 30.0) -> bool:
         """Wait until the worker has acknowledged every change made before this call
         (every acknowledged post fanned out); False after ``timeout`` seconds."""
+        _check_seconds("timeout", timeout)
         heads = self._heads()
         until = time.monotonic() + timeout
         while True:
@@ -732,6 +732,12 @@ def _check_name(name: object) -> None:
         f"invalid feed name {name!r}: use lower-case letters, digits and single '_'"
         " (at most 30, starting with a letter)"
     )
+
+
+def _check_seconds(name: str, value: object) -> None:
+    """Refuse ``value`` unless it is a number of seconds >= 0 (``InvalidQuery``)."""
+    if not isinstance(value, (int, float)) or not value >= 0:
+        raise InvalidQuery(f"{name} must be a number of seconds >= 0, got {value!r}")
 
 
 def _author(e: ChangeEvent) -> bytes:

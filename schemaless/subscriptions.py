@@ -154,9 +154,11 @@ def acknowledged(cluster: Cluster) -> dict[int, int] | None:
     return {int(s): int(p) if int(n) == subscribers else 0 for s, p, n in rows[0]}
 
 
-def feed_status(cluster: Cluster) -> list[dict[str, Any]]:
+def feed_status(cluster: Cluster, partial: bool = False) -> list[dict[str, Any]]:
     """Each subscription's lag: changes not acknowledged (``behind``), the age of the
-    oldest of them and of the last acknowledgement, in seconds."""
+    oldest of them and of the last acknowledgement, in seconds.  ``partial``: a server
+    that does not answer leaves ``behind`` and ``oldest_s`` of the subscriptions with
+    shards on it ``None``, its address in their ``unreachable``; else it raises."""
     topo = cluster.refresh()
     rows = cluster.catalog.server.run(
         f"SELECT `name`, `shard`, `position`, `scan`, `acked` FROM {_table(cluster)}"
@@ -172,22 +174,34 @@ def feed_status(cluster: Cluster) -> list[dict[str, Any]]:
         sql, params = joined([_lag_sql(topo, s, p) for _, s, p in parts])
         return guarded([sql], topo.owned_db, (s for _, s, _ in parts)), params
 
-    replies = cluster.scatter(topo, plan, heads).results
+    scattered = cluster.scatter(topo, plan, heads, partial=partial)
     now = now_us()
     out: dict[str, dict[str, Any]] = {}
     for name, _, _, scan, acked in rows:
         info = out.setdefault(
             str(name),
-            {"name": str(name), "shards": 0, "behind": 0, "oldest_s": 0.0, "acked_s": None},
+            {
+                "name": str(name),
+                "shards": 0,
+                "behind": 0,
+                "oldest_s": 0.0,
+                "acked_s": None,
+                "unreachable": [],
+            },
         )
         info["shards"] += 1
         info["snapshot"] = info.get("snapshot", False) or scan is not None
         age = (now - int(acked)) / 1e6
         info["acked_s"] = age if info["acked_s"] is None else min(info["acked_s"], age)
-    for sid, parts in plan.items():
-        for (name, _, position), reply in zip(parts, replies[sid], strict=True):
-            head, oldest = reply[0]
-            info = out[name]
+    for sid in scattered.errors:
+        for name in sorted({name for name, _, _ in plan[sid]}):
+            out[name].update(behind=None, oldest_s=None)
+            out[name]["unreachable"].append(str(topo.servers[sid]))
+    for sid, replies in scattered.results.items():
+        for (name, _, position), reply in zip(plan[sid], replies, strict=True):
+            info, (head, oldest) = out[name], reply[0]
+            if info["behind"] is None:
+                continue
             info["behind"] += max(0, int(head or 0) - position)
             if oldest is not None:
                 info["oldest_s"] = max(info["oldest_s"], (now - int(oldest)) / 1e6)

@@ -81,6 +81,9 @@ def test_bad_options_name_the_option(make_store: Any, local_cluster: LocalCluste
     assert result.exit_code == 1 and "--batch" in result.output
     result = CliRunner().invoke(main, ["--rate", "-5"])
     assert result.exit_code == 1 and "--rate" in result.output
+    for option, bad in (("--tombstone-retention", "nan"), ("--feed-retention", "inf")):
+        result = CliRunner().invoke(main, ["--once", option, bad])  # were tracebacks
+        assert result.exit_code == 1 and f"'{option}': {bad!r} is not a finite" in result.output
     env = cluster_env(local_cluster, make_store(indexes=[BY_LINK]))
     result = CliRunner().invoke(main, ["verify", "--index", "nope"], env=env)
     assert result.exit_code == 1 and "--index" in result.output

@@ -97,6 +97,9 @@ def test_a_bad_column_names_the_valid_ones(run: Cli, prefix: str) -> None:
     "args",
     [
         ["query", "by_n", "--limit", "0"],
+        ["index", "status", "by_n", "--watch", "nan"],  # nan passed click's FloatRange
+        ["shards", "drop-old", "--pause", "nan"],
+        ["feeds", "work", "home", "--poll", "inf"],
         ["shards", "--prefix", "Bad Prefix"],
         ["--prefix", "Bad Prefix", "shards"],
     ],

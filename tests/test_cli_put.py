@@ -80,3 +80,11 @@ def test_errors_name_the_file_and_line(run: Cli, tmp_path: Path) -> None:
     assert "stdin item 2: entity " in fails(run, "put", input=b'[{"t": 1}, {"title": "123456789"}]')
     assert "stdin: entity " in fails(run, "put", input=b'{"title": "123456789"}')
     assert "no entities in stdin" in fails(run, "put", input=b"\n")
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux's procfs")
+def test_a_file_that_cannot_be_read_is_one_line_naming_it(run: Cli) -> None:
+    """Reading /proc/self/mem from its start fails (EIO) even for root, as an unreadable
+    file does for a user: it was a Python traceback."""
+    line = fails(run, "put", "--file", "/proc/self/mem")
+    assert line == "Error: cannot read /proc/self/mem: Input/output error", line

@@ -263,6 +263,11 @@ def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> Non
     with pytest.raises(InvalidQuery, match="unknown edge type"):
         Edges(ds, "likez", create=False).count(user)
     assert "ID" in run.fails("edges", "count", "likes", "xyz")
+    repair = ("edges", "repair", "likes", "--inverse", "liked_bz")  # was "missing table"
+    assert "unknown edge type 'likes/liked_bz'" in run.fails(*repair)
+    assert "0 orphaned" in run.ok("edges", "repair", "likes", "--inverse", "liked_by").output
+    for bad in ("nan", "inf", "-1"):  # nan and inf were tracebacks, -1 a grace of 0
+        assert "'--grace'" in run.fails(*repair[:-1], "liked_by", "--grace", bad)
     for bad in ("0", "1001"):  # the option named, as every page size of the CLI
         assert "'--limit'" in run.fails("edges", "page", "likes", user.hex(), "--limit", bad)
 

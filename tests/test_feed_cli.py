@@ -49,6 +49,8 @@ def test_changes_json_since_and_status(local_cluster: LocalCluster) -> None:
         assert "indexer" in run.ok("changes", "--status").output
         out = run.ok("changes", "--unsubscribe", "indexer").output
         assert "4 positions forgotten" in out
+        again = run.fails("changes", "--unsubscribe", "indexer")  # it said 0 forgotten, exit 0
+        assert "no subscription 'indexer': nothing forgotten" in again
         assert "no subscriptions" in run.ok("changes", "--status").output
     finally:
         drop_prefix(local_cluster, prefix)

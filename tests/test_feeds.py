@@ -262,6 +262,9 @@ def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:
             Feeds(ds, bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidQuery, match="poll must be"):
         feeds.work(once=True, poll=-1)
+    for timeout in ("5", -1, float("nan")):  # "5" was a TypeError, -1 waited not at all
+        with pytest.raises(InvalidQuery, match="timeout must be"):
+            feeds.settle(timeout)  # type: ignore[arg-type]
     with pytest.raises(InvalidQuery, match="pull_threshold"):
         Feeds(ds, "home", pull_threshold=-1)
     with pytest.raises(InvalidQuery, match="mapping"):

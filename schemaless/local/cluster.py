@@ -106,17 +106,19 @@ class LocalCluster(Replicas):
             self._stop([*self.replicas, *self.servers], timeout)
 
     def status(self) -> list[dict[str, object]]:
-        """Per server: index, port, address, pid, running, datadir."""
+        """Per server: index, port, address, pid, running, paused (frozen with SIGSTOP:
+        not running), datadir."""
         out: list[dict[str, object]] = []
         for s in self.servers:
-            pid = s.pid()
+            pid, paused = s.pid(), s.paused()
             out.append(
                 {
                     "index": s.index,
                     "port": s.port,
                     "address": s.address,
                     "pid": pid,
-                    "running": pid is not None and tcp_accepts(s.port),
+                    "running": pid is not None and not paused and tcp_accepts(s.port),
+                    "paused": paused,
                     "datadir": str(s.datadir),
                 }
             )

@@ -95,6 +95,12 @@ class LocalServer:
         """True if the process is alive and accepts a TCP connection on its port."""
         return self.pid() is not None and tcp_accepts(self.port)
 
+    def paused(self) -> bool:
+        """True if the process is alive and frozen (SIGSTOP): its port still accepts
+        connections, but nothing answers them."""
+        pid = self.pid()
+        return pid is not None and (Path("/proc") / str(pid)).is_dir() and all_threads_stopped(pid)
+
 
 def find_mariadbd() -> str:
     """The ``mariadbd`` binary (PATH, then the usual sbin folders)."""

@@ -238,12 +238,21 @@ def _home_ids(home: Feeds, user: bytes) -> list[bytes]:
 
 
 def test_once_fails_with_a_typed_error(cluster: LocalCluster, store: DataStore) -> None:
-    Feeds(store, "home")
+    """``--once`` with a server down fans out what the others need, then exits 1 naming
+    the server and saying the rest is owed."""
+    home = Feeds(store, "home")
+    (fan, star), (far,) = ids_on(store, 0, 2), ids_on(store, SICK, 1)
+    home.follow(fan, star)
+    home.follow(far, star)
+    post = {"id": ids_on(store, 0, 1)[0], "text": "while down"}
+    home.post(star, post)
     cluster.stop_server(SICK)
     worker = _worker(cluster, store, "--once")
     _, err = worker.communicate(timeout=60)
     assert worker.returncode == 1, err.decode()
     assert err.decode().startswith("Error: ") and cluster.addresses[SICK] in err.decode()
+    assert "the rest is owed: run it again once the server answers" in err.decode()
+    assert [e["id"] for e in home.home(fan)] == [post["id"]]
 
 
 def _answers(store: DataStore) -> bool:

@@ -310,6 +310,7 @@ def test_a_dry_run_samples_the_servers_that_answer_and_create_refuses(
     assert report["stored_rows"] == report["sampled_rows"] == stored
     declared = _cli(cluster, store, *args[:-1])
     assert declared.exit_code == 1 and sick in declared.stderr, declared.stderr
+    assert "index create needs every server" in declared.stderr, declared.stderr
     cluster.start_server(SICK)
     assert "by_k" not in store.cluster.refresh().indexes
 

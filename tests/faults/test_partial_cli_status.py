@@ -1,0 +1,85 @@
+"""CLI commands with one server of two stopped or frozen (found in a new user's trial):
+status commands show what the servers that answer hold and name the other, as
+``shards`` does; a failed ``put`` says what it may have stored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from click.testing import CliRunner, Result
+
+from schemaless import DataStore
+from schemaless.cli.main import cli
+from schemaless.local import LocalCluster
+from schemaless.subscriptions import feed_status
+
+from .helpers import ids_on
+
+SICK = 1  # server 0 holds the catalog
+
+
+def _cli(cluster: LocalCluster, store: DataStore, *args: str, stdin: str = "") -> Result:
+    env = {
+        "SCHEMALESS_LOCAL_DIR": str(cluster.base_dir),
+        "SCHEMALESS_PREFIX": store.cluster.topology.prefix,
+        "SCHEMALESS_URL": None,
+        "SCHEMALESS_USER": None,
+        "SCHEMALESS_PASSWORD": None,
+        "SCHEMALESS_OPTION_FILE": None,
+    }
+    return CliRunner(env=env).invoke(cli, list(args), input=stdin, catch_exceptions=False)
+
+
+def test_changes_status_shows_a_stopped_server_as_unknown(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``changes --status`` used to fail with ``server unavailable`` when any server
+    was down; now the lag it cannot read is ``unknown`` and the server is named."""
+    store = fault_store(changes=True)
+    store.subscribe("indexer")
+    store.put({"n": 1})
+    sick = fault_cluster.addresses[SICK]
+    fault_cluster.stop_server(SICK)
+    shown = _cli(fault_cluster, store, "changes", "--status")
+    assert shown.exit_code == 0, (shown.stdout, shown.stderr)
+    assert "indexer" in shown.stdout and "unknown" in shown.stdout, shown.stdout
+    assert sick in shown.stderr and "unreachable" in shown.stderr, shown.stderr
+    (row,) = feed_status(store.cluster, partial=True)
+    assert row["behind"] is None and row["unreachable"] == [sick]
+
+
+def test_local_status_shows_a_frozen_server_as_paused(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """A server frozen with SIGSTOP still accepts TCP connections (the kernel does), so
+    ``local status`` used to call it running; it is ``paused`` now, with how to resume."""
+    fault_store()  # revives the servers after the test
+    fault_cluster.pause_server(SICK)
+    pid = fault_cluster.servers[SICK].pid()
+    shown = CliRunner().invoke(cli, ["local", "status", "--dir", str(fault_cluster.base_dir)])
+    assert shown.exit_code == 0, shown.output
+    assert f"1 of 2 servers running (1 paused: `kill -CONT {pid}`" in shown.output, shown.output
+    (line,) = [x for x in shown.output.splitlines() if fault_cluster.addresses[SICK] in x]
+    assert "paused" in line and str(pid) in line, line
+    listed = CliRunner().invoke(
+        cli, ["local", "status", "--dir", str(fault_cluster.base_dir), "--json"]
+    )
+    servers = json.loads(listed.output)["servers"]
+    assert [(s["running"], s["paused"]) for s in servers] == [(True, False), (False, True)]
+
+
+def test_a_put_that_fails_on_one_server_says_the_others_may_be_stored(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """A batch goes to each server in parallel: with one down, ``put`` exits 1, and the
+    entities of the other are stored; it used to print only ``server unavailable``."""
+    store = fault_store()
+    (healthy,), (sick,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
+    fault_cluster.stop_server(SICK)
+    lines = "".join(json.dumps({"id": k.hex(), "n": 1}) + "\n" for k in (healthy, sick))
+    put = _cli(fault_cluster, store, "put", stdin=lines)
+    assert put.exit_code == 1, (put.stdout, put.stderr)
+    assert fault_cluster.addresses[SICK] in put.stderr, put.stderr
+    assert "on the servers that answered may be stored: put them again" in put.stderr
+    assert store.get(healthy) == {"id": healthy, "n": 1}

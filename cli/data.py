@@ -275,6 +275,12 @@ def _columns(index: Index, entities: Iterable[Mapping[str, Any]], chosen: str | 
 @click.option(
     "--include-building", is_flag=True, help="Also query an index that is still building."
 )
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="With a server down, the page of the servers that answer (the others named on "
+    "stderr) instead of an error.",
+)
 @json_option
 @pass_connection
 def query(
@@ -287,6 +293,7 @@ def query(
     everything: bool,
     columns: str | None,
     include_building: bool,
+    partial: bool,
     as_json: bool,
 ) -> None:
     """Query an index: one page of matching entities, in index order.
@@ -310,6 +317,8 @@ def query(
         order = _check_order(index, order)
         if cursor is not None and everything:
             raise BadOption("--cursor and --all do not go together", "--cursor")
+        if partial and everything:
+            raise BadOption("--partial reads a page at a time: not with --all", "--partial")
         if everything:
             found = ds.iter(
                 index_name,
@@ -331,10 +340,24 @@ def query(
                 limit=limit,
                 cursor=cursor,
                 include_building=include_building,
+                partial=partial,
                 where=conditions,
             )
             page, next_cursor = list(result), result.cursor
+            _warn_missing(ds, result.missing_shards)
     _echo_page(index, page, next_cursor, columns, as_json)
+
+
+def _warn_missing(ds: DataStore, shards: tuple[int, ...]) -> None:
+    """Name on stderr the logical shards a partial page left out, and their servers."""
+    if shards:
+        topo = ds.cluster.current()
+        servers = sorted({str(topo.servers[topo.shard_servers[s]]) for s in shards})
+        click.echo(
+            f"warning: unreachable: {', '.join(servers)} (logical shards"
+            f" {', '.join(map(str, shards))}: their entities are not in this page)",
+            err=True,
+        )
 
 
 @click.command()

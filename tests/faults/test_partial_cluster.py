@@ -283,6 +283,26 @@ def test_the_cli_shows_a_sick_server_as_unknown(
     assert failed.exit_code == 1 and sick in failed.stderr, failed.stderr
 
 
+def test_query_partial_pages_the_servers_that_answer(
+    cluster: LocalCluster, store: DataStore, entities: dict[int, list[dict[str, Any]]]
+) -> None:
+    """A query over every shard with SICK stopped: an error naming it without
+    ``--partial``; with it, the healthy servers' entities and SICK named on stderr."""
+    sick = cluster.addresses[SICK]
+    cluster.stop_server(SICK)
+    args = ["query", "by_n", "--where", "n>=0", "--limit", "1000", "--json"]
+    failed = _cli(cluster, store, *args)
+    assert failed.exit_code == 1 and sick in failed.stderr, failed.stderr
+    shown = _cli(cluster, store, *args, "--partial")
+    assert shown.exit_code == 0, shown.stderr
+    found = {json.loads(line)["id"] for line in shown.stdout.splitlines()}
+    assert {_hex(e) for sid in (0, 1) for e in entities[sid]} <= found
+    assert not {_hex(e) for e in entities[SICK]} & found
+    assert "warning: unreachable: " + sick in shown.stderr, shown.stderr
+    both = _cli(cluster, store, *args, "--partial", "--all")
+    assert both.exit_code == 1 and "--partial" in both.stderr, both.stderr
+
+
 def test_a_dry_run_samples_the_servers_that_answer_and_create_refuses(
     cluster: LocalCluster, store: DataStore, entities: dict[int, list[dict[str, Any]]]
 ) -> None:

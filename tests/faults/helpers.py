@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from click.testing import CliRunner, Result
 from conftest import shard_rows
 
 from schemaless import DataStore, Index, new_id
+from schemaless.cli.main import cli
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
 from schemaless.names import quote
@@ -141,3 +143,18 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
         time.sleep(0.02)
+
+
+def run_cli(
+    cluster: LocalCluster, store: DataStore, *args: str, stdin: str | None = None
+) -> Result:
+    """A ``schemaless`` command on the local cluster (it opens with the catalog)."""
+    env = {
+        "SCHEMALESS_LOCAL_DIR": str(cluster.base_dir),
+        "SCHEMALESS_PREFIX": store.cluster.topology.prefix,
+        "SCHEMALESS_URL": None,
+        "SCHEMALESS_USER": None,
+        "SCHEMALESS_PASSWORD": None,
+        "SCHEMALESS_OPTION_FILE": None,
+    }
+    return CliRunner(env=env).invoke(cli, list(args), input=stdin, catch_exceptions=False)

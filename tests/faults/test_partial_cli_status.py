@@ -7,28 +7,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from schemaless import DataStore
 from schemaless.cli.main import cli
 from schemaless.local import LocalCluster
 from schemaless.subscriptions import feed_status
 
-from .helpers import ids_on
+from .helpers import ids_on, run_cli
 
 SICK = 1  # server 0 holds the catalog
-
-
-def _cli(cluster: LocalCluster, store: DataStore, *args: str, stdin: str = "") -> Result:
-    env = {
-        "SCHEMALESS_LOCAL_DIR": str(cluster.base_dir),
-        "SCHEMALESS_PREFIX": store.cluster.topology.prefix,
-        "SCHEMALESS_URL": None,
-        "SCHEMALESS_USER": None,
-        "SCHEMALESS_PASSWORD": None,
-        "SCHEMALESS_OPTION_FILE": None,
-    }
-    return CliRunner(env=env).invoke(cli, list(args), input=stdin, catch_exceptions=False)
 
 
 def test_changes_status_shows_a_stopped_server_as_unknown(
@@ -41,7 +29,7 @@ def test_changes_status_shows_a_stopped_server_as_unknown(
     store.put({"n": 1})
     sick = fault_cluster.addresses[SICK]
     fault_cluster.stop_server(SICK)
-    shown = _cli(fault_cluster, store, "changes", "--status")
+    shown = run_cli(fault_cluster, store, "changes", "--status")
     assert shown.exit_code == 0, (shown.stdout, shown.stderr)
     assert "indexer" in shown.stdout and "unknown" in shown.stdout, shown.stdout
     assert sick in shown.stderr and "unreachable" in shown.stderr, shown.stderr
@@ -78,7 +66,7 @@ def test_a_put_that_fails_on_one_server_says_the_others_may_be_stored(
     (healthy,), (sick,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
     fault_cluster.stop_server(SICK)
     lines = "".join(json.dumps({"id": k.hex(), "n": 1}) + "\n" for k in (healthy, sick))
-    put = _cli(fault_cluster, store, "put", stdin=lines)
+    put = run_cli(fault_cluster, store, "put", stdin=lines)
     assert put.exit_code == 1, (put.stdout, put.stderr)
     assert fault_cluster.addresses[SICK] in put.stderr, put.stderr
     assert "on the servers that answered may be stored: put them again" in put.stderr

@@ -25,7 +25,7 @@ from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
 from schemaless.owned import admin
 
-from .helpers import ids_on, scratch_cluster, values_on
+from .helpers import ids_on, run_cli, scratch_cluster, values_on
 
 CLIENT = Path(__file__).with_name("partial_client.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -237,19 +237,6 @@ def test_edges_and_feeds_open_and_serve_the_healthy_shards(
 # -- the CLI ---------------------------------------------------------------------------
 
 
-def _cli(cluster: LocalCluster, store: DataStore, *args: str, stdin: str | None = None) -> Result:
-    """A ``schemaless`` command on the local cluster (it opens with the catalog)."""
-    env = {
-        "SCHEMALESS_LOCAL_DIR": str(cluster.base_dir),
-        "SCHEMALESS_PREFIX": store.cluster.topology.prefix,
-        "SCHEMALESS_URL": None,
-        "SCHEMALESS_USER": None,
-        "SCHEMALESS_PASSWORD": None,
-        "SCHEMALESS_OPTION_FILE": None,
-    }
-    return CliRunner(env=env).invoke(cli, list(args), input=stdin, catch_exceptions=False)
-
-
 def _partial_figures(result: Result, sick: str) -> None:
     assert result.exit_code == 0, (result.stdout, result.stderr)
     assert "unknown" in result.stdout, result.stdout
@@ -265,21 +252,21 @@ def test_the_cli_shows_a_sick_server_as_unknown(
 ) -> None:
     sick = cluster.addresses[SICK]
     _sicken(cluster, how, SICK)
-    _partial_figures(_cli(cluster, store, "shards"), sick)
+    _partial_figures(run_cli(cluster, store, "shards"), sick)
     if how == "frozen":
         return  # each command waits out a connect timeout: one is enough
-    _partial_figures(_cli(cluster, store, "index", "list"), sick)
-    _partial_figures(_cli(cluster, store, "index", "status", "by_m"), sick)
-    listed = _cli(cluster, store, "servers", "list")
+    _partial_figures(run_cli(cluster, store, "index", "list"), sick)
+    _partial_figures(run_cli(cluster, store, "index", "status", "by_m"), sick)
+    listed = run_cli(cluster, store, "servers", "list")
     assert listed.exit_code == 0 and sick in listed.stdout, listed.stdout
     healthy = entities[0][0]
-    got = _cli(cluster, store, "get", _hex(healthy), "--json")
+    got = run_cli(cluster, store, "get", _hex(healthy), "--json")
     assert got.exit_code == 0 and str(healthy["n"]) in got.stdout, got.stdout
-    put = _cli(cluster, store, "put", stdin=json.dumps({"id": _hex(entities[1][0]), "n": 5}))
+    put = run_cli(cluster, store, "put", stdin=json.dumps({"id": _hex(entities[1][0]), "n": 5}))
     assert put.exit_code == 0, put.stderr
-    found = _cli(cluster, store, "query", "by_n", "--where", f"n = {healthy['n']}", "--json")
+    found = run_cli(cluster, store, "query", "by_n", "--where", f"n = {healthy['n']}", "--json")
     assert found.exit_code == 0 and _hex(healthy) in found.stdout, found.stdout
-    failed = _cli(cluster, store, "get", _hex(entities[SICK][0]))
+    failed = run_cli(cluster, store, "get", _hex(entities[SICK][0]))
     assert failed.exit_code == 1 and sick in failed.stderr, failed.stderr
 
 
@@ -291,15 +278,15 @@ def test_query_partial_pages_the_servers_that_answer(
     sick = cluster.addresses[SICK]
     cluster.stop_server(SICK)
     args = ["query", "by_n", "--where", "n>=0", "--limit", "1000", "--json"]
-    failed = _cli(cluster, store, *args)
+    failed = run_cli(cluster, store, *args)
     assert failed.exit_code == 1 and sick in failed.stderr, failed.stderr
-    shown = _cli(cluster, store, *args, "--partial")
+    shown = run_cli(cluster, store, *args, "--partial")
     assert shown.exit_code == 0, shown.stderr
     found = {json.loads(line)["id"] for line in shown.stdout.splitlines()}
     assert {_hex(e) for sid in (0, 1) for e in entities[sid]} <= found
     assert not {_hex(e) for e in entities[SICK]} & found
     assert "warning: unreachable: " + sick in shown.stderr, shown.stderr
-    both = _cli(cluster, store, *args, "--partial", "--all")
+    both = run_cli(cluster, store, *args, "--partial", "--all")
     assert both.exit_code == 1 and "--partial" in both.stderr, both.stderr
 
 
@@ -319,16 +306,16 @@ def test_a_dry_run_samples_the_servers_that_answer_and_create_refuses(
         stored += int(rows[0][0])
     cluster.stop_server(SICK)
     args = ["index", "create", "by_k", "--property", "k:int", "--dry-run"]
-    shown = _cli(cluster, store, *args)
+    shown = run_cli(cluster, store, *args)
     assert shown.exit_code == 0, (shown.stdout, shown.stderr)
     assert sick in shown.stderr and "unreachable" in shown.stderr, shown.stderr
     assert f"not sampled  2 of 6 shards, on {sick}" in shown.stdout, shown.stdout
     assert "sampled      " in shown.stdout and "on 4 shards" in shown.stdout, shown.stdout
-    report = json.loads(_cli(cluster, store, *args, "--json").stdout)
+    report = json.loads(run_cli(cluster, store, *args, "--json").stdout)
     assert report["missing_shards"] == [s for s in range(6) if topo.shard_servers[s] == SICK]
     assert report["unreachable"] == [sick] and report["exact"] is False
     assert report["stored_rows"] == report["sampled_rows"] == stored
-    declared = _cli(cluster, store, *args[:-1])
+    declared = run_cli(cluster, store, *args[:-1])
     assert declared.exit_code == 1 and sick in declared.stderr, declared.stderr
     assert "index create needs every server" in declared.stderr, declared.stderr
     cluster.start_server(SICK)

@@ -30,7 +30,8 @@ DEADLOCK = {1205, 1213}  # lock wait timeout, deadlock: the server rolled back
 UNREACHABLE = {1040, 1053, 1203, 1226, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031}
 NOT_SENT = {1040, 2002, 2003, 2005}  # failed before the batch could reach the server
 # 1419: a trigger (the owned layout's guard) created without SUPER, binary logging on
-DENIED = {1044, 1045, 1142, 1143, 1227, 1370, 1419}
+# 1698: access denied to a user without a password (unix_socket authentication)
+DENIED = {1044, 1045, 1142, 1143, 1227, 1370, 1419, 1698}
 MISSING = {1049, 1146}
 TOO_LARGE = {1153, 1301, 2020}
 BAD_VALUE = {1264, 1366, 1406, 1292}

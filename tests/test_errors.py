@@ -22,10 +22,11 @@ from schemaless import (
     new_id,
 )
 from schemaless import dump as dumping
-from schemaless.errors import ServerError
+from schemaless.errors import PermissionDenied, ServerError
 from schemaless.local import LocalCluster, LocalClusterError
 from schemaless.names import quote
 from schemaless.owned import admin
+from schemaless.translate import translate
 
 
 def test_one_root_and_no_false_promise() -> None:
@@ -109,3 +110,11 @@ def test_a_table_of_an_earlier_owned_shape_is_named_not_a_raw_error(
         )
     with pytest.raises(ServerError, match="earlier unreleased build: dump it with that build"):
         dumping.dump(store, tmp_path / "d")
+
+
+@pytest.mark.parametrize("code", [1045, 1698])
+def test_a_refused_login_is_permission_denied(code: int) -> None:
+    """1698 (a user without a password, unix_socket authentication) was a ServerError."""
+    exc = MySQLdb.OperationalError(code, "Access denied for user 'sch'@'localhost'")
+    got = translate("127.0.0.1:3306", exc, sent=False, commits=False)
+    assert isinstance(got, PermissionDenied) and "Access denied" in str(got)

@@ -36,7 +36,13 @@ from .edges import (
 from .edgetables import check_type, table_names
 from .edgetables import tables_sql as edge_tables_sql
 from .entity import Entity
-from .errors import InvalidQuery, PermissionDenied, SchemalessError, TransientError
+from .errors import (
+    InvalidQuery,
+    PermissionDenied,
+    SchemalessError,
+    ShardUnavailable,
+    TransientError,
+)
 from .feed import ChangeEvent, ChangeFeed, Position, enable_changes, encode_cursor
 from .ids import to_id
 from .names import quote
@@ -415,11 +421,24 @@ class Feeds:
         """Keep each reader's newest ``keep`` inbox rows and delete the older ones, one
         logical shard after another; how many rows were deleted.  A maintenance pass
         (``schemaless feeds trim``): a page older than the kept rows then shows only
-        the reader's own posts and the pulled authors' (never in an inbox)."""
+        the reader's own posts and the pulled authors' (never in an inbox).  A server
+        that does not answer: the other shards are trimmed, then ``ShardUnavailable``
+        says how many rows went and which shards are left (trim again later)."""
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise InvalidQuery(f"keep must be an int >= 1, got {keep!r}")
-        n_shards = len(self.ds.cluster.current().shard_servers)
-        return sum(self._trim_shard(shard, keep) for shard in range(n_shards))
+        deleted, left = 0, []
+        for shard in range(len(self.ds.cluster.current().shard_servers)):
+            try:
+                deleted += self._trim_shard(shard, keep)
+            except TransientError as exc:
+                left.append((shard, exc))
+        if left:
+            shards = ", ".join(str(s) for s, _ in left)
+            raise ShardUnavailable(
+                f"{deleted} inbox rows deleted on the shards that answered; logical shards"
+                f" {shards} not trimmed ({left[0][1]}): trim again once they answer"
+            )
+        return deleted
 
     def _trim_shard(self, shard: int, keep: int) -> int:
         """Trim the readers of one logical shard with more than ``keep`` rows, up to

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from click.testing import CliRunner
 
-from schemaless import DataStore
+from schemaless import DataStore, Feeds
 from schemaless.cli.main import cli
 from schemaless.local import LocalCluster
 from schemaless.subscriptions import feed_status
@@ -71,3 +71,29 @@ def test_a_put_that_fails_on_one_server_says_the_others_may_be_stored(
     assert fault_cluster.addresses[SICK] in put.stderr, put.stderr
     assert "on the servers that answered may be stored: put them again" in put.stderr
     assert store.get(healthy) == {"id": healthy, "n": 1}
+
+
+def test_feeds_trim_trims_the_shards_that_answer_and_names_the_rest(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``feeds trim`` with a server stopped: the readers on the other server keep their
+    newest row, the command exits 1 naming the shards left; it used to stop at the
+    first shard of the stopped server."""
+    store = fault_store(changes=True)
+    home = Feeds(store, "home")
+    (star, near), (far,) = ids_on(store, 0, 2), ids_on(store, SICK, 1)
+    home.follow(near, star)
+    home.follow(far, star)
+    posts = [{"id": ids_on(store, 0, 1)[0], "n": i} for i in range(3)]
+    for post in posts:
+        home.post(star, post)
+    assert home.work(once=True) == 3
+    assert len(home.home(near)) == 3
+    fault_cluster.stop_server(SICK)
+    shown = run_cli(fault_cluster, store, "feeds", "trim", "home", "--keep", "1")
+    assert shown.exit_code == 1, (shown.stdout, shown.stderr)
+    topo = store.cluster.current()
+    left = [s for s in range(topo.n_shards) if topo.shard_servers[s] == SICK]
+    assert "2 inbox rows deleted on the shards that answered" in shown.stderr, shown.stderr
+    assert f"logical shards {', '.join(map(str, left))} not trimmed" in shown.stderr
+    assert [e["id"] for e in home.home(near)] == [posts[-1]["id"]]

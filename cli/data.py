@@ -334,18 +334,34 @@ def query(
             page: list[Entity] = list(found)
             next_cursor = None
         else:
-            result = ds.query(
-                index_name,
-                order=order,
-                limit=limit,
-                cursor=cursor,
-                include_building=include_building,
-                partial=partial,
-                where=conditions,
-            )
-            page, next_cursor = list(result), result.cursor
-            _warn_missing(ds, result.missing_shards)
+            flags = (include_building, partial)
+            page, next_cursor = _one_page(ds, index_name, conditions, order, limit, cursor, flags)
     _echo_page(index, page, next_cursor, columns, as_json)
+
+
+def _one_page(
+    ds: DataStore,
+    index_name: str,
+    conditions: dict[str, Any],
+    order: str,
+    limit: int,
+    cursor: str | None,
+    flags: tuple[bool, bool],
+) -> tuple[list[Entity], str | None]:
+    """One page of ``query`` (``flags``: include building, partial; the shards a
+    partial page left out named on stderr), and the next page's cursor."""
+    include_building, partial = flags
+    result = ds.query(
+        index_name,
+        order=order,
+        limit=limit,
+        cursor=cursor,
+        include_building=include_building,
+        partial=partial,
+        where=conditions,
+    )
+    _warn_missing(ds, result.missing_shards)
+    return list(result), result.cursor
 
 
 def _warn_missing(ds: DataStore, shards: tuple[int, ...]) -> None:

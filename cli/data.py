@@ -10,7 +10,7 @@ import click
 
 from schemaless.catalog import IndexState
 from schemaless.entity import Entity
-from schemaless.errors import InvalidId, SchemalessError, TransientError
+from schemaless.errors import InvalidCursor, InvalidId, SchemalessError, TransientError
 from schemaless.ids import id_hex, parse_id
 from schemaless.index import Index
 from schemaless.query import MAX_LIMIT
@@ -351,15 +351,18 @@ def _one_page(
     """One page of ``query`` (``flags``: include building, partial; the shards a
     partial page left out named on stderr), and the next page's cursor."""
     include_building, partial = flags
-    result = ds.query(
-        index_name,
-        order=order,
-        limit=limit,
-        cursor=cursor,
-        include_building=include_building,
-        partial=partial,
-        where=conditions,
-    )
+    try:
+        result = ds.query(
+            index_name,
+            order=order,
+            limit=limit,
+            cursor=cursor,
+            include_building=include_building,
+            partial=partial,
+            where=conditions,
+        )
+    except InvalidCursor as exc:
+        raise BadOption(f"{exc}: use the cursor a page of this query printed", "--cursor") from None
     _warn_missing(ds, result.missing_shards)
     return list(result), result.cursor
 

@@ -22,6 +22,7 @@ __all__ = [
     "IndexDefinitionError",
     "IndexDoesNotFit",
     "IndexNotReady",
+    "InvalidCursor",
     "InvalidEntity",
     "InvalidId",
     "InvalidQuery",
@@ -78,6 +79,10 @@ class IndexDoesNotFit(IndexDefinitionError):
 
 class InvalidQuery(SchemalessError, ValueError):
     """A query that the index cannot answer, or a bad cursor."""
+
+
+class InvalidCursor(InvalidQuery):
+    """A query's cursor that is not one, or is another query's."""
 
 
 class IndexNotReady(SchemalessError):

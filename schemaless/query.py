@@ -23,7 +23,7 @@ import msgpack
 
 from .catalog import IndexState
 from .cluster import Cluster
-from .errors import IndexNotReady, InvalidEntity, InvalidQuery
+from .errors import IndexNotReady, InvalidCursor, InvalidEntity, InvalidQuery
 from .follow import Calls
 from .hashing import shard_of
 from .index import Index, key_encode
@@ -424,28 +424,28 @@ class QueryEngine:
         return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
     def _decode_cursor(self, q: Query, cursor: str) -> tuple[Any, ...]:
-        """Parse and check an opaque cursor; anything unexpected is InvalidQuery."""
+        """Parse and check an opaque cursor; anything unexpected is InvalidCursor."""
         if not isinstance(cursor, str) or len(cursor) > _MAX_CURSOR:
-            raise InvalidQuery("invalid cursor")
+            raise InvalidCursor("invalid cursor")
         try:
             raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
             version, fingerprint, row = msgpack.unpackb(raw, raw=False)
         except (ValueError, TypeError, binascii.Error, msgpack.UnpackException) as exc:
-            raise InvalidQuery("invalid cursor") from exc
+            raise InvalidCursor("invalid cursor") from exc
         if version != _CURSOR_VERSION or fingerprint != q.fingerprint:
-            raise InvalidQuery("cursor belongs to another query")
+            raise InvalidCursor("cursor belongs to another query")
         types = q.index.types
         if not isinstance(row, list) or len(row) != len(types) + 1:
-            raise InvalidQuery("invalid cursor")
+            raise InvalidCursor("invalid cursor")
         for value, ctype in zip(row, types, strict=False):
             base = ctype.name.partition("(")[0]
             expected = _PY_TYPES.get(base, str if base == "str" else bytes)
             if type(value) is not expected or (
                 isinstance(value, float) and not math.isfinite(value)
             ):
-                raise InvalidQuery("invalid cursor")
+                raise InvalidCursor("invalid cursor")
         if not isinstance(row[-1], bytes) or len(row[-1]) != 16:
-            raise InvalidQuery("invalid cursor")
+            raise InvalidCursor("invalid cursor")
         return tuple(row)
 
 

@@ -266,6 +266,10 @@ def test_query_table_json_and_cursor_paging(run: Cli) -> None:
                "--limit", "2").stdout
     )  # fmt: skip
     assert len(everything) == 7
+    for bad in ("garbage", cursor[1]):  # not a cursor; another query's (ascending)
+        refused = run("query", "by_user", "--where", f"user_id={user}", "--cursor", bad)
+        assert refused.exit_code == 1 and "'--cursor'" in refused.stderr, refused.stderr
+        assert "cursor" in refused.stderr.split("'--cursor'")[1], refused.stderr
 
 
 def test_query_ranges_and_multi_valued(run: Cli) -> None:

@@ -203,7 +203,8 @@ class Backfill:
         topo = rt.retry("reading the catalog", cluster.refresh)
         info = topo.indexes.get(self.name)
         if info is None:
-            raise IndexDefinitionError(f"no index named {self.name!r}")
+            known = ", ".join(sorted(topo.indexes)) or "none"
+            raise IndexDefinitionError(f"no index named {self.name!r} (indexes: {known})")
         if info.state == IndexState.READY:
             log.info("index %r is already ready: nothing to backfill", self.name)
             return IndexState.READY

@@ -139,7 +139,8 @@ class Supervisor:
         topo = self.store.cluster.refresh()
         info = topo.indexes.get(self.index)
         if info is None:
-            raise IndexDefinitionError(f"no index named {self.index!r}")
+            known = ", ".join(sorted(topo.indexes)) or "none"
+            raise IndexDefinitionError(f"no index named {self.index!r} (indexes: {known})")
         if info.state == IndexState.READY:
             log.info("index %r is already ready: nothing to backfill", self.index)
             self.state = IndexState.READY

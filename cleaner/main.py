@@ -537,7 +537,10 @@ def _verify(
     topo = store.cluster.refresh()
     for name in names:
         if name not in topo.indexes:
-            raise click.BadParameter(f"no index named {name!r}", param_hint="'--index'")
+            known = ", ".join(sorted(topo.indexes)) or "none"
+            raise click.BadParameter(
+                f"no index named {name!r} (indexes: {known})", param_hint="'--index'"
+            )
     diffs = diff_indexes(store, names or None, partial=True)
     for name, diff in diffs.items():
         for line in diff_lines(name, diff, examples):

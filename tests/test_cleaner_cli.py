@@ -87,13 +87,14 @@ def test_bad_options_name_the_option(make_store: Any, local_cluster: LocalCluste
     env = cluster_env(local_cluster, make_store(indexes=[BY_LINK]))
     result = CliRunner().invoke(main, ["verify", "--index", "nope"], env=env)
     assert result.exit_code == 1 and "--index" in result.output
+    assert "(indexes: by_link)" in result.output
 
 
 def test_errors_are_one_clear_line(make_store: Any, local_cluster: LocalCluster) -> None:
-    env = cluster_env(local_cluster, make_store())
+    env = cluster_env(local_cluster, make_store(indexes=[BY_LINK]))
     result = CliRunner().invoke(main, ["--index", "nope"], env=env)
     assert result.exit_code == 1
-    assert "Error: no index named 'nope'" in result.output
+    assert "Error: no index named 'nope' (indexes: by_link)" in result.output
     assert "Traceback" not in result.output
     result = CliRunner().invoke(main, ["--once"], env={**env, "SCHEMALESS_PREFIX": "absent_x"})
     assert result.exit_code == 1 and "Error:" in result.output

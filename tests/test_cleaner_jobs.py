@@ -68,7 +68,7 @@ def test_jobs_options_are_checked(make_store: Any, local_cluster: LocalCluster) 
         result = CliRunner().invoke(main, args, env=env)
         assert result.exit_code == 1 and expected in result.output, result.output
     result = CliRunner().invoke(main, ["--index", "nope", "--jobs", "2"], env=env)
-    assert result.exit_code == 1 and "Error: no index named 'nope'" in result.output
+    assert result.exit_code == 1 and "Error: no index named 'nope' (indexes: " in result.output
 
 
 def test_jobs_3_with_a_worker_sigkilled_ends_ready(

@@ -88,9 +88,10 @@ def work(
     """Fan the posts of feed NAME out into followers' timelines, from the change
     feed (subscription feeds_NAME: a restart resumes where it stopped).  A server's
     outage prints a warning: the followers on the other servers still get new posts,
-    the rest once it answers (--once: exit 1 when caught up).  SIGTERM stops it after
-    its round, exit 0.  --metrics-port serves its figures (posts, rounds, what it owes,
-    seconds behind, its state) for Prometheus.
+    the rest once it answers (--once: exit 1 when caught up).  SIGTERM or a first
+    Ctrl-C stops it after its round, exit 0 (a second Ctrl-C at once).  --metrics-port
+    serves its figures (posts, rounds, what it owes, seconds behind, its state) for
+    Prometheus.
 
     \b
     Example:
@@ -121,8 +122,14 @@ def _work(feed: Feeds, once: bool, poll: float, figures: WorkerFigures) -> int:
     def warn(exc: SchemalessError) -> None:
         click.echo(f"warning: {exc}; fanning out to the other servers, retrying its part", err=True)
 
-    stopping = threading.Event()  # SIGTERM: stop after the round, exit 0
+    stopping = threading.Event()  # SIGTERM or a first Ctrl-C: stop after the round, exit 0
+
+    def interrupted(*_: object) -> None:  # a second Ctrl-C interrupts at once
+        stopping.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    previous_int = signal.signal(signal.SIGINT, interrupted)
     try:
         while True:
             try:
@@ -142,6 +149,7 @@ def _work(feed: Feeds, once: bool, poll: float, figures: WorkerFigures) -> int:
                     return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 @feeds.command()

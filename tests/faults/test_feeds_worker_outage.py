@@ -199,10 +199,11 @@ def test_the_workers_metrics_show_an_outage_and_what_it_owes(
         wait_for(lambda: _figures(port)["owed"] == 0, 30.0, "nothing owed")
         assert _figures(port)["posts_total"] >= 2 and _figures(port)["rounds_total"] > 2
     finally:
-        worker.send_signal(signal.SIGINT)
-        _, err = worker.communicate(timeout=30)
+        worker.send_signal(signal.SIGINT)  # Ctrl-C: the round ends, the count printed
+        out, err = worker.communicate(timeout=30)
     assert worker.returncode == 0, err.decode()[-2000:]
     assert f"metrics at http://127.0.0.1:{port}/metrics" in err.decode()
+    assert "feed 'home': 2 posts fanned out" in out.decode(), out.decode()
 
 
 def _free_port() -> int:

@@ -15,6 +15,7 @@ from schemaless.dump import (
     Settings,
     TableDump,
     dump,
+    dump_directory,
     read_manifest,
     restore,
     table_dumps,
@@ -71,6 +72,7 @@ def dump_command(conn: Connection, directory: str, encoding: str, workers: int) 
         schemaless dump ./fast --format native --workers 8
     """
     started = time.monotonic()
+    dump_directory(directory)  # its errors before the progress bar
     with conn.store() as ds, _bar(_estimate(ds), "dumping") as progress:
         manifest = dump(ds, directory, encoding=encoding, workers=workers, progress=progress)
     n = sum(manifest["files"].values())

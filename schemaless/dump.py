@@ -85,6 +85,7 @@ __all__ = [
     "Settings",
     "TableDump",
     "dump",
+    "dump_directory",
     "read_manifest",
     "restore",
     "table_dumps",
@@ -150,13 +151,7 @@ def dump(
     entities of each page read (from several threads)."""
     if encoding not in ENCODINGS:
         raise DumpError(f"unknown dump encoding {encoding!r}: use one of {', '.join(ENCODINGS)}")
-    out = Path(directory)
-    if (out / MANIFEST).exists() or any(out.glob("shard-*")) or (out / TABLES).exists():
-        raise DumpError(f"{out} already holds a dump: choose an empty directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DumpError(f"cannot make the dump directory {out}: {exc.strerror}") from exc
+    out = dump_directory(directory)
     topo = ds.cluster.refresh()
     if topo.moves:
         raise CatalogError("logical shards are being moved: dump once the moves have finished")
@@ -261,6 +256,19 @@ def _encode(ds: DataStore, shard: int, record: Record, native: bool) -> bytes:
 
 
 # -- restore ---------------------------------------------------------------------------
+
+
+def dump_directory(directory: str | Path) -> Path:
+    """``directory``, made if missing, for a new dump: ``DumpError`` if it holds one
+    already or cannot be made."""
+    out = Path(directory)
+    if (out / MANIFEST).exists() or any(out.glob("shard-*")) or (out / TABLES).exists():
+        raise DumpError(f"{out} already holds a dump: choose an empty directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DumpError(f"cannot make the dump directory {out}: {exc.strerror}") from exc
+    return out
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:

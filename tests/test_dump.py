@@ -244,6 +244,7 @@ def test_cli_dump_and_restore(make_store: Any, local_cluster: LocalCluster, tmp_
     restored(target, live(src))
     again = cli("dump", out)
     assert again.exit_code == 1 and "already holds a dump" in again.output
+    assert "dumping" not in again.output  # refused before the progress bar
     into_src = Cli(cluster_env(local_cluster, src.cluster.topology.prefix))("restore", out)
     assert into_src.exit_code == 1 and "restore into a new, empty one" in into_src.output
     assert len(items) == 60

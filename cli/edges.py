@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import click
 
 from schemaless.cleaner.main import Finite
@@ -109,9 +111,15 @@ def page(
         for e in got:
             click.echo(json_line({"dst": id_hex(e.dst), "at": e.at, "data": e.data}))
     else:
-        echo_table(["dst", "at", "data"], [[id_hex(e.dst), str(e.at), cell(e.data)] for e in got])
+        rows = [[id_hex(e.dst), _when(e.at), cell(e.data)] for e in got]
+        echo_table(["dst", "at (UTC)", "data"], rows)
     if got.cursor:
         click.echo(f"next page: --cursor {got.cursor}", err=True)
+
+
+def _when(at_us: int) -> str:
+    """An edge's time (µs since the epoch) as UTC, to the microsecond."""
+    return datetime.fromtimestamp(at_us / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 @edges.command()

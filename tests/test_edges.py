@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import pytest
 from conftest import shard_rows, wait_until
@@ -256,8 +257,12 @@ def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> Non
     assert run.ok("edges", "count", "likes", user.hex()).output.strip() == "1"
     out = run.ok("edges", "page", "liked_by", entry.hex()).output
     assert user.hex() in out
+    (edge,) = likes.page(user)
+    when = datetime.fromtimestamp(edge.at / 1e6, tz=UTC)
+    assert "at (UTC)" in out and when.strftime("%Y-%m-%d %H:%M:%S.%f") in out, out
     out = run.ok("edges", "page", "likes", user.hex(), "--json").output
     assert json.loads(out.splitlines()[0])["dst"] == entry.hex()
+    assert json.loads(out.splitlines()[0])["at"] == edge.at  # µs in JSON
     assert "invalid edge type" in run.fails("edges", "count", "Bad!", user.hex())
     assert "unknown edge type 'likez'" in run.fails("edges", "page", "likez", user.hex())
     with pytest.raises(InvalidQuery, match="unknown edge type"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -30,6 +31,8 @@ from .where import parse_where
 __all__ = ["delete", "get", "put", "query"]
 
 _PUT_BATCH = 500
+#: 32 hex digits: how the CLI prints an id (16 bytes).
+_HEX_ID = re.compile(r"[0-9a-fA-F]{32}")
 where_option = partial(click.option, "--where", "wheres", multiple=True, metavar="EXPR")
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="JSON lines (one entity a line), for scripts."
@@ -336,7 +339,25 @@ def query(
         else:
             flags = (include_building, partial)
             page, next_cursor = _one_page(ds, index_name, conditions, order, limit, cursor, flags)
+    if not page:
+        _hint_untyped(index, conditions)
     _echo_page(index, page, next_cursor, columns, as_json)
+
+
+def _hint_untyped(index: Index, conditions: Mapping[str, Any]) -> None:
+    """After an empty page: an untyped (auto) column compared with 32 hex digits took
+    them as text, which never equals an id stored as bytes; say how to ask for bytes."""
+    for key, value in conditions.items():
+        prop = key.split("__")[0]
+        if prop not in index.properties:
+            continue
+        auto = index.types[index.properties.index(prop)].name == "auto"
+        if auto and isinstance(value, str) and _HEX_ID.fullmatch(value):
+            click.echo(
+                f"note: {prop} is untyped (auto), so {value} was compared as text; an id"
+                f" stored as bytes is --where {prop}=bytes:{value}",
+                err=True,
+            )
 
 
 def _one_page(

@@ -342,6 +342,9 @@ def test_where_converts_values_by_column_type(run: Cli) -> None:
     assert one("t_auto", "a=str:12")["a"] == "12"
     assert one("t_auto", f"a=bytes:{some_uuid.hex}")["a"] == {"$bytes": some_uuid.hex}
     assert one("t_auto", f"a=uuid:{some_uuid}")["a"] == {"$bytes": some_uuid.hex}
+    hinted = run.ok("query", "t_auto", "--where", f"a={some_uuid.hex}", "--json")
+    assert json_lines(hinted.stdout) == []  # text: no match, and how to ask for the bytes
+    assert f"--where a=bytes:{some_uuid.hex}" in hinted.stderr, hinted.stderr
     ranged = json_lines(run.ok("query", "t_auto", "--where", "a>=0", "--json").stdout)
     assert sorted(e["a"] for e in ranged) == [12]  # ints only: the range keeps its type
 

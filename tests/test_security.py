@@ -31,6 +31,7 @@ from schemaless import (
     DataStore,
     Index,
     IndexDefinitionError,
+    InvalidCursor,
     InvalidEntity,
     InvalidId,
     InvalidQuery,
@@ -211,7 +212,7 @@ def test_the_password_never_leaks(
         f"ftp://{user}:{password}@127.0.0.1:3306",
     ):
         expect_error(lambda url=url: DataStore([url]))
-    assert [type(e) for e in errors[:4]] == [InvalidEntity, InvalidQuery, InvalidId, InvalidQuery]
+    assert [type(e) for e in errors[:4]] == [InvalidEntity, InvalidQuery, InvalidId, InvalidCursor]
     assert [type(e) for e in errors[4:7]] == [
         PermissionDenied,
         PermissionDenied,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -19,7 +18,7 @@ from schemaless.store import DataStore
 
 from .daemon import Cleaner, backfill_name
 from .jobs import Supervisor, forwarded_options
-from .metrics import Figures, metrics_options
+from .metrics import Figures
 from .priority import lower_priority
 from .progress import Progress, end_progress_lines
 from .repair import Repairer
@@ -29,32 +28,31 @@ from .throttler import ThrottleSettings, parse_load
 from .verify import diff_indexes
 
 if TYPE_CHECKING:  # mypy checks cli/ as the top-level package it is in the tree
-    from cli.options import CliError, Connection, Group, connection_options, inherited_connection
+    from cli.options import (
+        CliError,
+        Connection,
+        Finite,
+        Group,
+        connection_options,
+        inherited_connection,
+        metrics_options,
+    )
 else:  # the CLI's option stack: the same options, errors and redaction
     from schemaless.cli.options import (
         CliError,
         Connection,
+        Finite,
         Group,
         connection_options,
         inherited_connection,
+        metrics_options,
     )
 
-__all__ = ["Finite", "main", "worker_args"]
+__all__ = ["main", "worker_args"]
 
 log = logging.getLogger("schemaless.cleaner")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Finite(click.FloatRange):
-    """A ``FloatRange`` that also refuses ``nan`` and ``inf``, which pass its bounds
-    (``--tombstone-retention nan`` was a traceback)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
 
 
 def fence_option(fn: F) -> F:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import click
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-__all__ = ["HELD", "Figures", "MetricsServer", "figure_families", "held_text", "metrics_options"]
+__all__ = ["HELD", "Figures", "MetricsServer", "figure_families", "held_text"]
 
 #: Seconds the throttle held a copy back, one figure per kind of signal
 #: (``throttled_<aimd.Breach.kind>_s``), and the kind as the summary names it.
@@ -163,23 +161,6 @@ class MetricsServer:
         """Stop serving."""
         self._httpd.shutdown()
         self._httpd.server_close()
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def metrics_options(command: F) -> F:
-    """A command's ``--metrics-port`` and ``--metrics-host`` (``MetricsServer``'s)."""
-    port = click.option(
-        "--metrics-port",
-        type=click.IntRange(0, 65535),
-        metavar="PORT",
-        help="Serve Prometheus figures at http://HOST:PORT/metrics (0: any free port).",
-    )
-    host = click.option(
-        "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
-    )
-    return port(host(command))
 
 
 class _Collector:

@@ -6,14 +6,13 @@ from datetime import UTC, datetime
 
 import click
 
-from schemaless.cleaner.main import Finite
 from schemaless.edges import Edges, missing_tables
 from schemaless.edgetables import table_names
 from schemaless.errors import InvalidId, SchemalessError
 from schemaless.ids import id_hex, parse_id
 from schemaless.query import MAX_LIMIT
 
-from .options import BadOption, Connection, group_connection, pass_connection
+from .options import BadOption, Connection, Finite, group_connection, pass_connection
 from .output import cell, echo_table, json_line
 
 __all__ = ["edges"]

@@ -8,12 +8,11 @@ import threading
 import click
 
 from schemaless import DataStore
-from schemaless.cleaner.main import Finite
 from schemaless.errors import SchemalessError, TransientError
 from schemaless.feeds import Feeds
 
-from .feeds_metrics import WorkerFigures, metrics_options, serving
-from .options import Connection, group_connection, pass_connection
+from .feeds_metrics import WorkerFigures, serving
+from .options import Connection, Finite, group_connection, metrics_options, pass_connection
 
 __all__ = ["feeds"]
 

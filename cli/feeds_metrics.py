@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,15 +16,7 @@ from schemaless.feeds import WorkRound
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-__all__ = ["WorkerFigures", "metrics_options", "serving"]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def metrics_options(command: F) -> F:
-    """``--metrics-port`` and ``--metrics-host``, as the Cleaner's."""
-    out: F = metrics.metrics_options(command)
-    return out
+__all__ = ["WorkerFigures", "serving"]
 
 
 class WorkerFigures:

@@ -11,7 +11,6 @@ from typing import Any
 import click
 
 from schemaless.catalog import IndexInfo, IndexState
-from schemaless.cleaner.main import Finite
 from schemaless.errors import IndexDefinitionError, IndexDoesNotFit, TransientError
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
@@ -22,6 +21,7 @@ from .options import (
     BadOption,
     CliError,
     Connection,
+    Finite,
     Group,
     follow_up,
     group_connection,

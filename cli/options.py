@@ -14,6 +14,7 @@ exit status 1; a bad option value is a :class:`BadOption` that names the option.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -33,10 +34,12 @@ __all__ = [
     "BadOption",
     "CliError",
     "Connection",
+    "Finite",
     "Group",
     "connection_options",
     "follow_up",
     "inherited_connection",
+    "metrics_options",
     "one_line",
     "pass_connection",
 ]
@@ -146,6 +149,34 @@ def _raise_bad_option(exc: click.BadParameter) -> NoReturn:
     if isinstance(exc, BadOption | click.MissingParameter):
         raise exc
     raise BadOption.of(exc) from exc
+
+
+# -- value types and option groups shared by commands (the Cleaner's too) --------------
+
+
+class Finite(click.FloatRange):
+    """A ``FloatRange`` that also refuses ``nan`` and ``inf``, which pass its bounds
+    (``--tombstone-retention nan`` was a traceback)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def metrics_options(command: F) -> F:
+    """A command's ``--metrics-port`` and ``--metrics-host`` (a Prometheus endpoint)."""
+    port = click.option(
+        "--metrics-port",
+        type=click.IntRange(0, 65535),
+        metavar="PORT",
+        help="Serve Prometheus figures at http://HOST:PORT/metrics (0: any free port).",
+    )
+    host = click.option(
+        "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+    )
+    return port(host(command))
 
 
 # -- the connection ---------------------------------------------------------------------

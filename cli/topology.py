@@ -5,13 +5,12 @@ from __future__ import annotations
 import click
 
 from schemaless.catalog import Topology
-from schemaless.cleaner.main import Finite
 from schemaless.dsn import Address, parse_address
 from schemaless.errors import CatalogError
 from schemaless.move import MoveReport, ShardMover, rebalance_plan
 
 from .admin import show_shards
-from .options import BadOption, Connection, group_connection, pass_connection
+from .options import BadOption, Connection, Finite, group_connection, pass_connection
 
 __all__ = ["dictionary", "replicas", "servers", "shards"]
 

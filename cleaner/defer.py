@@ -88,7 +88,7 @@ class Redo:
         if not self.left:
             return
         targets = sorted({d.target for d in self.left})
-        servers = sorted({str(topo.servers[topo.shard_servers[t]]) for t in targets})
+        servers = topo.addresses_of(targets)
         log.warning(
             "index %r: rows for logical shard(s) %s (on %s) deferred; the index stays "
             "building; writing them when the server answers (next try in %.3gs)",

@@ -179,7 +179,7 @@ def estimate(
     out.as_of = time.time()
     ranges = added_ranges(store, topo, partial=partial)
     out.missing = [s for s in range(topo.n_shards) if s not in ranges]
-    out.unreachable = sorted({str(topo.servers[topo.shard_servers[s]]) for s in out.missing})
+    out.unreachable = topo.addresses_of(out.missing)
     out.exact = not out.missing
     for shard, (before, top, _) in sorted(ranges.items()):
         if not top:

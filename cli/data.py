@@ -25,6 +25,7 @@ from .output import (
     entities_from_text,
     entity_to_json,
     json_line,
+    warn_unreachable,
 )
 from .where import parse_where
 
@@ -391,13 +392,8 @@ def _one_page(
 def _warn_missing(ds: DataStore, shards: tuple[int, ...]) -> None:
     """Name on stderr the logical shards a partial page left out, and their servers."""
     if shards:
-        topo = ds.cluster.current()
-        servers = sorted({str(topo.servers[topo.shard_servers[s]]) for s in shards})
-        click.echo(
-            f"warning: unreachable: {', '.join(servers)} (logical shards"
-            f" {', '.join(map(str, shards))}: their entities are not in this page)",
-            err=True,
-        )
+        left = f"logical shards {', '.join(map(str, shards))}: their entities are not in this page"
+        warn_unreachable(ds.cluster.current().addresses_of(shards), left)
 
 
 @click.command()

@@ -17,7 +17,7 @@ from schemaless.index import Index
 from schemaless.store import DataStore
 
 from .options import CliError
-from .output import human_bytes, human_duration
+from .output import human_bytes, human_duration, warn_unreachable
 
 __all__ = ["show_dry_run"]
 
@@ -35,12 +35,7 @@ def show_dry_run(ds: DataStore, definition: Index, as_json: bool) -> None:
         )
     report: dict[str, Any] = estimate(ds, definition, partial=True).as_dict()
     report["exists"] = None if existing is None else existing.state
-    if report["unreachable"]:
-        click.echo(
-            f"warning: unreachable: {', '.join(report['unreachable'])} (its shards are not"
-            " in these figures)",
-            err=True,
-        )
+    warn_unreachable(report["unreachable"], "its shards are not in these figures")
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
         return

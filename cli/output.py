@@ -226,11 +226,9 @@ def human_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def warn_unreachable(addresses: Iterable[str]) -> None:
-    """Name on stderr the servers that did not answer, whose figures are printed as
-    ``unknown`` (the command still exits 0: docs/cli.md, "A partial cluster")."""
+def warn_unreachable(addresses: Iterable[str], left: str = "figures shown as unknown") -> None:
+    """Name on stderr the servers that did not answer, and ``left``: what that leaves
+    out of the output (the command still exits 0: docs/cli.md, "A partial cluster")."""
     missing = sorted(set(addresses))
     if missing:
-        click.echo(
-            f"warning: unreachable: {', '.join(missing)} (figures shown as unknown)", err=True
-        )
+        click.echo(f"warning: unreachable: {', '.join(missing)} ({left})", err=True)

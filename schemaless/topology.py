@@ -6,6 +6,7 @@ refresh.  Values only: nothing here talks to a server.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -83,6 +84,10 @@ class Topology:
         if self.layout == OWNED:
             return (data_db(self.prefix),) * self.n_shards
         return tuple(shard_db(self.prefix, s) for s in range(self.n_shards))
+
+    def addresses_of(self, shards: Iterable[int]) -> list[str]:
+        """The addresses of the servers that hold ``shards``, sorted."""
+        return sorted({str(self.servers[self.shard_servers[s]]) for s in shards})
 
     def shards_of(self, server_id: int) -> list[int]:
         """The logical shards that live on one server."""

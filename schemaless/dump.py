@@ -255,9 +255,6 @@ def _encode(ds: DataStore, shard: int, record: Record, native: bool) -> bytes:
     return (json.dumps(line, ensure_ascii=False) + "\n").encode()
 
 
-# -- restore ---------------------------------------------------------------------------
-
-
 def dump_directory(directory: str | Path) -> Path:
     """``directory``, made if missing, for a new dump: ``DumpError`` if it holds one
     already or cannot be made."""
@@ -269,6 +266,9 @@ def dump_directory(directory: str | Path) -> Path:
     except OSError as exc:
         raise DumpError(f"cannot make the dump directory {out}: {exc.strerror}") from exc
     return out
+
+
+# -- restore ---------------------------------------------------------------------------
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:

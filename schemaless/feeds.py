@@ -525,10 +525,10 @@ class Feeds:
                 progress(WorkRound(len(posts), owed.size(), failing, _behind(events, more)))
             if stop is not None and stop():
                 return handled
-            if self.ds.cluster.current().map_version != topo.map_version:
-                topo = self.ds.cluster.current()
+            now = self.ds.cluster.current()
+            if now.map_version != topo.map_version:
                 positions = {s: p for f in feeds for s, p in f.positions.items()}
-                feeds = self._feeds(topo, sub.shards, positions)
+                topo, feeds = now, self._feeds(now, sub.shards, positions)
             if not events and not more:
                 if once and error is not None:
                     raise error

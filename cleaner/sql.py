@@ -19,7 +19,7 @@ from typing import Any
 
 from schemaless.index import Index
 from schemaless.names import quote
-from schemaless.owned import guarded, in_guarded_transaction, locked
+from schemaless.owned import checked_first, guarded, in_guarded_transaction, locked
 from schemaless.tables import union_all
 from schemaless.writes import owners_sql, upsert_sql, upsert_text_sql
 
@@ -146,7 +146,9 @@ def fence_sql(
     UPDATE privilege on every inserted column (``id`` too), and the Cleaner's grant
     allows only ``INSERT ([shard,] id, version, updated)`` and ``UPDATE (version,
     updated)`` on ``entities`` (schemaless.grants).  Each statement only raises a
-    tombstone and never touches a live row; the read-back decides, as before.
+    tombstone and never touches a live row; the read-back decides, as before.  In the
+    owned layout the batch first holds the shards' ``owned`` rows (``checked_first``),
+    so the ``IGNORE`` can only pass over a row present, never the guard key's refusal.
     """
     stmts: list[str] = []
     params: list[Any] = []
@@ -171,7 +173,7 @@ def fence_sql(
         params += [now, version, entity_id, version]
         stmts.append(f"SELECT `version`, `body` IS NULL FROM {table} WHERE `id` = %s")
         params.append(entity_id)
-    return in_guarded_transaction(stmts, owned, (f[0] for f in fences)), params
+    return checked_first(stmts, owned, (f[0] for f in fences)), params
 
 
 def bump_sql(

@@ -17,7 +17,7 @@ from .errors import CatalogError
 from .index import Index
 from .keys import key_encode
 from .names import quote
-from .owned import guard_sql, in_guarded_transaction
+from .owned import GUARD_KEY, guard_sql, in_guarded_transaction
 
 if TYPE_CHECKING:
     from .topology import Topology
@@ -55,13 +55,13 @@ def tables_sql(db: str) -> list[str]:
         " `shard` SMALLINT UNSIGNED NOT NULL,"
         " `key` BINARY(16) NOT NULL,"
         " `n` BIGINT NOT NULL,"
-        " PRIMARY KEY (`shard`, `key`)"
+        f" PRIMARY KEY (`shard`, `key`), {GUARD_KEY}"
         ") ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {quote(db, 'counted_keys')} ("
         " `shard` SMALLINT UNSIGNED NOT NULL,"
         " `id` BINARY(16) NOT NULL,"
         " `key` BINARY(16) NOT NULL,"
-        " PRIMARY KEY (`shard`, `id`, `key`)"
+        f" PRIMARY KEY (`shard`, `id`, `key`), {GUARD_KEY}"
         ") ENGINE=InnoDB",
         *guard_sql(db, "counts"),
         *guard_sql(db, "counted_keys"),

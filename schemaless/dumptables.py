@@ -69,6 +69,10 @@ _COLUMN = re.compile(
     r"|(?:tiny|medium|long)?blob)(?: NOT NULL)?(?: DEFAULT (?:NULL|-?\d+))?\Z"
 )
 _KEY = re.compile(r"  (PRIMARY KEY|(?:UNIQUE )?KEY `[a-z][a-z0-9_]{0,63}`) \(([`a-z0-9_,]+)\)\Z")
+# the owned layout's guard (owned.GUARD_KEY), as SHOW CREATE TABLE names it
+_GUARD = re.compile(
+    r"  CONSTRAINT `[a-z0-9_]{1,64}` FOREIGN KEY \(`shard`\) REFERENCES `owned` \(`shard`\)\Z"
+)
 _OPTIONS = re.compile(r"\) ENGINE=InnoDB(?: (?:DEFAULT )?[A-Z_]+=[A-Za-z0-9_]+)*\Z")
 _FILE = re.compile(r"(?:shard-\d{4,5}|all)\.(?:jsonl|native)\Z")
 
@@ -173,7 +177,7 @@ def _parse_create(name: str, create: object) -> tuple[str, dict[str, str], tuple
             types[column[1]] = column[2]
         elif (found := _KEY.match(line)) and found[1] == "PRIMARY KEY":
             key = tuple(c.strip("`") for c in found[2].split(","))
-        elif not found:
+        elif not found and not _GUARD.match(line):
             raise bad
     if not key or not set(key) <= set(types):
         raise bad
@@ -346,7 +350,7 @@ def restore_tables(
             for t in tables
             for stmt in [
                 f"CREATE TABLE IF NOT EXISTS {quote(db, t.name)} {t.create.split(' ', 3)[3]}",
-                *(triggers_sql(db, t.name) if t.sharded else []),
+                *(triggers_sql(db, t.name, t.create) if t.sharded else []),
             ]
         ],
     )

@@ -7,7 +7,7 @@ import re
 
 from .errors import InvalidQuery
 from .names import quote
-from .owned import COPYING, guard_sql
+from .owned import COPYING, GUARD_KEY, guard_sql, upsert_guard_sql
 
 __all__ = [
     "NOCOUNT",
@@ -35,9 +35,11 @@ def check_type(name: object) -> str:
 
 
 def tables_sql(db: str, kind: str) -> list[str]:
-    """The edge table and the count table of one edge type, with their guards: only
-    ``BEFORE INSERT`` (``upserts_only``), as every write to them but a delete is an
-    upsert, whose insert guard fires first and holds the ``owned`` row to the commit."""
+    """The edge table and the count table of one edge type, with their guards: the
+    edge table's key and update trigger (``guard_sql``); the count table's ``BEFORE
+    INSERT`` trigger (``upsert_guard_sql``), as every write to it but a delete is an
+    upsert, whose insert guard fires first, or the edge's count trigger, which runs
+    under the edge row's guard of the same shard."""
     edges, counts = table_names(kind)
     return [
         f"CREATE TABLE IF NOT EXISTS {quote(db, edges)} ("
@@ -48,7 +50,8 @@ def tables_sql(db: str, kind: str) -> list[str]:
         " `touched` BIGINT UNSIGNED NOT NULL,"
         " `data` BLOB NULL,"
         " PRIMARY KEY (`shard`, `src`, `dst`),"
-        " KEY `newest` (`shard`, `src`, `at`, `dst`)"
+        " KEY `newest` (`shard`, `src`, `at`, `dst`),"
+        f" {GUARD_KEY}"
         ") ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {quote(db, counts)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL,"
@@ -56,8 +59,8 @@ def tables_sql(db: str, kind: str) -> list[str]:
         " `n` BIGINT NOT NULL,"
         " PRIMARY KEY (`shard`, `node`)"
         ") ENGINE=InnoDB",
-        *guard_sql(db, edges, upserts_only=True),
-        *guard_sql(db, counts, upserts_only=True),
+        *guard_sql(db, edges),
+        *upsert_guard_sql(db, counts),
         *count_trigger_sql(db, edges),
     ]
 
@@ -90,10 +93,15 @@ def count_trigger_sql(db: str, table: str) -> list[str]:
     ]
 
 
-def triggers_sql(db: str, table: str) -> list[str]:
-    """The triggers of a shard table (a module's) that a move or a restore makes: the
-    guard, only the insert one for an edge type's tables (``edges__T``,
-    ``edges__T__n``: written by upserts only) as ``tables_sql`` makes them, both for
-    any other table; and an edge table's count trigger."""
-    guards = guard_sql(db, table, upserts_only=table.startswith("edges__"))
+def triggers_sql(db: str, table: str, create: str) -> list[str]:
+    """The triggers of a shard table (a module's) that a move or a restore makes from
+    its definition ``create``: the guard, as ``tables_sql`` makes it (an edge type's
+    count table ``edges__T__n``: the insert trigger; a table with ``GUARD_KEY``: the
+    update trigger; one made before the key: both); and an edge table's count trigger."""
+    if table.startswith("edges__") and table.endswith("__n"):
+        guards = upsert_guard_sql(db, table)
+    elif GUARD_KEY in create:
+        guards = guard_sql(db, table)
+    else:
+        guards = [*upsert_guard_sql(db, table), *guard_sql(db, table)]
     return [*guards, *count_trigger_sql(db, table)]

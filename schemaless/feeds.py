@@ -47,6 +47,7 @@ from .feed import ChangeEvent, ChangeFeed, Position, enable_changes, encode_curs
 from .ids import to_id
 from .names import quote
 from .owned import (
+    GUARD_KEY,
     admin,
     checked_rows,
     checked_select,
@@ -90,13 +91,14 @@ def tables_sql(db: str, name: str) -> list[str]:
         " `shard` SMALLINT UNSIGNED NOT NULL, `user` BINARY(16) NOT NULL,"
         " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
         " `author` BINARY(16) NOT NULL,"
-        " PRIMARY KEY (`shard`, `user`, `at`, `post`)"
+        f" PRIMARY KEY (`shard`, `user`, `at`, `post`), {GUARD_KEY}"
         f") ENGINE=InnoDB {INBOX_COMPRESSED}",
         f"CREATE TABLE IF NOT EXISTS {quote(db, posts)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL, `author` BINARY(16) NOT NULL,"
         " `at` BIGINT UNSIGNED NOT NULL, `post` BINARY(16) NOT NULL,"
         " PRIMARY KEY (`shard`, `author`, `at`, `post`),"
-        f" UNIQUE KEY `once` (`shard`, `author`, `post`)) ENGINE=InnoDB {INBOX_COMPRESSED}",
+        f" UNIQUE KEY `once` (`shard`, `author`, `post`), {GUARD_KEY})"
+        f" ENGINE=InnoDB {INBOX_COMPRESSED}",
         f"CREATE TABLE IF NOT EXISTS {quote(db, pulled)} ("
         " `author` BINARY(16) NOT NULL PRIMARY KEY, `since` BIGINT UNSIGNED NOT NULL"
         ") ENGINE=InnoDB",
@@ -360,8 +362,8 @@ class Feeds:
                 shards = sorted({shard(a) for a, _, _ in group})
                 sql = in_guarded_transaction(
                     [
-                        f"INSERT IGNORE INTO {table} (`shard`, `author`, `at`, `post`)"
-                        f" VALUES {values}",
+                        f"INSERT INTO {table} (`shard`, `author`, `at`, `post`)"
+                        f" VALUES {values} ON DUPLICATE KEY UPDATE `at` = `at`",
                         f"SELECT `post`, `at` FROM {table} WHERE `shard` IN"
                         f" ({', '.join(map(str, shards))}) AND (`author`, `post`) IN"
                         f" ({', '.join(['(%s, %s)'] * len(group))})",
@@ -403,8 +405,8 @@ class Feeds:
             values = ", ".join(f"({s}, %s, %s, %s, %s)" for s, _, _ in group)
             sql = in_guarded_transaction(
                 [
-                    f"INSERT IGNORE INTO {table} (`shard`, `user`, `at`, `post`, `author`)"
-                    f" VALUES {values}"
+                    f"INSERT INTO {table} (`shard`, `user`, `at`, `post`, `author`)"
+                    f" VALUES {values} ON DUPLICATE KEY UPDATE `at` = `at`"
                 ],
                 topo.owned_db,
                 [s for s, _, _ in group],

@@ -531,8 +531,9 @@ class Index:
         key = [quote(c) for c in self.columns]
         pk = ", ".join(key if self.unique else [*key, "`entity_id`"])
         cols.append(f"PRIMARY KEY ({pk})")
-        if shard:
+        if shard:  # keyed, and guarded as owned.GUARD_KEY (same layer: not imported)
             cols.append("KEY `by_shard` (`shard`)")
+            cols.append("FOREIGN KEY (`shard`) REFERENCES `owned` (`shard`)")
         if entity_key:
             cols.append("KEY `by_entity` (`entity_id`)")
         body = ",\n  ".join(cols)

@@ -203,14 +203,7 @@ class ShardMover:
             self._wait_replicas(topo, servers[1], self.replica_wait)
         paused = time.monotonic()
         catalog.record_move(shard, *servers, "fencing")
-        src.run(
-            admin(
-                [
-                    "SET STATEMENT innodb_lock_wait_timeout = 10 FOR DELETE FROM"
-                    f" {quote(db, 'owned')} WHERE `shard` = {int(shard)}"
-                ]
-            )
-        )  # waits for the shard's writers; a lock wait timeout is retried
+        src.run(admin([owned.disown_sql(db, shard)]))  # waits for the shard's writers
         failpoints.hit("move.after_fence")
         catalog.record_move(shard, *servers, "fenced")
         self._flip(topo, shard, servers, here, there, report)
@@ -316,7 +309,7 @@ class ShardMover:
         db = str(topo.owned_db)
         there = "owned" in table_names(dst, db)
         if there:
-            dst.run(admin([f"DELETE FROM {quote(db, 'owned')} WHERE `shard` = {int(shard)}"]))
+            dst.run(admin([owned.disown_sql(db, shard)]))
         src.run(admin(owned.owned_rows_sql(db, [shard], changes=False)))
         failpoints.hit("move.rollback.after_owned")
         if there:

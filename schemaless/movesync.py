@@ -21,7 +21,7 @@ from .edgetables import triggers_sql
 from .errors import CatalogError
 from .index import Index
 from .names import quote
-from .owned import COPYING, admin
+from .owned import admin, copying
 from .results import scalar
 from .scatter import chunks, sql_bytes
 from .topology import Topology
@@ -166,7 +166,8 @@ def create_missing(src: Server, dst: Server, db: str, tables: Sequence[Table]) -
     present = table_names(dst, db)
     for t in tables:
         if t.name not in present:
-            dst.run(admin([_definition(src, db, t.name), *triggers_sql(db, t.name)]))
+            made = _definition(src, db, t.name)
+            dst.run(admin([made, *triggers_sql(db, t.name, made)]))
 
 
 def _definition(server: Server, db: str, name: str) -> str:
@@ -209,8 +210,7 @@ class Side:
         if self.shard is None:
             self.server.run(admin([stmt]), params)
             return
-        stmts = [f"SET {COPYING} = {int(self.shard)}", stmt, f"SET {COPYING} = NULL"]
-        self.server.run(admin(stmts), params)  # a failed batch's connection is dropped
+        self.server.run(admin(copying(self.shard, [stmt])), params)
 
 
 class Syncer:

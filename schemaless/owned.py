@@ -4,24 +4,29 @@ Each server holds ``<prefix>_data`` with one ``entities`` table, one table per i
 the change feed's tables, the index epoch's fence, and ``owned``: a row per logical
 shard the server holds (docs/architecture.md, "The owned layout").  Two things keep a
 client with a stale map from reading or writing a shard that moved away, as a missing
-table does in the layout of a database per shard, and both end in the same error (1146,
-``TableMissing``), so the client follows the map as it always has:
+table does in the layout of a database per shard, and both end in the same error
+(``TableMissing``), so the client follows the map as it always has:
 
-* every table's ``BEFORE INSERT`` and ``BEFORE UPDATE`` triggers refuse a row of a
-  shard the server does not own, under a shared lock on its ``owned`` row, which a
-  move's fence (deleting that row) waits for;
+* the guard: every table's ``shard`` is a foreign key of ``owned`` (``GUARD_KEY``), so
+  InnoDB refuses a new row of a shard the server does not own (error 1452) and holds
+  its ``owned`` row in share mode to the commit, which a move's fence (deleting that
+  row, ``disown_sql``) waits for; a ``BEFORE UPDATE`` trigger does the same for a
+  changed row (error 1146), including an upsert's, which the key does not check;
 * every batch that names the data database and rests on what it reads or on a write
   that may match no row ends with :func:`check_sql` (before its ``COMMIT``), or begins
   with it under the ``owned`` rows' shared locks (:func:`checked_first`), which fails
   the batch when a shard it names is not owned: a read or an unapplied write is never
-  taken from a shard the server gave away.  A write batch whose every write fires the
-  triggers needs no check (``triggered``); one whose writes prove ownership only where
-  they apply is ``tentative`` (what did not apply is sent again ``checked_first``); a
-  point read, and a read of one statement (:func:`checked_select`), checks in its own
+  taken from a shard the server gave away.  A write batch whose every write is guarded
+  needs no check (``triggered``); one whose writes prove ownership only where they
+  apply is ``tentative`` (what did not apply is sent again ``checked_first``); a point
+  read, and a read of one statement (:func:`checked_select`), checks in its own
   statement.
 
 ``Server.send`` refuses a batch that names the data database without the check or one
-of the marks (``ADMIN``, ``TRIGGERED``, ``TENTATIVE``), so a statement cannot forget it.
+of the marks (``ADMIN``, ``TRIGGERED``, ``TENTATIVE``), so a statement cannot forget
+it, and an ``INSERT IGNORE`` there that does not follow a check holding its shards'
+``owned`` rows (``checked_first``), whose ``IGNORE`` would make the key's refusal a
+warning.
 """
 
 from __future__ import annotations
@@ -40,12 +45,15 @@ __all__ = [
     "CHECK",
     "COPYING",
     "DATABASES",
+    "GUARD_KEY",
+    "HELD",
     "LAYOUTS",
     "LISTED_MAX",
     "LOCKED",
     "OWNED",
     "TENTATIVE",
     "TRIGGERED",
+    "UNCHECKED",
     "Shards",
     "admin",
     "among",
@@ -54,9 +62,11 @@ __all__ = [
     "checked_first",
     "checked_rows",
     "checked_select",
+    "copying",
     "data_db",
     "digest",
     "digest_sql",
+    "disown_sql",
     "entities_table_sql",
     "guard_sql",
     "guarded",
@@ -70,6 +80,7 @@ __all__ = [
     "tentative",
     "triggered",
     "unguarded",
+    "upsert_guard_sql",
 ]
 
 OWNED = "owned"
@@ -88,9 +99,21 @@ TRIGGERED = "/*schemaless:triggered*/"
 #: never takes it as an answer (``protocol.Writer``: it sends it again ``checked_first``
 #: or reads the stored state with a checked read).
 TENTATIVE = "/*schemaless:tentative*/"
+#: The comment that marks a check that holds the ``owned`` rows it reads to the commit
+#: (``checked_first``): an ``INSERT IGNORE`` may follow it (the key cannot refuse then).
+HELD = "/*schemaless:held*/"
 #: The session variable a move's copy sets to the shard it copies into the target,
-#: whose ``owned`` row comes only when the copy is complete.
+#: whose ``owned`` row comes only when the copy is complete (its inserts are sent
+#: without the key's check, ``UNCHECKED``).
 COPYING = "@schemaless_copying"
+#: The guard of a table's new rows, in its ``CREATE TABLE`` (``owned`` is resolved in
+#: the table's own database): a few µs of the server's CPU a row, where a trigger's
+#: lookup costs about 80 (docs/architecture.md, "The guard").
+GUARD_KEY = "FOREIGN KEY (`shard`) REFERENCES `owned` (`shard`)"
+#: The prefix of a statement sent without the key's check: a move's copy into the
+#: target, whose ``owned`` row comes last, and the fence and rollback that delete an
+#: ``owned`` row (which the key would refuse while the shard has rows).
+UNCHECKED = "SET STATEMENT foreign_key_checks = 0 FOR "
 #: The session variable a ``locked`` batch sets to the shards whose ``owned`` rows it
 #: holds locked (comma-separated): the triggers skip their lookup for their rows.
 LOCKED = "@schemaless_locked"
@@ -103,8 +126,34 @@ _MOVED = "a logical shard named is not on this server (moved): refresh the map"
 def unguarded(sql: str) -> None:
     """Refuse a batch on the data database that has neither the ownership check nor
     the administrative mark: a bug in the library, never sent."""
-    if CHECK not in sql and not sql.startswith((ADMIN, TRIGGERED, TENTATIVE)):
+    if sql.startswith(ADMIN):
+        return
+    if CHECK not in sql and not sql.startswith((TRIGGERED, TENTATIVE)):
         raise RuntimeError(f"schemaless bug: a batch without the ownership check: {sql[:300]}")
+    if "INSERT IGNORE" in sql and not 0 <= sql.find(HELD) < sql.find("INSERT IGNORE"):
+        # IGNORE makes the key's refusal a warning: only where the owned rows are held
+        raise RuntimeError(f"schemaless bug: INSERT IGNORE, owned rows not held: {sql[:300]}")
+
+
+def copying(shard: int, stmts: Sequence[str]) -> list[str]:
+    """A move's writes of a shard's rows into its target before the target owns it:
+    let through by the guard's triggers (``COPYING``, reset at the end: a failed
+    batch's connection is dropped with it) and unchecked by its key."""
+    return [
+        f"SET {COPYING} = {int(shard)}",
+        *(UNCHECKED + s for s in stmts),
+        f"SET {COPYING} = NULL",
+    ]
+
+
+def disown_sql(db: str, shard: int) -> str:
+    """Delete a shard's ``owned`` row (a move's fence, a rollback's target): it waits
+    up to 10 s for every writer holding it (a lock wait timeout is retried), and the
+    key is not checked (the shard's rows stay, unowned)."""
+    return (
+        "SET STATEMENT foreign_key_checks = 0, innodb_lock_wait_timeout = 10 FOR"
+        f" DELETE FROM {quote(db, 'owned')} WHERE `shard` = {int(shard)}"
+    )
 
 
 def data_db(prefix: str) -> str:
@@ -144,9 +193,9 @@ def _check(db: str, names: tuple[int, ...]) -> str:
     return _refuse_unless(f"{short}{_count(db, names)} < {len(names)}")
 
 
-def _refuse_unless(failing: str) -> str:
+def _refuse_unless(failing: str, mark: str = CHECK) -> str:
     """A compound statement that fails the batch (error 1146) when ``failing`` holds."""
-    return f"BEGIN NOT ATOMIC {CHECK} IF {failing} THEN SIGNAL {_REFUSED} '{_MOVED}'; END IF; END"
+    return f"BEGIN NOT ATOMIC {mark} IF {failing} THEN SIGNAL {_REFUSED} '{_MOVED}'; END IF; END"
 
 
 def _count(db: str, names: tuple[int, ...], lock: str = "") -> str:
@@ -328,14 +377,14 @@ def in_transaction(stmts: list[str]) -> str:
 
 def triggered(stmts: list[str], db: str | None) -> str:
     """A write batch that needs no check (owned layout: ``db`` given): one transaction
-    whose every insert or update fires the triggers (a shard not owned fails the whole
-    batch, nothing committed) and whose deletes remove only what may go."""
+    whose every insert, upsert or update meets the guard (a shard not owned fails the
+    whole batch, nothing committed) and whose deletes remove only what may go."""
     return _marked(TRIGGERED, stmts, db)
 
 
 def tentative(stmts: list[str], db: str | None) -> str:
     """A write batch that proves ownership only where its writes apply (owned layout:
-    ``db`` given): one transaction whose inserts and updates fire the triggers, so each
+    ``db`` given): one transaction whose inserts and updates meet the guard, so each
     write that applied was of a shard owned here (a shard not owned fails the whole
     batch), and whose deletes remove only what may go.  An update that affected no row
     proves nothing (its row may have moved away with its shard): the caller sends it
@@ -362,14 +411,15 @@ def checked_first(stmts: list[str], db: str | None, shards: Iterable[int]) -> st
     if db is None:
         return in_transaction(stmts)
     names = _names(shards)
-    check = _refuse_unless(f"{_count(db, names, ' LOCK IN SHARE MODE')} < {len(names)}")
+    failing = f"{_count(db, names, ' LOCK IN SHARE MODE')} < {len(names)}"
+    check = _refuse_unless(failing, f"{CHECK} {HELD}")
     return ";\n".join(["START TRANSACTION", check, *stmts, "COMMIT"])
 
 
 def locked(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     """A write batch of many rows (owned layout: ``db`` given): ``checked_first``, so
     the ``owned`` rows of every shard it names are held from its start to its
-    ``COMMIT``, and the triggers skip their own lookup for those shards' rows
+    ``COMMIT``, and the guard's triggers skip their own lookup for those shards' rows
     (``LOCKED``, reset at the end; a failed batch's connection is dropped with it)."""
     if db is None:
         return in_transaction(stmts)
@@ -384,23 +434,34 @@ def in_guarded_transaction(stmts: list[str], db: str | None, shards: Iterable[in
     return in_transaction(stmts if db is None else [*stmts, check_sql(db, shards)])
 
 
-def guard_sql(db: str, table: str, *, upserts_only: bool = False) -> list[str]:
-    """The triggers that refuse a row of a shard not owned here (a move's copy into
-    the target is let through by ``COPYING``).  Deletes are not guarded: every delete
-    of the protocol removes what may go (a stale one leaves the moved copy a superset,
-    which the Cleaner clears), and a move deletes its old rows after the fence.
-    ``upserts_only``: only ``BEFORE INSERT``, for a table no statement updates except
-    through ``INSERT ... ON DUPLICATE KEY UPDATE``, whose insert guard fires first
-    (docs/architecture.md, "Edges and feeds")."""
-    return [
+def guard_sql(db: str, table: str) -> list[str]:
+    """The trigger that refuses a changed row of a shard not owned here (``GUARD_KEY``,
+    in the table's definition, refuses a new one): an ``UPDATE``'s, and an upsert's
+    that met its key, which the foreign key does not check.  A move's copy into the
+    target is let through (``COPYING``), and so are the shards a ``locked`` batch holds.
+    Deletes are not guarded: every delete of the protocol removes what may go (a stale
+    one leaves the moved copy a superset, which the Cleaner clears), and a move deletes
+    its old rows after the fence."""
+    return [_trigger(db, table, "UPDATE")]
+
+
+def upsert_guard_sql(db: str, table: str) -> list[str]:
+    """The guard of a table written only by upserts, with no ``GUARD_KEY``: a ``BEFORE
+    INSERT`` trigger, which fires first for a row present too (an edge type's counts,
+    whose rows the edge's own count trigger changes under the edge row's guard:
+    docs/architecture.md, "Edges and feeds")."""
+    return [_trigger(db, table, "INSERT")]
+
+
+def _trigger(db: str, table: str, when: str) -> str:
+    return (
         f"CREATE TRIGGER IF NOT EXISTS {quote(db, f'{table}_g{when[0].lower()}')}"
         f" BEFORE {when} ON {quote(db, table)} FOR EACH ROW"
         f" IF NOT ({COPYING} <=> NEW.`shard`)"
         f" AND NOT COALESCE(FIND_IN_SET(NEW.`shard`, {LOCKED}), 0) AND NOT EXISTS (SELECT 1 FROM"
         f" {quote(db, 'owned')} WHERE `shard` = NEW.`shard` LOCK IN SHARE MODE)"
         f" THEN SIGNAL {_REFUSED} 'this logical shard is not on this server (moved)'; END IF"
-        for when in (("INSERT",) if upserts_only else ("INSERT", "UPDATE"))
-    ]
+    )
 
 
 def entities_table_sql(db: str) -> list[str]:
@@ -424,7 +485,8 @@ def entities_table_sql(db: str) -> list[str]:
         " PRIMARY KEY (`id`),"
         " UNIQUE KEY `by_shard_added` (`shard`, `added_id`),"
         " KEY `by_added` (`added_id`),"
-        " KEY `by_updated` (`shard`, `updated`, `added_id`)"
+        " KEY `by_updated` (`shard`, `updated`, `added_id`),"
+        f" {GUARD_KEY}"
         ") ENGINE=InnoDB",
         *guard_sql(db, "entities"),
     ]
@@ -440,11 +502,13 @@ def changes_tables_sql(db: str) -> list[str]:
         " `version` BIGINT UNSIGNED NOT NULL,"
         " `body` MEDIUMBLOB NULL,"
         " `at` BIGINT UNSIGNED NOT NULL,"
-        " PRIMARY KEY (`shard`, `seq`)"
+        " PRIMARY KEY (`shard`, `seq`),"
+        f" {GUARD_KEY}"
         ") ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {quote(db, 'changes_head')} ("
         " `shard` SMALLINT UNSIGNED NOT NULL PRIMARY KEY,"
-        " `seq` BIGINT UNSIGNED NOT NULL"
+        " `seq` BIGINT UNSIGNED NOT NULL,"
+        f" {GUARD_KEY}"
         ") ENGINE=InnoDB",
         *guard_sql(db, "changes"),
         *guard_sql(db, "changes_head"),

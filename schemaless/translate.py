@@ -33,6 +33,7 @@ NOT_SENT = {1040, 2002, 2003, 2005}  # failed before the batch could reach the s
 # 1698: access denied to a user without a password (unix_socket authentication)
 DENIED = {1044, 1045, 1142, 1143, 1227, 1370, 1419, 1698}
 MISSING = {1049, 1146}
+MOVED = 1452  # the owned layout's guard key: a new row of a logical shard not held here
 TOO_LARGE = {1153, 1301, 2020}
 BAD_VALUE = {1264, 1366, 1406, 1292}
 FULL = {1021, 1114}  # disk full, table full (a data file at its cap)
@@ -67,6 +68,8 @@ def translate(name: str, exc: MySQLdb.Error, *, sent: bool, commits: bool) -> Sc
     if code in DENIED:
         hint = "" if code == 1045 else "; this user's grants do not allow it"
         return PermissionDenied(f"permission denied: {where}{hint}")
+    if code == MOVED:
+        return TableMissing(f"a logical shard named is not on this server (moved): {where}")
     if code in MISSING:
         return TableMissing(f"missing database or table (initialised? moving?): {where}")
     if code in FULL or any(h in text.lower() for h in FULL_HINTS):

@@ -230,8 +230,8 @@ def fence_owner_sql(
     if seen is None:
         lead = [] if shard is None else [shard]  # the owned layout's rows carry it
         sql = (
-            f"INSERT IGNORE INTO {table} ({'`shard`, ' * len(lead)}`id`, `version`, `updated`)"
-            f" VALUES ({'%s, ' * len(lead)}%s, %s, %s)"
+            f"INSERT INTO {table} ({'`shard`, ' * len(lead)}`id`, `version`, `updated`)"
+            f" VALUES ({'%s, ' * len(lead)}%s, %s, %s) ON DUPLICATE KEY UPDATE `id` = `id`"
         )
         params: list[Any] = [*lead, owner, version, now]
     else:
@@ -373,15 +373,16 @@ def _entity_params(w: EntityWrite, kind: str, shard: bool) -> list[Any]:
     return [*read, w.updated, w.version, w.entity_id, guard]
 
 
-#: The kinds of write whose statement always fires the guard's insert trigger (an
-#: upsert or an insert); the others are updates that may match no row, whose batch
+#: The kinds of write whose statement always meets the guard (an insert: its key; an
+#: upsert: its key, or for a row present its update trigger, which fires even when the
+#: row stays as it is); the others are updates that may match no row, whose batch
 #: checks ownership (docs/architecture.md, "Step 3").
 _FIRES = frozenset({"blind", "create", "new"})
 
 
 def fires(w: EntityWrite) -> bool:
-    """Whether ``w``'s statement always fires the guard's insert trigger, so that it
-    proves its shard owned even when it changes nothing."""
+    """Whether ``w``'s statement always meets the guard, so that it proves its shard
+    owned even when it changes nothing."""
     return _kind(w) in _FIRES
 
 

@@ -29,7 +29,7 @@ from schemaless.errors import TableMissing
 from schemaless.hashing import shard_of
 from schemaless.ids import new_id
 from schemaless.names import quote
-from schemaless.owned import CHECK, COPYING, LOCKED, admin, unguarded
+from schemaless.owned import CHECK, LOCKED, UNCHECKED, admin, copying, unguarded
 from schemaless.schema import shard_db
 from schemaless.writes import IndexRow
 
@@ -114,17 +114,16 @@ def _link_on(topo: Topology, shards: list[int], tag: str) -> str:
 
 def _copied_in(store: DataStore, sid: int, shard: int, table: str, row: dict[str, Any]) -> None:
     """Insert a row of ``shard`` into a table of server ``sid``, which does not own
-    it, as a move's copy does (``@schemaless_copying``)."""
+    it, as a move's copy does (``owned.copying``)."""
     topo = store.cluster.current()
     cols = ", ".join(quote(c) for c in ("shard", *row))
     marks = ", ".join(["%s"] * (len(row) + 1))
     store.cluster.all_servers(topo)[sid].run(
         admin(
-            [
-                f"SET {COPYING} = {int(shard)}",
-                f"INSERT INTO {quote(topo.owned_db or '', table)} ({cols}) VALUES ({marks})",
-                f"SET {COPYING} = NULL",
-            ]
+            copying(
+                shard,
+                [f"INSERT INTO {quote(topo.owned_db or '', table)} ({cols}) VALUES ({marks})"],
+            )
         ),
         [shard, *row.values()],
     )
@@ -200,7 +199,7 @@ def test_a_batch_on_a_shard_given_away_fails_and_changes_nothing(make_store: Any
     everything = shard_rows(store, row_shard, BY_LINK.table, "COUNT(*)")[0][0]
     for s in fenced:  # a move's fence, as the old map's client never saw it
         store.cluster.server_of_shard(topo, s).run(
-            admin([f"DELETE FROM {quote(topo.dbs[s], 'owned')} WHERE `shard` = {s}"])
+            admin([f"{UNCHECKED}DELETE FROM {quote(topo.dbs[s], 'owned')} WHERE `shard` = {s}"])
         )
     try:
         with pytest.raises(TableMissing):

@@ -21,7 +21,7 @@ from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQue
 from schemaless.failpoints import FailpointError
 from schemaless.local import LocalCluster
 from schemaless.names import quote
-from schemaless.owned import CHECK, TRIGGERED, admin
+from schemaless.owned import CHECK, TRIGGERED, UNCHECKED, admin, copying
 from schemaless.wire import read_results
 
 
@@ -159,8 +159,7 @@ def test_a_side_sent_to_a_server_without_its_shard_commits_nothing(ds: DataStore
     )
     edges, counts = (quote(db, t) for t in table_names("likes"))
     left = f"INSERT INTO {edges} VALUES ({shard}, %s, %s, 1, 1, NULL)"  # a move's copy
-    copy = [f"SET @schemaless_copying = {shard}", left, "SET @schemaless_copying = NULL"]
-    wrong.run(admin(copy), [src, dst])
+    wrong.run(admin(copying(shard, [left])), [src, dst])
     writes = (
         ("add", (src, new_id(), 2, 2, None)),
         ("add_counting", (src, new_id(), 2, 2, None, src)),
@@ -174,12 +173,13 @@ def test_a_side_sent_to_a_server_without_its_shard_commits_nothing(ds: DataStore
     assert wrong.run(admin(read)) == [((dst,),), ((0,),)]
 
 
-def test_a_fenced_shard_refuses_every_write_on_tables_with_only_the_insert_guard(
+def test_a_fenced_shard_refuses_every_write_on_the_edge_and_count_tables(
     ds: DataStore,
 ) -> None:
-    """Edge and count tables have only the guard's ``BEFORE INSERT`` trigger (their
-    writes are upserts): with the node's ``owned`` row gone (a move's fence), an add of
-    a present edge (the upsert's update), of a new edge (the count row present: its
+    """An edge table has the guard key and the update trigger, a count table only the
+    insert trigger (its writes are upserts, or the count trigger's update under the
+    edge's key): with the node's ``owned`` row gone (a move's fence), an add of a
+    present edge (the upsert's update), of a new edge (the count row present: its
     update) and a remove are refused on both types' tables, nothing changes, and the
     counts stay exact once the shard is back."""
     likes = Edges(ds, "likes", inverse="liked_by")
@@ -197,8 +197,8 @@ def test_a_fenced_shard_refuses_every_write_on_tables_with_only_the_insert_guard
     names = {str(t[0]) for t in triggers}
     for kind in kinds:
         edges, counts = table_names(kind)
-        assert {f"{edges}_gi", f"{counts}_gi"} <= names
-        assert not {f"{edges}_gu", f"{counts}_gu"} & names
+        assert {f"{edges}_gu", f"{counts}_gi"} <= names
+        assert not {f"{edges}_gi", f"{counts}_gu"} & names
     for kind, (src, dst) in kinds.items():
         shard = ds.cluster.shard_of_id(src)
         server = ds.cluster.server_of_shard(topo, shard)
@@ -209,7 +209,7 @@ def test_a_fenced_shard_refuses_every_write_on_tables_with_only_the_insert_guard
             ("add_counting", (src, dst, 2, 2, None, src)),
             ("remove", (src, dst, src)),
         )
-        server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+        server.run(admin([f"{UNCHECKED}DELETE FROM {owned} WHERE `shard` = {shard}"]))
         try:
             for op, params in writes:
                 with pytest.raises(TableMissing, match="not on this server"):
@@ -319,7 +319,7 @@ def test_reads_of_a_fenced_shard_fail_never_read_empty(ds: DataStore) -> None:
     server = ds.cluster.server_of_shard(topo, shard)
     owned = quote(str(topo.owned_db), "owned")
     reads = (lambda: likes.count(user), lambda: likes.has(user, entry), lambda: likes.page(user))
-    server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+    server.run(admin([f"{UNCHECKED}DELETE FROM {owned} WHERE `shard` = {shard}"]))
     try:
         for read in reads:
             with pytest.raises(TableMissing):

@@ -26,7 +26,7 @@ from schemaless import (
 from schemaless.feed import ChangeEvent, ChangeFeed, FeedExpired, decode_cursor, encode_cursor
 from schemaless.move import ShardMover
 from schemaless.names import quote
-from schemaless.owned import admin
+from schemaless.owned import UNCHECKED, admin
 from schemaless.subscriptions import feed_status
 from schemaless.writes import BLIND, EntityWrite, entity_batch_sql
 
@@ -135,7 +135,7 @@ def test_a_feed_read_of_a_shard_not_owned_fails(make_store: Make) -> None:
     topo = store.cluster.refresh()
     server = store.cluster.server_of_shard(topo, shard)
     owned = quote(str(topo.owned_db), "owned")
-    server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+    server.run(admin([f"{UNCHECKED}DELETE FROM {owned} WHERE `shard` = {shard}"]))
     try:
         for read in (
             lambda: list(store.changes()),
@@ -558,7 +558,7 @@ def test_turning_the_feed_on_never_makes_a_fenced_shard_owned_again(
     topo = store.cluster.refresh()
     db = str(topo.owned_db)
     server = store.cluster.server_of_shard(topo, 1)
-    server.run(admin([f"DELETE FROM {quote(db, 'owned')} WHERE `shard` = 1"]))
+    server.run(admin([f"{UNCHECKED}DELETE FROM {quote(db, 'owned')} WHERE `shard` = 1"]))
     try:
         DataStore(
             local_cluster.addresses,

@@ -538,10 +538,10 @@ def test_the_admin_user_inits_declares_and_moves(
 
 
 def test_the_guard_runs_with_its_definers_rights(local_cluster: LocalCluster) -> None:
-    """The owned layout's triggers run as the admin who created the tables: the app
-    user writes through them without any right on triggers, a row of a shard the
-    server does not own is refused (1146), and with their definer dropped every
-    write fails (what docs/operations.md warns of)."""
+    """The owned layout's guard runs as the admin who created the tables: the app
+    user writes through it without any right on triggers, a row of a shard the
+    server does not own is refused, and with the triggers' definer dropped every
+    update fails (what docs/operations.md warns of)."""
     tag = uuid.uuid4().hex[:8]
     prefix = "grantsdef_" + tag
     with new_users(local_cluster, tag, ("admin", "app")) as made:
@@ -581,7 +581,7 @@ def test_the_guard_runs_with_its_definers_rights(local_cluster: LocalCluster) ->
                     conn.cursor().execute("DROP USER %s@'%%'", (made["admin"].name,))
                     conn.close()
                 with pytest.raises(SchemalessError, match="definer"):
-                    app.put({"n": 2})
+                    app.put({**entity, "n": 2})
         finally:
             drop_prefix(local_cluster, prefix)
 

@@ -25,7 +25,7 @@ from schemaless import DataStore, Index, TableMissing, new_id
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
 from schemaless.names import quote
-from schemaless.owned import admin
+from schemaless.owned import UNCHECKED, admin
 from schemaless.tables import by_id_sql
 
 BY_N = Index("by_n", {"n": "int"})
@@ -132,15 +132,15 @@ def _fence(store: DataStore, shard: int) -> None:
     """A move's fence of ``shard`` on its server, as an administrative batch."""
     topo = store.cluster.topology
     assert topo.owned_db is not None
-    sql = f"DELETE FROM {quote(topo.owned_db, 'owned')} WHERE `shard` = {int(shard)}"
+    sql = f"{UNCHECKED}DELETE FROM {quote(topo.owned_db, 'owned')} WHERE `shard` = {int(shard)}"
     store.cluster.server_of_shard(topo, shard).run(admin([sql]), commits=True)
 
 
 def test_a_put_inside_step_2_delays_the_fence_and_no_other_shard(
     store: DataStore, locker: Any
 ) -> None:
-    """put_many of two entities of shard A: the first is written (its insert trigger
-    holds A's ``owned`` row shared), the second waits on a row lock the test holds. The
+    """put_many of two entities of shard A: the first is written (its guard key holds
+    A's ``owned`` row shared), the second waits on a row lock the test holds. The
     fence of A waits for that put; a put on shard B of the same server does not; once
     the lock goes, the put commits before the fence, and its entities stay."""
     topo = store.cluster.topology
@@ -162,7 +162,7 @@ def test_a_put_inside_step_2_delays_the_fence_and_no_other_shard(
     writer.join(10)
     fencer.join(10)
     assert "error" not in wrote and "error" not in fenced, (wrote, fenced)
-    assert len(wrote["result"]) == 2  # both written: the trigger let them in, the fence after
+    assert len(wrote["result"]) == 2  # both written: the key let them in, the fence after
     rows = shard_rows(store, a, "entities", "`id`, `version`", "`body` IS NOT NULL")
     assert {bytes(r[0]): int(r[1]) for r in rows} == dict(
         zip([first, second], wrote["result"], strict=True)

@@ -15,7 +15,7 @@ import pytest
 from schemaless import DataStore, Index, IndexDoesNotFit, TableMissing, new_id, owned
 from schemaless.hashing import shard_of
 from schemaless.names import quote
-from schemaless.owned import COPYING, admin, among
+from schemaless.owned import UNCHECKED, admin, among, copying
 
 BY_N = Index("by_n", {"n": "int"})  # placed by n: a range over n scatters
 
@@ -37,8 +37,7 @@ def _copy_in(store: DataStore, sid: int, shard: int, stmts: list[str], params: l
     """Rows of ``shard`` written into server ``sid``, which does not hold it, as a
     move's copy writes them before its flip."""
     server = store.cluster.all_servers(store.cluster.topology)[sid]
-    copying = [f"SET {COPYING} = {int(shard)}", *stmts, f"SET {COPYING} = NULL"]
-    server.run(admin(copying), params)
+    server.run(admin(copying(shard, stmts)), params)
 
 
 @contextmanager
@@ -48,7 +47,7 @@ def _fenced(store: DataStore, shard: int) -> Iterator[None]:
     topo = store.cluster.topology
     assert topo.owned_db is not None
     owned, server = quote(topo.owned_db, "owned"), store.cluster.server_of_shard(topo, shard)
-    server.run(admin([f"DELETE FROM {owned} WHERE `shard` = {int(shard)}"]))
+    server.run(admin([f"{UNCHECKED}DELETE FROM {owned} WHERE `shard` = {int(shard)}"]))
     try:
         yield
     finally:

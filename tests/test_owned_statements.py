@@ -11,40 +11,56 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import MySQLdb
 import pytest
 
 from schemaless import DataStore, Index, TableMissing
 from schemaless.batch import Batch
 from schemaless.connection import ConnectOptions, Server
 from schemaless.counts import APPLIED, backfill_sql
+from schemaless.counts import tables_sql as counts_tables_sql
 from schemaless.dsn import Address
 from schemaless.dumptables import _insert_sql
 from schemaless.edges import _Side
 from schemaless.edgetables import count_trigger_sql, tables_sql
+from schemaless.edgetables import triggers_sql as edge_triggers_sql
+from schemaless.feeds import tables_sql as feeds_tables_sql
 from schemaless.names import quote
 from schemaless.owned import (
     ADMIN,
     CHECK,
+    COPYING,
     DATABASES,
+    GUARD_KEY,
+    HELD,
     OWNED,
     TENTATIVE,
     TRIGGERED,
+    UNCHECKED,
     Shards,
     admin,
+    changes_tables_sql,
     check_sql,
     checked_first,
     checked_rows,
     checked_select,
+    copying,
     data_db,
     digest,
+    disown_sql,
+    entities_table_sql,
+    guard_sql,
+    in_guarded_transaction,
     locked,
     owns_sql,
     placement,
     shards_sql,
+    unguarded,
 )
 from schemaless.scatter import shard_unions
 from schemaless.tables import by_id_sql
 from schemaless.topology import Topology
+from schemaless.translate import translate
 from schemaless.writes import (
     BLIND,
     CREATE,
@@ -133,7 +149,7 @@ def _locked_check(shards: list[int]) -> str:
 
 def test_a_checked_first_batch_locks_its_owned_rows_before_any_write() -> None:
     check = _locked_check([9, 3, 3])
-    assert check.startswith(f"BEGIN NOT ATOMIC {CHECK} IF (SELECT COUNT(*) FROM")
+    assert check.startswith(f"BEGIN NOT ATOMIC {CHECK} {HELD} IF (SELECT COUNT(*) FROM")
     assert "`shard` IN (3, 9) LOCK IN SHARE MODE) < 2 THEN SIGNAL" in check
     assert checked_first(["DO 0"], None, [3]) == "DO 0"  # the layout of databases: as ever
 
@@ -305,7 +321,7 @@ def _server_of(store: DataStore, shard: int) -> Server:
 def _fence(store: DataStore, shard: int) -> None:
     """A move's fence, by hand: the shard's ``owned`` row deleted on its server."""
     owned = quote(store.cluster.topology.owned_db or "", "owned")
-    _server_of(store, shard).run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+    _server_of(store, shard).run(admin([f"{UNCHECKED}DELETE FROM {owned} WHERE `shard` = {shard}"]))
 
 
 def _two_on_one(make_store: Callable[..., DataStore]) -> tuple[DataStore, int, int]:
@@ -325,7 +341,7 @@ def _id_on(store: DataStore, shard: int) -> bytes:
     )
 
 
-def test_the_triggers_refuse_a_shard_not_owned_unless_a_move_copies_it(
+def test_the_guard_refuses_a_shard_not_owned_unless_a_move_copies_it(
     make_store: Callable[..., DataStore],
 ) -> None:
     store, first, _ = _two_on_one(make_store)
@@ -337,8 +353,10 @@ def test_the_triggers_refuse_a_shard_not_owned_unless_a_move_copies_it(
     insert = f"INSERT INTO {table} (`shard`, `id`, `version`, `updated`) VALUES ({away}, %s, 1, 1)"
     with pytest.raises(TableMissing, match="not on this server"):
         server.run(admin([insert]), [ID])
-    copying = [f"SET @schemaless_copying = {away}", insert, "SET @schemaless_copying = NULL"]
-    server.run(admin(copying), [ID])
+    triggers_only = [f"SET {COPYING} = {away}", insert, f"SET {COPYING} = NULL"]
+    with pytest.raises(TableMissing, match="not on this server"):  # the key still refuses
+        server.run(admin(triggers_only), [ID])
+    server.run(admin(copying(away, [insert])), [ID])  # as a move's copy sends it
     count = f"SELECT COUNT(*) FROM {table} WHERE `id` = %s"
     assert server.run(admin([count]), [ID])[0][0][0] == 1  # the copy went in
     with pytest.raises(TableMissing):  # but the copy is not the server's to update
@@ -416,8 +434,9 @@ def test_no_plain_update_reaches_an_edge_or_count_table() -> None:
     writes += [_insert_sql(DB, "edges__likes", ("a",), 2)]
     for sql in writes:  # the edge type's own writes: upserts and deletes only
         assert "UPDATE" not in sql.replace("ON DUPLICATE KEY UPDATE", ""), sql
-    # the count trigger's update: after the edge's insert (whose guard checked NEW.shard
-    # and holds its owned row), of the count row of that same shard, its only update
+    # the count trigger's update: after the edge's insert (whose guard key checked
+    # NEW.shard and holds its owned row), of the count row of that same shard, its only
+    # update; so the count table needs no update trigger (one lookup under the hot row)
     (trigger,) = count_trigger_sql(DB, "edges__likes")
     assert f" AFTER INSERT ON {quote(DB, 'edges__likes')} " in trigger
     plain = re.findall(r"(?<!KEY )\bUPDATE [^;]*", trigger)
@@ -425,5 +444,104 @@ def test_no_plain_update_reaches_an_edge_or_count_table() -> None:
     assert plain == [
         f"UPDATE {counts} SET `n` = `n` + 1 WHERE `shard` = NEW.`shard` AND `node` = NEW.`src`"
     ]
-    guards = [t for t in tables_sql(DB, "likes") if "TRIGGER" in t and " BEFORE " in t]
-    assert len(guards) == 2 and all(" BEFORE INSERT ON " in t for t in guards)
+    made = tables_sql(DB, "likes")
+    guards = [t for t in made if "TRIGGER" in t and " BEFORE " in t]
+    assert [t.split(" FOR EACH ROW")[0].split(" BEFORE ")[1] for t in guards] == [
+        f"UPDATE ON {quote(DB, 'edges__likes')}",
+        f"INSERT ON {counts}",
+    ]
+    assert GUARD_KEY in made[0] and GUARD_KEY not in made[1]  # the edge table's key
+
+
+def _shard_tables() -> dict[str, list[str]]:
+    """Every table of logical shards' rows the library makes, by what makes it: each
+    builder's statements."""
+    index = Index("by_n", [("n", "int")], shard_on="n")
+    return {
+        "entities": entities_table_sql(DB),
+        "changes": changes_tables_sql(DB),
+        "index": [index.create_table_sql(DB, shard=True), *guard_sql(DB, index.table)],
+        "counts": counts_tables_sql(DB),
+        "feeds": feeds_tables_sql(DB, "home"),
+        "edges": tables_sql(DB, "likes"),
+    }
+
+
+def test_every_table_of_shards_is_guarded_for_new_and_changed_rows() -> None:
+    """Each ``CREATE TABLE`` with a ``shard`` column has the guard key and an update
+    trigger, or (an edge type's count table, written by upserts) an insert trigger."""
+    for maker, stmts in _shard_tables().items():
+        made = [
+            s
+            for s in stmts
+            if s.startswith("CREATE TABLE") and "`shard` SMALLINT" in s and ".`owned` (" not in s
+        ]
+        assert made, maker
+        for create in made:
+            table = create.split(" (", 1)[0].rsplit(".", 1)[1]
+            triggers = {
+                s.split(" FOR EACH ROW")[0].split(" BEFORE ")[1]
+                for s in stmts
+                if " BEFORE " in s and f"ON {quote(DB)}.{table}" in s
+            }
+            if GUARD_KEY in create:
+                assert f"UPDATE ON {quote(DB)}.{table}" in triggers, (maker, table)
+            else:
+                assert table.endswith("__n`") and triggers == {f"INSERT ON {quote(DB)}.{table}"}
+
+
+@pytest.mark.parametrize(
+    ("table", "create", "expected"),
+    [
+        ("feed__home__inbox", f"CREATE TABLE x (..., {GUARD_KEY})", {"gu"}),
+        ("feed__home__inbox", "CREATE TABLE x (...)", {"gi", "gu"}),  # an earlier build's
+        ("edges__likes", f"CREATE TABLE x (..., {GUARD_KEY})", {"gu"}),
+        ("edges__likes", "CREATE TABLE x (...)", {"gi", "gu"}),
+        ("edges__likes__n", "CREATE TABLE x (...)", {"gi"}),
+    ],
+)
+def test_a_copied_or_restored_table_gets_the_guard_its_definition_calls_for(
+    table: str, create: str, expected: set[str]
+) -> None:
+    guards = [s for s in edge_triggers_sql(DB, table, create) if " BEFORE " in s]
+    assert {s.split("`")[3].rsplit("_", 1)[1] for s in guards} == expected
+
+
+def test_insert_ignore_goes_only_where_the_owned_rows_are_held() -> None:
+    """IGNORE would make the guard key's refusal a warning (the row skipped, the batch
+    committed): ``Server.send`` refuses it unless a check holding the ``owned`` rows
+    comes first; an administrative batch (a move's, DDL) may."""
+    ignore = f"INSERT IGNORE INTO {quote(DB, 'entities')} (`shard`, `id`) VALUES (3, %s)"
+    unguarded(checked_first([ignore], DB, [3]))
+    unguarded(admin([ignore]))
+    for sql in (
+        f"{TRIGGERED} {ignore}",
+        f"{TENTATIVE} {ignore}",
+        in_guarded_transaction([ignore], DB, [3]),  # checked, but after the write
+        ";\n".join([ignore, checked_first(["DO 0"], DB, [3])]),
+    ):
+        with pytest.raises(RuntimeError, match="INSERT IGNORE"):
+            unguarded(sql)
+
+
+def test_the_guard_keys_refusal_is_table_missing() -> None:
+    message = "Cannot add or update a child row: a foreign key constraint fails"
+    error = translate("db1:3306", MySQLdb.IntegrityError(1452, message), sent=True, commits=True)
+    assert isinstance(error, TableMissing) and "not on this server (moved)" in str(error)
+
+
+def test_the_fence_and_a_copy_skip_the_keys_check_only() -> None:
+    """The fence deletes the ``owned`` row with the key unchecked (its rows stay) and
+    waits as long as a move's fence may; a copy's statements are unchecked too, under
+    ``@schemaless_copying``, reset after."""
+    fence = disown_sql(DB, 7)
+    assert fence == (
+        "SET STATEMENT foreign_key_checks = 0, innodb_lock_wait_timeout = 10 FOR"
+        f" DELETE FROM {quote(DB, 'owned')} WHERE `shard` = 7"
+    )
+    assert copying(7, ["INSERT 1", "REPLACE 2"]) == [
+        f"SET {COPYING} = 7",
+        f"{UNCHECKED}INSERT 1",
+        f"{UNCHECKED}REPLACE 2",
+        f"SET {COPYING} = NULL",
+    ]

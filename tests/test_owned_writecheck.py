@@ -20,7 +20,7 @@ from schemaless import ConflictError, DataStore, Index, TableMissing, failpoints
 from schemaless.batch import Batch
 from schemaless.connection import Server
 from schemaless.names import quote
-from schemaless.owned import admin, checked_first, tentative
+from schemaless.owned import UNCHECKED, admin, checked_first, tentative
 from schemaless.writes import EntityWrite, WriteMode, entity_batch_sql, write_position
 
 BY_V = Index("by_v", {"v": "int"})
@@ -46,7 +46,7 @@ def _server(store: DataStore) -> Server:
 def _fence(store: DataStore, shard: int = 0) -> None:
     """A move's fence, by hand: the shard's ``owned`` row deleted on its server."""
     owned = quote(store.cluster.topology.owned_db or "", "owned")
-    _server(store).run(admin([f"DELETE FROM {owned} WHERE `shard` = {shard}"]))
+    _server(store).run(admin([f"{UNCHECKED}DELETE FROM {owned} WHERE `shard` = {shard}"]))
 
 
 def _stored(store: DataStore, key: bytes) -> tuple[int, bool] | None:

@@ -19,7 +19,7 @@ from schemaless.cli.main import cli
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
 from schemaless.names import quote
-from schemaless.owned import admin
+from schemaless.owned import UNCHECKED, admin
 
 T = TypeVar("T")
 
@@ -69,7 +69,7 @@ def moved_away(store: DataStore, shard: int, table: str) -> Iterator[None]:
     server = store.cluster.server_of_shard(topo, shard)
     if topo.owned_db is not None:
         owned = quote(topo.owned_db, "owned")
-        gone = f"DELETE FROM {owned} WHERE `shard` = {int(shard)}"
+        gone = f"{UNCHECKED}DELETE FROM {owned} WHERE `shard` = {int(shard)}"
         back = f"INSERT INTO {owned} (`shard`) VALUES ({int(shard)})"
     else:
         db = topo.dbs[shard]

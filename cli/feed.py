@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from schemaless.errors import InvalidQuery
-from schemaless.feed import ChangeEvent
+from schemaless.errors import InvalidQuery, ShardUnavailable
+from schemaless.feed import ChangeEvent, ChangeFeed, open_feed
 from schemaless.store import DataStore
 from schemaless.subscriptions import feed_status
 from schemaless.subscriptions import unsubscribe as unsubscribe_name
@@ -72,6 +72,12 @@ def _text(event: ChangeEvent) -> str:
     metavar="NAME",
     help="Forget a subscription (the feed is no longer kept for it).",
 )
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="With a server down, the changes of the others (it is named on stderr; its "
+    "shards resume from the cursor) instead of an error.",
+)
 @click.option("--json", "as_json", is_flag=True, help="JSON lines (with each event's cursor).")
 @pass_connection
 def changes(
@@ -82,6 +88,7 @@ def changes(
     part: tuple[int, int] | None,
     status: bool,
     unsubscribe: str | None,
+    partial: bool,
     as_json: bool,
 ) -> None:
     """Show the change feed: puts and deletes in each logical shard's commit order.
@@ -111,18 +118,42 @@ def changes(
             _status(ds, as_json)
             return
         try:
-            events = ds.changes(cursor, follow, snapshot=snapshot, part=part)
+            feed = open_feed(ds.reader, cursor, snapshot=snapshot, part=part, partial=partial)
         except InvalidQuery as exc:
             raise BadOption(str(exc), "--since") from None
-        last = cursor
-        try:
-            for event in events:
-                click.echo(json_line(_json(event)) if as_json else _text(event))
-                last = event.cursor
-        except KeyboardInterrupt:
-            pass
+        last = _stream(feed, follow, as_json) or cursor
         if last and not as_json:
             click.echo(f"resume with: --since {last}", file=sys.stderr)
+
+
+def _stream(feed: ChangeFeed, follow: bool, as_json: bool) -> str | None:
+    """Print the feed's events until caught up (or Ctrl-C); the last one's cursor.  A
+    partial feed names on stderr each server that stops answering, and again when it
+    answers."""
+    down: set[str] = set()
+
+    def after_round(feed: ChangeFeed) -> None:
+        for address, shards in sorted(feed.unreachable.items()):
+            if address not in down:
+                listed = ", ".join(map(str, shards))
+                warn_unreachable([address], f"logical shards {listed}: their changes wait")
+        for address in sorted(down - feed.unreachable.keys()):
+            click.echo(f"{address} answers again", err=True)
+        down.clear()
+        down.update(feed.unreachable)
+
+    last = None
+    try:
+        for event in feed.events(follow, after_round):
+            click.echo(json_line(_json(event)) if as_json else _text(event))
+            last = event.cursor
+    except KeyboardInterrupt:
+        pass
+    except ShardUnavailable as exc:
+        if feed.partial:
+            raise
+        raise click.ClickException(f"{exc}; `--partial` reads the servers that answer") from exc
+    return last
 
 
 def _status(ds: DataStore, as_json: bool) -> None:

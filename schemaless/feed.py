@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from .entity import Entity
 from .errors import CatalogError, InvalidQuery, SchemalessError
 from .names import quote
 from .owned import admin, guarded
-from .scatter import Statement, added_page_sql, bare, joined, shard_is
+from .scatter import Statement, added_page_sql, bare, joined, shard_is, unreachable_only
 from .schema import changes_tables_sql
 
 if TYPE_CHECKING:
@@ -145,16 +145,18 @@ def open_feed(
     *,
     snapshot: bool = False,
     part: tuple[int, int] | None = None,
+    partial: bool = False,
 ) -> ChangeFeed:
     """The feed ``DataStore.changes`` reads: after ``cursor``, else from the oldest
-    change kept (with ``snapshot``, every live entity first)."""
+    change kept (with ``snapshot``, every live entity first); ``partial``: the servers
+    that answer (``ChangeFeed.unreachable``)."""
     n_shards = reader.cluster.current().n_shards
     shards = part_shards(n_shards, part)
     if cursor is not None:
         positions: dict[int, Position] = dict(decode_cursor(cursor, n_shards))
     else:
         positions = {s: (None, 0) for s in shards} if snapshot else {}
-    return ChangeFeed(reader, positions, shards)
+    return ChangeFeed(reader, positions, shards, partial=partial)
 
 
 def enable_changes(cluster: Cluster) -> None:
@@ -223,6 +225,7 @@ class ChangeFeed:
         *,
         batch: int = _BATCH,
         poll: float = 0.2,
+        partial: bool = False,
     ) -> None:
         self.reader = reader
         self.cluster = reader.cluster
@@ -230,6 +233,10 @@ class ChangeFeed:
         self.positions: dict[int, Position] = {s: positions.get(s, 0) for s in self.shards}
         self.batch = batch
         self.poll = poll
+        self.partial = partial
+        #: ``partial``: the shards the last round could not read, as the servers that
+        #: did not answer (their positions kept: a later round, or the cursor, resumes them)
+        self.unreachable: dict[str, list[int]] = {}
         self._changed: set[bytes] = set()  # the scanning shard's ids changed since its P
         # Owned layout: shards read up to their head, whose changes are read again only
         # once a round's one statement of heads shows them moving (an idle shard costs a
@@ -237,11 +244,16 @@ class ChangeFeed:
         self._quiet: set[int] = set()
         self._changed_upto = 0
 
-    def events(self, follow: bool = False) -> Iterator[ChangeEvent]:
-        """Every event from the positions on; without ``follow``, until caught up."""
+    def events(
+        self, follow: bool = False, after_round: Callable[[ChangeFeed], None] | None = None
+    ) -> Iterator[ChangeEvent]:
+        """Every event from the positions on; without ``follow``, until caught up.
+        ``after_round``: called with the feed after each round (``unreachable``)."""
         self.check_on()
         while True:
             events, more = self.next_round()
+            if after_round is not None:
+                after_round(self)
             yield from events
             if not more and not events:
                 if not follow:
@@ -289,11 +301,13 @@ class ChangeFeed:
             sql, params = joined(reads + [(sql, params) for _, sql, params in parts])
             return guarded([sql], topo.owned_db, [*idle, *(s for s, _, _ in parts)]), params
 
-        replies = self.cluster.scatter(topo, groups, batch).results
+        replies = self._read(topo, groups, batch)
         base = dict(self.positions)
         events: list[ChangeEvent] = []
-        more = scanning is not None
+        more = scanning is not None and topo.shard_servers[scanning] in replies
         for sid, (idle, parts) in sorted(groups.items()):
+            if sid not in replies:
+                continue  # partial: its shards stay where they were
             sets = list(replies[sid])
             if idle:
                 more = self._woken(idle, sets.pop(0)) or more
@@ -307,6 +321,22 @@ class ChangeFeed:
                 if self.positions[shard] != pos:  # later events' cursors include it
                     base = {**base, shard: self.positions[shard]}
         return events, more
+
+    def _read(
+        self,
+        topo: Topology,
+        groups: dict[int, tuple[list[int], list[tuple[int, str, list[Any]]]]],
+        batch: Callable[[tuple[list[int], list[tuple[int, str, list[Any]]]]], Statement],
+    ) -> Mapping[int, Any]:
+        """The round's result sets by server; ``partial``: of those that answered, the
+        others' shards in ``unreachable``."""
+        scattered = self.cluster.scatter(topo, groups, batch, partial=self.partial)
+        unreachable_only(scattered.errors)
+        self.unreachable = {
+            str(topo.servers[sid]): sorted({*groups[sid][0], *(s for s, _, _ in groups[sid][1])})
+            for sid in scattered.errors
+        }
+        return scattered.results
 
     def _woken(self, idle: list[int], heads: Any) -> bool:
         """Whether a quiet shard's head moved from its position (or is missing): it is

@@ -408,14 +408,18 @@ class DataStore:
         *,
         snapshot: bool = False,
         part: tuple[int, int] | None = None,
+        partial: bool = False,
     ) -> Iterator[ChangeEvent]:
         """The change feed (``DataStore(changes=True)``): events in each logical shard's
         commit order, per entity in increasing version order, deletes included
         (``event.entity`` None), at least once; each ``event.cursor`` resumes after it.
         ``cursor`` None: from the oldest change kept, or, with ``snapshot``, every live
         entity first and then the changes since.  Without ``follow`` it ends once it has
-        caught up.  ``part=(k, n)``: the logical shards with ``shard % n == k``."""
-        return open_feed(self.reader, cursor, snapshot=snapshot, part=part).events(follow)
+        caught up.  ``part=(k, n)``: the logical shards with ``shard % n == k``.
+        ``partial``: a server that does not answer is left out of each round (its shards'
+        positions kept in the cursors, so they resume from there), not raised."""
+        feed = open_feed(self.reader, cursor, snapshot=snapshot, part=part, partial=partial)
+        return feed.events(follow)
 
     def subscribe(
         self, name: str, *, part: tuple[int, int] | None = None, snapshot: bool = False

@@ -97,3 +97,31 @@ def test_feeds_trim_trims_the_shards_that_answer_and_names_the_rest(
     assert "2 inbox rows deleted on the shards that answered" in shown.stderr, shown.stderr
     assert f"logical shards {', '.join(map(str, left))} not trimmed" in shown.stderr
     assert [e["id"] for e in home.home(near)] == [posts[-1]["id"]]
+
+
+def test_changes_with_a_server_down_reads_the_others_and_resumes_the_rest(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``changes`` with a server stopped failed outright; ``--partial`` prints the
+    changes of the server that answers, names the other, and its cursor resumes the
+    sick server's shards from where they were: once it answers, their changes come,
+    and nothing of the healthy one twice."""
+    store = fault_store(changes=True)
+    (healthy,), (sick,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
+    store.put({"id": healthy, "n": 1})
+    store.put({"id": sick, "n": 2})
+    fault_cluster.stop_server(SICK)
+    refused = run_cli(fault_cluster, store, "changes", "--json")
+    assert refused.exit_code == 1, (refused.stdout, refused.stderr)
+    assert "`--partial` reads the servers that answer" in refused.stderr, refused.stderr
+    shown = run_cli(fault_cluster, store, "changes", "--json", "--partial")
+    assert shown.exit_code == 0, (shown.stdout, shown.stderr)
+    lines = [json.loads(x) for x in shown.stdout.splitlines()]
+    assert [x["id"] for x in lines] == [healthy.hex()]
+    assert fault_cluster.addresses[SICK] in shown.stderr, shown.stderr
+    assert "their changes wait" in shown.stderr, shown.stderr
+    assert [e.id for e in store.changes(partial=True)] == [healthy]  # the library's form
+    fault_cluster.start_server(SICK)
+    rest = run_cli(fault_cluster, store, "changes", "--json", "--since", lines[-1]["cursor"])
+    assert rest.exit_code == 0, (rest.stdout, rest.stderr)
+    assert [json.loads(x)["id"] for x in rest.stdout.splitlines()] == [sick.hex()]

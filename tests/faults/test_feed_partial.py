@@ -1,0 +1,39 @@
+"""A partial change feed across an outage, in one process (``ChangeFeed(partial=True)``,
+what ``schemaless changes --partial --follow`` reads): the sick server's shards wait
+at their positions, the others go on, and once it answers again its changes come,
+each once, in the same feed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from schemaless import DataStore
+from schemaless.feed import open_feed
+from schemaless.local import LocalCluster
+
+from .helpers import ids_on, thawed, wait_for
+
+SICK = 1  # server 0 holds the catalog
+
+
+def test_a_partial_feed_waits_for_a_stopped_server_and_reads_it_when_it_answers(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    store = fault_store(changes=True)
+    (healthy,), (sick,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
+    feed = open_feed(store.reader, partial=True)
+    store.put({"id": healthy, "n": 1})
+    store.put({"id": sick, "n": 1})
+    seen = [e.id for e in feed.events()]
+    assert sorted(seen) == sorted([healthy, sick]) and feed.unreachable == {}
+    fault_cluster.stop_server(SICK)
+    store.put({"id": healthy, "n": 2})
+    assert [(e.id, e.entity) for e in feed.events()] == [(healthy, {"id": healthy, "n": 2})]
+    sick_shards = store.cluster.current().shards_of(SICK)
+    assert feed.unreachable == {fault_cluster.addresses[SICK]: sick_shards}
+    fault_cluster.start_server(SICK)
+    thawed(store)  # the server marked down is used again once its probe answers
+    store.put({"id": sick, "n": 2})
+    got: list[bytes] = []
+    wait_for(lambda: bool(got.extend(e.id for e in feed.events())) or sick in got)
+    assert got == [sick] and feed.unreachable == {}

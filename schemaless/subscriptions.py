@@ -81,13 +81,15 @@ class Subscription:
         if missing:  # registered at once: the Cleaner keeps the feed for it from now on
             self._save(missing)
 
-    def changes(self, follow: bool = False) -> Iterator[ChangeEvent]:
-        """Events after the acknowledged positions (see ``DataStore.changes``)."""
-        return self.feed().events(follow)
+    def changes(self, follow: bool = False, *, partial: bool = False) -> Iterator[ChangeEvent]:
+        """Events after the acknowledged positions (see ``DataStore.changes``; with
+        ``partial``, a server that does not answer is left out, its shards' positions
+        kept in every event, so acknowledging one never moves them)."""
+        return self.feed(partial).events(follow)
 
-    def feed(self) -> ChangeFeed:
+    def feed(self, partial: bool = False) -> ChangeFeed:
         """The feed from the acknowledged positions."""
-        return ChangeFeed(self.reader, self.positions, self.shards)
+        return ChangeFeed(self.reader, self.positions, self.shards, partial=partial)
 
     def ack(self, event: ChangeEvent | str) -> None:
         """Store the position after ``event`` (or a cursor) for this subscription's

@@ -37,3 +37,22 @@ def test_a_partial_feed_waits_for_a_stopped_server_and_reads_it_when_it_answers(
     got: list[bytes] = []
     wait_for(lambda: bool(got.extend(e.id for e in feed.events())) or sick in got)
     assert got == [sick] and feed.unreachable == {}
+
+
+def test_a_subscription_acknowledged_during_an_outage_keeps_the_sick_shards(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``sub.changes(partial=True)``: acknowledging an event read while a server is down
+    never moves that server's shards, so a restart reads their changes."""
+    store = fault_store(changes=True)
+    (healthy,), (sick,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
+    sub = store.subscribe("indexer")
+    store.put({"id": sick, "n": 1})  # not read before the outage
+    fault_cluster.stop_server(SICK)
+    store.put({"id": healthy, "n": 1})
+    (event,) = sub.changes(partial=True)
+    assert event.id == healthy
+    sub.ack(event)
+    fault_cluster.start_server(SICK)
+    thawed(store)
+    assert [e.id for e in store.subscribe("indexer").changes()] == [sick]

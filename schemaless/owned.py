@@ -92,7 +92,7 @@ CHECK = "/*schemaless:owned*/"
 #: The comment that marks an administrative batch (DDL, a move's copy): no check.
 ADMIN = "/*schemaless:admin*/"
 #: The comment that marks a batch that needs no check (``triggered``): every write in
-#: it fires the triggers, its deletes remove only what may go, it interprets no read.
+#: it meets the guard, its deletes remove only what may go, it interprets no read.
 TRIGGERED = "/*schemaless:triggered*/"
 #: The comment that marks a write batch whose writes prove ownership only where they
 #: apply (``tentative``): a write that affected no row proves nothing, and its caller

@@ -103,6 +103,12 @@ def changes(
         schemaless changes --status
         schemaless changes --unsubscribe indexer
     """
+    stream = {"--follow": follow, "--since": cursor is not None, "--snapshot": snapshot}
+    stream |= {"--part": part is not None, "--partial": partial}
+    if unsubscribe is not None:
+        _alone("--unsubscribe", {**stream, "--status": status, "--json": as_json})
+    elif status:
+        _alone("--status", stream)
     with conn.store() as ds:
         if unsubscribe is not None:
             n = unsubscribe_name(ds.cluster, unsubscribe)
@@ -121,6 +127,15 @@ def changes(
         except InvalidQuery as exc:
             raise BadOption(str(exc), "--since") from None
         _stream(feed, follow, as_json, cursor)
+
+
+def _alone(mode: str, given: dict[str, bool]) -> None:
+    """Refuse the options ``mode`` does not take (they used to be ignored)."""
+    for name, on in given.items():
+        if on:
+            partial = name == "--partial" and mode == "--status"
+            why = ", which shows a server that does not answer as unknown" * partial
+            raise BadOption(f"not with {mode}{why}", name)
 
 
 def _stream(feed: ChangeFeed, follow: bool, as_json: bool, last: str | None) -> None:

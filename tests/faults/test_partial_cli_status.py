@@ -153,3 +153,20 @@ def test_changes_cut_by_a_server_stopping_prints_where_to_resume(
     assert [(json.loads(x)["id"], json.loads(x)["version"]) for x in rest.stdout.splitlines()] == [
         (ids[0].hex(), store.get(ids[0]).version)  # type: ignore[union-attr]
     ]
+
+
+def test_init_on_a_local_cluster_with_a_server_stopped_names_it(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``init`` (every local server) with one stopped said the local cluster "is not
+    running" while ``local status`` showed the other running; it names the stopped one."""
+    store = fault_store()
+    fault_cluster.stop_server(SICK)
+    refused = run_cli(fault_cluster, store, "init", "--prefix", "never_made", "--shards", "2")
+    assert refused.exit_code == 1, (refused.stdout, refused.stderr)
+    assert refused.stderr == (
+        f"Error: no --url or SCHEMALESS_URL given and the local cluster ({fault_cluster.base_dir})"
+        f" has server {SICK} ({fault_cluster.addresses[SICK]}) stopped (a new datastore uses"
+        " every local server): run `schemaless local up`\n"
+    )
+    assert run_cli(fault_cluster, store, "shards").exit_code == 0  # the catalog's suffices

@@ -90,8 +90,12 @@ def test_rollback_says_what_it_undid(run: Cli, local_cluster: LocalCluster) -> N
             run("shards", "move", "1", "--to", other)
     finally:
         failpoints.clear("move.after_fence")
+    warned = run.ok("shards").stderr
+    assert f"warning: shard 1: move {before[1]} -> {other} unfinished (" in warned, warned
+    assert "`schemaless shards rollback 1` undoes it" in warned, warned
     undone = run.ok("shards", "rollback", "1").output
     assert undone == f"shard 1: move to {other} rolled back; on {before[1]} again\n", undone
     assert shard_servers(run) == before
+    assert "unfinished" not in run.ok("shards").stderr
     assert run.ok("shards", "rollback", "1").output == "shard 1: no move in progress\n"
     assert "no logical shard 4: there are 4" in run.fails("shards", "rollback", "4")

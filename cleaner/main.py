@@ -6,13 +6,13 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from schemaless.catalog import IndexState
+from schemaless.catalog import IndexState, Topology
 from schemaless.connect import open_store
 from schemaless.store import DataStore
 
@@ -326,6 +326,11 @@ def _clean(
     """The Cleaner in this process (one part of a backfill, one pass, or the daemon)."""
     index = p["index"]
     store = _open(conn)
+    try:  # before the Cleaner's heartbeat, which `index status` would show as starting
+        _check_indexes(store, [index] if index is not None else [])
+    except click.BadParameter:
+        store.close()
+        raise
     cleaner = Cleaner(
         store,
         batch=p["batch"] or (UNTHROTTLED_BATCH if throttle is None else THROTTLED_BATCH),
@@ -527,11 +532,9 @@ def verify(
         ctx.exit(PENDING_EXIT)
 
 
-def _verify(
-    store: DataStore, names: tuple[str, ...], repair: bool, examples: int, fence_after: float
-) -> tuple[bool, set[int]]:
-    """Print the differences (and repair them); whether any remain, and the logical
-    shards not verified."""
+def _check_indexes(store: DataStore, names: Iterable[str]) -> Topology:
+    """The map, read afresh; an error naming the declared indexes unless each of
+    ``names`` is one."""
     topo = store.cluster.refresh()
     for name in names:
         if name not in topo.indexes:
@@ -539,6 +542,15 @@ def _verify(
             raise click.BadParameter(
                 f"no index named {name!r} (indexes: {known})", param_hint="'--index'"
             )
+    return topo
+
+
+def _verify(
+    store: DataStore, names: tuple[str, ...], repair: bool, examples: int, fence_after: float
+) -> tuple[bool, set[int]]:
+    """Print the differences (and repair them); whether any remain, and the logical
+    shards not verified."""
+    topo = _check_indexes(store, names)
     diffs = diff_indexes(store, names or None, partial=True)
     for name, diff in diffs.items():
         for line in diff_lines(name, diff, examples):

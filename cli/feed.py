@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -104,6 +103,12 @@ def changes(
         schemaless changes --status
         schemaless changes --unsubscribe indexer
     """
+    stream = {"--follow": follow, "--since": cursor is not None, "--snapshot": snapshot}
+    stream |= {"--part": part is not None, "--partial": partial}
+    if unsubscribe is not None:
+        _alone("--unsubscribe", {**stream, "--status": status, "--json": as_json})
+    elif status:
+        _alone("--status", stream)
     with conn.store() as ds:
         if unsubscribe is not None:
             n = unsubscribe_name(ds.cluster, unsubscribe)
@@ -121,15 +126,22 @@ def changes(
             feed = open_feed(ds.reader, cursor, snapshot=snapshot, part=part, partial=partial)
         except InvalidQuery as exc:
             raise BadOption(str(exc), "--since") from None
-        last = _stream(feed, follow, as_json) or cursor
-        if last and not as_json:
-            click.echo(f"resume with: --since {last}", file=sys.stderr)
+        _stream(feed, follow, as_json, cursor)
 
 
-def _stream(feed: ChangeFeed, follow: bool, as_json: bool) -> str | None:
-    """Print the feed's events until caught up (or Ctrl-C); the last one's cursor.  A
-    partial feed names on stderr each server that stops answering, and again when it
-    answers."""
+def _alone(mode: str, given: dict[str, bool]) -> None:
+    """Refuse the options ``mode`` does not take (they used to be ignored)."""
+    for name, on in given.items():
+        if on:
+            partial = name == "--partial" and mode == "--status"
+            why = ", which shows a server that does not answer as unknown" * partial
+            raise BadOption(f"not with {mode}{why}", name)
+
+
+def _stream(feed: ChangeFeed, follow: bool, as_json: bool, last: str | None) -> None:
+    """Print the feed's events until caught up (or Ctrl-C), then the cursor to resume
+    from (JSON lines carry their own), also before an error.  A partial feed names on
+    stderr each server that stops answering, and again when it answers."""
     down: set[str] = set()
 
     def after_round(feed: ChangeFeed) -> None:
@@ -142,7 +154,6 @@ def _stream(feed: ChangeFeed, follow: bool, as_json: bool) -> str | None:
         down.clear()
         down.update(feed.unreachable)
 
-    last = None
     try:
         for event in feed.events(follow, after_round):
             click.echo(json_line(_json(event)) if as_json else _text(event))
@@ -150,10 +161,16 @@ def _stream(feed: ChangeFeed, follow: bool, as_json: bool) -> str | None:
     except KeyboardInterrupt:
         pass
     except ShardUnavailable as exc:
+        _resume(last, as_json)
         if feed.partial:
             raise
         raise click.ClickException(f"{exc}; `--partial` reads the servers that answer") from exc
-    return last
+    _resume(last, as_json)
+
+
+def _resume(last: str | None, as_json: bool) -> None:
+    if last and not as_json:
+        click.echo(f"resume with: --since {last}", err=True)
 
 
 def _status(ds: DataStore, as_json: bool) -> None:

@@ -144,8 +144,16 @@ def rollback(conn: Connection, shard: int) -> None:
         schemaless shards rollback 5
     """
     with conn.store() as ds:
+        topo = ds.cluster.refresh()
+        if not 0 <= shard < topo.n_shards:
+            raise click.ClickException(f"no logical shard {shard}: there are {topo.n_shards}")
+        record = topo.moves.get(shard)
         ShardMover(ds).rollback(shard)
-    click.echo(f"shard {shard}: no move in progress")
+    if record is None:
+        click.echo(f"shard {shard}: no move in progress")
+        return
+    source, target = (topo.servers[sid] for sid in record[:2])
+    click.echo(f"shard {shard}: move to {target} rolled back; on {source} again")
 
 
 @shards.command("drop-old")

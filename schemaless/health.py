@@ -91,7 +91,10 @@ class Health:
                 return
             self._state = HealthState(HEALTHY, None, "", old.downs)
         assert old.since is not None
-        log.warning("%s no longer %s, after %.1fs", self.name, old.state, time.time() - old.since)
+        level = logging.WARNING if old.state == DOWN else logging.INFO  # as it was marked
+        log.log(
+            level, "%s no longer %s, after %.1fs", self.name, old.state, time.time() - old.since
+        )
 
     def next_probe(self) -> float:
         """Seconds to wait before the next probe: doubling up to ``max_probe``."""

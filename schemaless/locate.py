@@ -39,10 +39,15 @@ def locate(
 
     cluster = LocalCluster(local_dir)
     needed = cluster.servers if create else cluster.servers[:1]
-    if not needed or not all(s.running() for s in needed):
+    stopped = [f"{s.label} ({s.address})" for s in needed if not s.running()]
+    if not needed or stopped:
+        state = "is not running"
+        if needed and len(stopped) < len(cluster.servers):
+            uses = "a new datastore uses every local server" if create else "the catalog's"
+            state = f"has {', '.join(stopped)} stopped ({uses})"
         raise CatalogError(
             "no --url or SCHEMALESS_URL given and the local cluster "
-            f"({cluster.base_dir}) is not running: run `schemaless local up`"
+            f"({cluster.base_dir}) {state}: run `schemaless local up`"
         )
     options["option_file"] = str(cluster.option_file)
     return [s.address for s in needed], options

@@ -91,10 +91,14 @@ def test_bad_options_name_the_option(make_store: Any, local_cluster: LocalCluste
 
 
 def test_errors_are_one_clear_line(make_store: Any, local_cluster: LocalCluster) -> None:
-    env = cluster_env(local_cluster, make_store(indexes=[BY_LINK]))
+    store = make_store(indexes=[BY_LINK])
+    env = cluster_env(local_cluster, store)
     result = CliRunner().invoke(main, ["--index", "nope"], env=env)
     assert result.exit_code == 1
-    assert "Error: no index named 'nope' (indexes: by_link)" in result.output
+    assert "Error: Invalid value for '--index': no index named 'nope' (indexes: by_link)" in (
+        result.output
+    )
+    assert "backfill:nope" not in store.cluster.catalog.statuses()  # `index status` showed it
     assert "Traceback" not in result.output
     result = CliRunner().invoke(main, ["--once"], env={**env, "SCHEMALESS_PREFIX": "absent_x"})
     assert result.exit_code == 1 and "Error:" in result.output

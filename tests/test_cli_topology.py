@@ -1,4 +1,5 @@
-"""``schemaless shards move|rebalance|drop-old``, ``servers``, ``replicas``, ``dictionary``."""
+"""``schemaless shards move|rebalance|rollback|drop-old``, ``servers``, ``replicas``,
+``dictionary``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from test_cli import Cli, cluster_env, drop_prefix
 
+from schemaless import failpoints
 from schemaless.local import LocalCluster
 
 
@@ -75,3 +77,25 @@ def test_servers_replicas_and_dictionary(run: Cli, local_cluster: LocalCluster) 
     assert f"replicas: {b}" not in run.ok("servers", "list").output
     assert "trained and active" in run.ok("dictionary", "train", "--samples", "400").output
     assert run.ok("servers", "add", a).output.startswith("server 0 =")  # already known
+
+
+def test_rollback_says_what_it_undid(run: Cli, local_cluster: LocalCluster) -> None:
+    """``shards rollback`` printed ``no move in progress`` even after undoing an
+    interrupted move, and took a shard number out of range (found in a new user's trial)."""
+    before = shard_servers(run)
+    other = next(a for a in local_cluster.addresses if a != before[1])
+    failpoints.set("move.after_fence", "raise")
+    try:
+        with pytest.raises(failpoints.FailpointError):
+            run("shards", "move", "1", "--to", other)
+    finally:
+        failpoints.clear("move.after_fence")
+    warned = run.ok("shards").stderr
+    assert f"warning: shard 1: move {before[1]} -> {other} unfinished (" in warned, warned
+    assert "`schemaless shards rollback 1` undoes it" in warned, warned
+    undone = run.ok("shards", "rollback", "1").output
+    assert undone == f"shard 1: move to {other} rolled back; on {before[1]} again\n", undone
+    assert shard_servers(run) == before
+    assert "unfinished" not in run.ok("shards").stderr
+    assert run.ok("shards", "rollback", "1").output == "shard 1: no move in progress\n"
+    assert "no logical shard 4: there are 4" in run.fails("shards", "rollback", "4")

@@ -64,3 +64,32 @@ def test_changes_refused_when_the_feed_is_off(local_cluster: LocalCluster) -> No
         assert "change feed is off" in run.fails("changes")
     finally:
         drop_prefix(local_cluster, prefix)
+
+
+def test_status_and_unsubscribe_refuse_the_streams_options(local_cluster: LocalCluster) -> None:
+    """``changes --status --partial`` (or ``--since``, ``--follow``...) ignored the
+    stream's option; ``--unsubscribe`` too: each is refused, naming it, nothing forgotten
+    (found in a new user's trial)."""
+    prefix = "feedalone_" + uuid.uuid4().hex[:8]
+    run = Cli(cluster_env(local_cluster, prefix))
+    try:
+        run.ok("init", "--shards", "2", "--changes")
+        with DataStore(
+            local_cluster.addresses,
+            option_file=str(local_cluster.option_file),
+            prefix=prefix,
+            create=False,
+        ) as ds:
+            ds.subscribe("indexer")
+        assert run.fails("changes", "--status", "--partial") == (
+            "Error: Invalid value for '--partial': not with --status, which shows a server"
+            " that does not answer as unknown"
+        )
+        for extra in (["--follow"], ["--since", "x"], ["--snapshot"], ["--part", "1/2"]):
+            assert f"'{extra[0]}': not with --status" in run.fails("changes", "--status", *extra)
+        for extra in (["--status"], ["--json"], ["--partial"]):
+            refused = run.fails("changes", "--unsubscribe", "indexer", *extra)
+            assert f"'{extra[0]}': not with --unsubscribe" in refused, refused
+        assert "indexer" in run.ok("changes", "--status").output  # still subscribed
+    finally:
+        drop_prefix(local_cluster, prefix)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -128,3 +129,20 @@ def test_the_watchdog_forgets_replies_that_came_in_time() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_the_end_of_a_mark_is_logged_at_the_marks_level(caplog: pytest.LogCaptureFixture) -> None:
+    """A suspect mark is INFO, so its end is too: it was a WARNING, which the CLI printed
+    beside its own ``answers again`` (``changes --follow --partial``, a new user's trial)."""
+    health = Health("db1:3306")
+    with caplog.at_level(logging.INFO, logger="schemaless.health"):
+        health.suspect("connection refused")
+        health.up()
+        health.down("timed out")
+        health.up()
+    assert [(r.levelno, r.getMessage().split(",")[0]) for r in caplog.records] == [
+        (logging.INFO, "db1:3306 suspect: connection refused"),
+        (logging.INFO, "db1:3306 no longer suspect"),
+        (logging.WARNING, "db1:3306 marked down: timed out"),
+        (logging.WARNING, "db1:3306 no longer down"),
+    ]

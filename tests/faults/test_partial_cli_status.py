@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from click.testing import CliRunner
 
-from schemaless import DataStore, Feeds
+from schemaless import DataStore, Feeds, failpoints
 from schemaless.cli.main import cli
 from schemaless.local import LocalCluster
 from schemaless.subscriptions import feed_status
@@ -125,3 +125,48 @@ def test_changes_with_a_server_down_reads_the_others_and_resumes_the_rest(
     rest = run_cli(fault_cluster, store, "changes", "--json", "--since", lines[-1]["cursor"])
     assert rest.exit_code == 0, (rest.stdout, rest.stderr)
     assert [json.loads(x)["id"] for x in rest.stdout.splitlines()] == [sick.hex()]
+
+
+def test_changes_cut_by_a_server_stopping_prints_where_to_resume(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``changes`` (text lines carry no cursor) that a server stopping cut short printed
+    only the error, so what it had shown could not be resumed from; it now prints
+    ``resume with: --since CURSOR`` first, and that cursor reads nothing twice."""
+    store = fault_store(changes=True)
+    ids = [*ids_on(store, 0, 2), *ids_on(store, SICK, 2)]
+    store.put_many([{"id": k, "n": 1} for k in ids])
+    stop = iter([lambda: fault_cluster.stop_server(SICK)])
+    failpoints.set("feed.after_round", lambda: next(stop, lambda: None)())
+    shown = run_cli(fault_cluster, store, "changes")
+    failpoints.clear("feed.after_round")
+    assert shown.exit_code == 1, (shown.stdout, shown.stderr)
+    assert sorted(line.split()[3] for line in shown.stdout.splitlines()) == sorted(
+        k.hex() for k in ids
+    )
+    resume, error = shown.stderr.splitlines()
+    assert resume.startswith("resume with: --since ") and error.startswith("Error: "), resume
+    fault_cluster.start_server(SICK)
+    store.put({"id": ids[0], "n": 2})
+    rest = run_cli(fault_cluster, store, "changes", "--json", "--since", resume.split()[-1])
+    assert rest.exit_code == 0, (rest.stdout, rest.stderr)
+    assert [(json.loads(x)["id"], json.loads(x)["version"]) for x in rest.stdout.splitlines()] == [
+        (ids[0].hex(), store.get(ids[0]).version)  # type: ignore[union-attr]
+    ]
+
+
+def test_init_on_a_local_cluster_with_a_server_stopped_names_it(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``init`` (every local server) with one stopped said the local cluster "is not
+    running" while ``local status`` showed the other running; it names the stopped one."""
+    store = fault_store()
+    fault_cluster.stop_server(SICK)
+    refused = run_cli(fault_cluster, store, "init", "--prefix", "never_made", "--shards", "2")
+    assert refused.exit_code == 1, (refused.stdout, refused.stderr)
+    assert refused.stderr == (
+        f"Error: no --url or SCHEMALESS_URL given and the local cluster ({fault_cluster.base_dir})"
+        f" has server {SICK} ({fault_cluster.addresses[SICK]}) stopped (a new datastore uses"
+        " every local server): run `schemaless local up`\n"
+    )
+    assert run_cli(fault_cluster, store, "shards").exit_code == 0  # the catalog's suffices

@@ -104,7 +104,7 @@ def decode_cursor(cursor: object, n_shards: int) -> dict[int, Position]:
         raw = zlib.decompress(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         packed = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except (ValueError, zlib.error, msgpack.UnpackException) as exc:
-        raise InvalidQuery(f"not a change feed cursor: {exc}") from exc
+        raise InvalidQuery(f"not a change feed cursor: {cursor[:40]!r}") from exc
     if not isinstance(packed, dict):
         raise InvalidQuery("not a change feed cursor: not a map")
     out: dict[int, Position] = {}
@@ -234,10 +234,13 @@ class ChangeFeed:
         self.batch = batch
         self.poll = poll
         self.partial = partial
-        #: ``partial``: the shards the last round could not read, as the servers that
-        #: did not answer (their positions kept: a later round, or the cursor, resumes them)
+        #: ``partial``: the shards that wait for a server that has not answered since it
+        #: failed, by its address (their positions kept: a later round, or the cursor,
+        #: resumes them)
         self.unreachable: dict[str, list[int]] = {}
+        self._down: set[int] = set()  # those servers' ids
         self._changed: set[bytes] = set()  # the scanning shard's ids changed since its P
+        self._changed_shard: int | None = None  # that shard
         # Owned layout: shards read up to their head, whose changes are read again only
         # once a round's one statement of heads shows them moving (an idle shard costs a
         # row, not two statements, per round).
@@ -280,7 +283,7 @@ class ChangeFeed:
         topo = self.cluster.current()
         if topo.owned_db is None:
             self._quiet.clear()  # a head is read with its shard's changes
-        scanning = next((s for s in self.shards if isinstance(self.positions[s], tuple)), None)
+        scanning = self._scanning(topo)
         quiet: dict[int, list[int]] = {}
         plan: dict[int, list[tuple[int, str, list[Any]]]] = {}
         for shard in self.shards:
@@ -304,7 +307,9 @@ class ChangeFeed:
         replies = self._read(topo, groups, batch)
         base = dict(self.positions)
         events: list[ChangeEvent] = []
-        more = scanning is not None and topo.shard_servers[scanning] in replies
+        more = scanning is not None and (
+            topo.shard_servers[scanning] in replies or self._scanning(topo) != scanning
+        )
         for sid, (idle, parts) in sorted(groups.items()):
             if sid not in replies:
                 continue  # partial: its shards stay where they were
@@ -332,11 +337,19 @@ class ChangeFeed:
         others' shards in ``unreachable``."""
         scattered = self.cluster.scatter(topo, groups, batch, partial=self.partial)
         unreachable_only(scattered.errors)
+        self._down = (self._down - scattered.results.keys()) | scattered.errors.keys()
         self.unreachable = {
-            str(topo.servers[sid]): sorted({*groups[sid][0], *(s for s, _, _ in groups[sid][1])})
-            for sid in scattered.errors
+            str(topo.servers[sid]): [s for s in self.shards if topo.shard_servers[s] == sid]
+            for sid in sorted(self._down)
         }
         return scattered.results
+
+    def _scanning(self, topo: Topology) -> int | None:
+        """The logical shard whose snapshot this round reads (one at a time): the first
+        of a server not down (``partial``), else the first."""
+        pending = [s for s in self.shards if isinstance(self.positions[s], tuple)]
+        up = [s for s in pending if topo.shard_servers[s] not in self._down]
+        return (up or pending)[0] if pending else None
 
     def _woken(self, idle: list[int], heads: Any) -> bool:
         """Whether a quiet shard's head moved from its position (or is missing): it is
@@ -365,7 +378,7 @@ class ChangeFeed:
                 topo, shard, "`added_id`, `id`, `version`, `body`, `updated`", self.batch
             )
             + f"; SELECT `seq`, `id` FROM {changes} WHERE {at}`seq` > %s ORDER BY `seq`",
-            [pos[1], max(pos[0], self._changed_upto)],
+            [pos[1], max(pos[0], self._changed_upto if self._changed_shard == shard else 0)],
         )
 
     def _apply(
@@ -378,7 +391,7 @@ class ChangeFeed:
         if pos[0] is None:
             start = int(sets[0][0][0])
             self.positions[shard] = (start, 0)
-            self._changed, self._changed_upto = set(), start
+            self._changed, self._changed_upto, self._changed_shard = set(), start, shard
             return [], True
         return self._scan(shard, (pos[0], pos[1]), sets[0], sets[1], base)
 
@@ -415,8 +428,9 @@ class ChangeFeed:
         """A page of the snapshot: live entities without a change after P (those come
         with the changes that follow)."""
         start, _ = pos
-        if self._changed_upto < start:  # resumed from a cursor: collect again from P
-            self._changed, self._changed_upto = set(), start
+        if self._changed_shard != shard or self._changed_upto < start:
+            # resumed from a cursor, or back from another shard's scan: collect from P
+            self._changed, self._changed_upto, self._changed_shard = set(), start, shard
         if changed:
             if int(changed[0][0]) != self._changed_upto + 1:
                 raise FeedExpired(

@@ -367,6 +367,9 @@ def test_cursors_are_checked() -> None:
     for bad in ("", "c1.!!", "x" * 10, encode_cursor({9: 1}), 5):
         with pytest.raises(InvalidQuery):
             decode_cursor(bad, 4)
+    with pytest.raises(InvalidQuery) as refused:  # no zlib's text in the message
+        decode_cursor("c1.AAAA", 4)
+    assert str(refused.value) == "not a change feed cursor: 'c1.AAAA'"
 
 
 def test_snapshot_then_follow_with_writes_during_the_snapshot(make_store: Make) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from schemaless import DataStore
-from schemaless.feed import open_feed
+from schemaless.feed import ChangeFeed, open_feed
 from schemaless.local import LocalCluster
 
 from .helpers import ids_on, thawed, wait_for
@@ -56,3 +56,26 @@ def test_a_subscription_acknowledged_during_an_outage_keeps_the_sick_shards(
     fault_cluster.start_server(SICK)
     thawed(store)
     assert [e.id for e in store.subscribe("indexer").changes()] == [sick]
+
+
+def test_a_partial_snapshot_reads_every_shard_of_the_servers_that_answer(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``changes(snapshot=True, partial=True)`` scans one shard at a time: with the
+    first shard's server stopped it goes on with the shards of the other (it used to
+    stop there), names every shard that waits, and the cursor reads them once it
+    answers: every live entity once."""
+    store = fault_store(changes=True)
+    topo = store.cluster.current()
+    healthy, sick = ids_on(store, 0, 12), ids_on(store, SICK, 12)
+    store.put_many([{"id": k, "n": 1} for k in healthy + sick])
+    fault_cluster.stop_server(SICK)
+    order = [*topo.shards_of(SICK), *topo.shards_of(0)]  # the scan meets the sick first
+    feed = ChangeFeed(store.reader, {s: (None, 0) for s in order}, order, partial=True)
+    seen = list(feed.events())
+    assert sorted(e.id for e in seen) == sorted(healthy)
+    assert feed.unreachable == {fault_cluster.addresses[SICK]: topo.shards_of(SICK)}
+    fault_cluster.start_server(SICK)
+    thawed(store)
+    rest = list(store.changes(seen[-1].cursor))
+    assert sorted(e.id for e in rest) == sorted(sick)

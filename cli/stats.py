@@ -36,7 +36,11 @@ def _per_shard(
     ds: DataStore, topo: Topology, columns: str, empty: tuple[Any, ...]
 ) -> dict[int, dict[int, tuple[Any, ...]] | None]:
     """Per server, ``shard -> columns`` aggregated over each of its logical shards'
-    entity rows (``empty`` for a shard without any); None where it did not answer."""
+    entity rows (``empty`` for a shard without any); None where it did not answer.  A
+    shard whose move is past its copy (owned layout: maybe fenced, unreadable until
+    the move ends) is left out, so its server's other shards are still counted."""
+    moved = topo.moves.items() if topo.owned_db is not None else ()
+    fenced = {s for s, (_, _, phase) in moved if phase != "copying"}
     calls = server_reads(
         topo,
         lambda db, shards: (  # one table: a group per shard, those of the map only
@@ -44,12 +48,14 @@ def _per_shard(
             f" WHERE {shards_sql(shards)} GROUP BY `shard`"
         ),
         lambda s: f"SELECT {int(s)}, {columns} FROM {quote(topo.dbs[s], 'entities')}",
+        skip=fenced,
     )
     results = ds.cluster.scatter(topo, calls, bare, partial=True).results
     out: dict[int, dict[int, tuple[Any, ...]] | None] = {}
     for sid in topo.servers:
         rows = _rows(sid, calls, results)
-        found = None if rows is None else dict.fromkeys(topo.shards_of(sid), empty)
+        shards = [s for s in topo.shards_of(sid) if s not in fenced]
+        found = None if rows is None else dict.fromkeys(shards, empty)
         if found is not None:
             found.update({int(r[0]): tuple(r[1:]) for r in rows or ()})
         out[sid] = found

@@ -12,7 +12,7 @@ estimates it, stays within a budget (the servers' ``max_allowed_packet``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from .catalog import Topology
@@ -187,17 +187,19 @@ def server_reads(
     whole: Callable[[str, list[int]], str],
     part: Callable[[int], str],
     tail: str = "",
+    skip: Collection[int] = (),
 ) -> dict[int, str]:
     """Per server, one read of its logical shards: in the owned layout one statement,
     ``whole(data database, the server's shards of the map)`` (which filters them with
     ``owned.shards_sql``: never a shard being copied in, nor one left behind), then the
-    ownership check; otherwise ``shard_unions(topo, part, tail)``."""
+    ownership check; otherwise ``shard_unions(topo, part, tail)``.  ``skip``: shards
+    left out (owned layout: those a move may have fenced, whose check would fail)."""
     db = topo.owned_db
     if db is None:
         return shard_unions(topo, part, tail)
     out: dict[int, str] = {}
     for sid in topo.servers:
-        shards = topo.shards_of(sid)
+        shards = [s for s in topo.shards_of(sid) if s not in skip]
         if shards:
             out[sid] = guarded([whole(db, shards)], db, shards)
     return out

@@ -90,8 +90,15 @@ def test_rollback_says_what_it_undid(run: Cli, local_cluster: LocalCluster) -> N
             run("shards", "move", "1", "--to", other)
     finally:
         failpoints.clear("move.after_fence")
-    warned = run.ok("shards").stderr
+    shown = run.ok("shards", "--per-shard")
+    warned = shown.stderr
     assert f"warning: shard 1: move {before[1]} -> {other} unfinished (" in warned, warned
+    # the fenced shard's server answers for its other shards (it showed them all unknown
+    # and called the server unreachable)
+    assert "unreachable" not in warned, warned
+    rows = {line.split()[0]: line for line in shown.output.splitlines()[1:] if line.split()}
+    same = next(s for s, at in before.items() if at == before[1] and s != 1)
+    assert "unknown" in rows["1"] and "unknown" not in rows[str(same)], shown.output
     assert "`schemaless shards rollback 1` undoes it" in warned, warned
     undone = run.ok("shards", "rollback", "1").output
     assert undone == f"shard 1: move to {other} rolled back; on {before[1]} again\n", undone

@@ -42,6 +42,7 @@ log = logging.getLogger("schemaless.cleaner")
 T = TypeVar("T")
 
 _SLICE = 0.1  # seconds: how quickly a sleeping job notices a stop request
+_STILL_MOVING = 60  # a wait for a move says again what ends it every this many tries (~1 min)
 
 
 class Stopped(Exception):
@@ -230,6 +231,8 @@ class Runtime:
                 log.warning(
                     "%s: %s; waiting for the move of logical shard(s) %s", what, exc, shards
                 )
+            elif not attempt % _STILL_MOVING:  # a mover may have died: say what ends it
+                log.warning("%s: still waiting: %s", what, "; ".join(topo.move_hints()))
             self.sleep(next(moving))
 
         def changed(exc: TableMissing) -> None:

@@ -154,13 +154,8 @@ def show_shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool
         topo = ds.cluster.current()
         figures = server_figures(ds, estimate=estimate)
     warn_unreachable(f.address for f in figures if f.live is None)
-    for shard, (source, target, phase) in sorted(topo.moves.items()):
-        click.echo(
-            f"warning: shard {shard}: move {topo.servers[source]} -> {topo.servers[target]} "
-            f"unfinished ({phase}): if no move is running, `schemaless shards move {shard} "
-            f"--to {target}` finishes it, `schemaless shards rollback {shard}` undoes it",
-            err=True,
-        )
+    for hint in topo.move_hints():
+        click.echo(f"warning: {hint}", err=True)
     if as_json:
         for f in figures:
             click.echo(json_line(_server_json(f, topo, per_shard)))

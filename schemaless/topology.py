@@ -85,6 +85,16 @@ class Topology:
             return (data_db(self.prefix),) * self.n_shards
         return tuple(shard_db(self.prefix, s) for s in range(self.n_shards))
 
+    def move_hints(self) -> list[str]:
+        """Each unfinished move recorded in the map, and the commands that end it (a
+        mover that died leaves its shard waiting until one runs)."""
+        return [
+            f"shard {shard}: move {self.servers[source]} -> {self.servers[target]} unfinished"
+            f" ({phase}): if no move is running, `schemaless shards move {shard} --to"
+            f" {target}` finishes it, `schemaless shards rollback {shard}` undoes it"
+            for shard, (source, target, phase) in sorted(self.moves.items())
+        ]
+
     def addresses_of(self, shards: Iterable[int]) -> list[str]:
         """The addresses of the servers that hold ``shards``, sorted."""
         return sorted({str(self.servers[self.shard_servers[s]]) for s in shards})

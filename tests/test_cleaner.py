@@ -16,7 +16,7 @@ from conftest import assert_clean, same_store, shard_rows
 
 from schemaless import DataStore, Index, failpoints
 from schemaless.catalog import Topology
-from schemaless.cleaner import Cleaner
+from schemaless.cleaner import Cleaner, runtime
 from schemaless.cleaner.access import read_entities, read_rows
 from schemaless.cleaner.progress import Progress, end_progress_lines
 from schemaless.cleaner.runtime import Shutdown
@@ -775,6 +775,36 @@ def test_a_missing_table_without_a_move_stops_the_job(make_store: Any) -> None:
         catalog.server.run(
             f"RENAME TABLE {quote(catalog.db, 'gone')} TO {quote(catalog.db, 'meta')}"
         )
+
+
+def test_a_long_wait_for_a_move_says_what_ends_it(
+    make_store: Any, caplog: Any, monkeypatch: Any
+) -> None:
+    """A job that meets a moving shard waits for its move; if the mover died, nothing
+    ends the wait but a command: after a while the log names the move and both commands
+    (it said "waiting" once, then nothing, found in a new user's trial)."""
+    store = make_store()
+    topo = store.cluster.refresh()
+    store.cluster.catalog.record_move(0, topo.shard_servers[0], 1, "fenced")
+    monkeypatch.setattr(runtime, "_STILL_MOVING", 3)
+    rt = Cleaner(store, backoff_cap=0.05).rt
+    tries = []
+
+    def missing() -> int:
+        tries.append(1)
+        if len(tries) < 5:
+            raise TableMissing("a logical shard named is not on this server (moved)")
+        return len(tries)
+
+    caplog.set_level("INFO", logger="schemaless.cleaner")
+    try:
+        assert rt.retry("reading shard 0", missing) == 5
+    finally:
+        store.cluster.catalog.cancel_move(0)
+    hint = "`schemaless shards move 0 --to 1` finishes it, `schemaless shards rollback 0`"
+    assert "waiting for the move of logical shard(s) 0" in caplog.text
+    assert "reading shard 0: still waiting: shard 0: move " in caplog.text, caplog.text
+    assert hint in caplog.text, caplog.text
 
 
 def test_rate_limit_paces_the_pass(make_store: Any) -> None:

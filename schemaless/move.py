@@ -39,7 +39,7 @@ from . import failpoints, owned
 from .catalog import Topology
 from .connection import Server
 from .dsn import Address
-from .errors import CatalogError, SchemalessError
+from .errors import CatalogError, SchemalessError, ShardUnavailable
 from .movesync import (
     Side,
     Syncer,
@@ -320,39 +320,55 @@ class ShardMover:
         layout's rows of shards a server does not hold, in throttled chunks; the side
         databases of a database per shard."""
         topo = self.cluster.refresh()
-        if topo.owned_db is not None:
-            return self._drop_old_rows(topo, topo.owned_db)
+        dropped: list[str] = []
+        failed: list[str] = []
+        for sid, server in self.cluster.all_servers(topo).items():
+            try:
+                if topo.owned_db is not None:
+                    dropped += self._drop_old_rows(topo, topo.owned_db, sid, server)
+                else:
+                    dropped += self._drop_old_sides(topo, server)
+            except ShardUnavailable:
+                failed.append(server.name)
+        if failed:
+            raise ShardUnavailable(
+                f"{len(dropped)} old copies dropped on the servers that answered;"
+                f" {', '.join(failed)} did not: run `schemaless shards drop-old` again once"
+                " they answer"
+            )
+        return dropped
+
+    def _drop_old_sides(self, topo: Topology, server: Server) -> list[str]:
+        """A database per shard: drop a server's side databases no move names."""
         fenced = {_side(p) for _, _, p in topo.moves.values()}
         # This datastore's only: another's prefix may start with this one and "_".
         ours = re.compile(re.escape(topo.prefix) + r"_[0-9]{4,}_old[0-9]+\Z")
+        rows = server.run(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
+            (escape_wildcards(topo.prefix) + "\\_%\\_old%",),
+        )[0]
         dropped = []
-        for server in self.cluster.all_servers(topo).values():
-            rows = server.run(
-                "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
-                (escape_wildcards(topo.prefix) + "\\_%\\_old%",),
-            )[0]
-            for (name,) in rows:
-                if ours.match(str(name)) and name not in fenced:
-                    server.run(f"DROP DATABASE IF EXISTS {quote(str(name))}")
-                    dropped.append(f"{server.name}/{name}")
+        for (name,) in rows:
+            if ours.match(str(name)) and name not in fenced:
+                server.run(f"DROP DATABASE IF EXISTS {quote(str(name))}")
+                dropped.append(f"{server.name}/{name}")
         return dropped
 
-    def _drop_old_rows(self, topo: Topology, db: str) -> list[str]:
-        """Delete each server's rows of the shards it does not hold and no move names,
-        a shard at a time under its move lock (a move of it waits meanwhile)."""
+    def _drop_old_rows(self, topo: Topology, db: str, sid: int, server: Server) -> list[str]:
+        """Delete a server's rows of the shards it does not hold and no move names, a
+        shard at a time under its move lock (a move of it waits meanwhile)."""
         dropped = []
-        for sid, server in self.cluster.all_servers(topo).items():
-            tables = self._tables(topo, server)
-            for shard in sorted(self._held(server, db, tables) - set(topo.shards_of(sid))):
-                if shard in topo.moves:
+        tables = self._tables(topo, server)
+        for shard in sorted(self._held(server, db, tables) - set(topo.shards_of(sid))):
+            if shard in topo.moves:
+                continue
+            with self._lock(shard):
+                now = self.cluster.refresh()
+                if shard in now.moves or now.shard_servers[shard] == sid:
                     continue
-                with self._lock(shard):
-                    now = self.cluster.refresh()
-                    if shard in now.moves or now.shard_servers[shard] == sid:
-                        continue
-                    rows = self._syncer().delete(Side(server, db, shard), tables, self.pause)
-                    failpoints.hit("move.after_drop")
-                dropped.append(f"{server.name}/{db} shard {shard} ({rows:,} rows)")
+                rows = self._syncer().delete(Side(server, db, shard), tables, self.pause)
+                failpoints.hit("move.after_drop")
+            dropped.append(f"{server.name}/{db} shard {shard} ({rows:,} rows)")
         return dropped
 
     @staticmethod

@@ -12,6 +12,9 @@ from click.testing import CliRunner
 from schemaless import DataStore, Feeds, failpoints
 from schemaless.cli.main import cli
 from schemaless.local import LocalCluster
+from schemaless.move import ShardMover
+from schemaless.names import quote
+from schemaless.owned import admin
 from schemaless.subscriptions import feed_status
 
 from .helpers import ids_on, run_cli
@@ -170,3 +173,27 @@ def test_init_on_a_local_cluster_with_a_server_stopped_names_it(
         " every local server): run `schemaless local up`\n"
     )
     assert run_cli(fault_cluster, store, "shards").exit_code == 0  # the catalog's suffices
+
+
+def test_drop_old_with_a_server_down_drops_the_others_and_names_it(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """``shards drop-old`` failed outright with a server down; it now deletes the old
+    copies on the servers that answer, then exits 1 naming the other."""
+    store = fault_store()
+    store.put_many([{"n": i} for i in range(40)])
+    topo = store.cluster.current()
+    away, back = topo.shards_of(0)[0], topo.shards_of(SICK)[0]
+    mover = ShardMover(store)
+    mover.move(away, SICK)  # its old copy stays on server 0
+    mover.move(back, 0)  # and this one's on the sick server
+    fault_cluster.stop_server(SICK)
+    dropped = run_cli(fault_cluster, store, "shards", "drop-old")
+    assert dropped.exit_code == 1, (dropped.stdout, dropped.stderr)
+    assert fault_cluster.addresses[SICK] in dropped.stderr, dropped.stderr
+    assert "1 old copies dropped on the servers that answered" in dropped.stderr
+    db = str(topo.owned_db)
+    left = store.cluster.all_servers(topo)[0].run(
+        admin([f"SELECT COUNT(*) FROM {quote(db, 'entities')} WHERE `shard` = {away}"])
+    )
+    assert left[0][0][0] == 0

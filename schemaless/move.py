@@ -519,7 +519,13 @@ def _side(phase: str) -> str:
 
 
 def rebalance_plan(topo: Topology) -> list[tuple[int, int, int]]:
-    """Moves ``(shard, from server, to server)`` that even out shards per server."""
+    """Moves ``(shard, from server, to server)`` that even out shards per server;
+    ``CatalogError`` while a move is unfinished (the map would be planned wrong: its
+    shard is neither here nor there yet)."""
+    if topo.moves:
+        raise CatalogError(
+            "finish or undo the unfinished moves first: " + "; ".join(topo.move_hints())
+        )
     load = {sid: topo.shards_of(sid) for sid in topo.servers}
     moves: list[tuple[int, int, int]] = []
     while True:

@@ -93,6 +93,8 @@ def test_rollback_says_what_it_undid(run: Cli, local_cluster: LocalCluster) -> N
     shown = run.ok("shards", "--per-shard")
     warned = shown.stderr
     assert f"warning: shard 1: move {before[1]} -> {other} unfinished (" in warned, warned
+    refused = run.fails("shards", "rebalance", "--dry-run")  # it planned around the move
+    assert "finish or undo the unfinished moves first: shard 1: move" in refused, refused
     # the fenced shard's server answers for its other shards (it showed them all unknown
     # and called the server unreachable)
     assert "unreachable" not in warned, warned

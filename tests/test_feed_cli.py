@@ -36,12 +36,7 @@ def test_changes_json_since_and_status(local_cluster: LocalCluster) -> None:
         assert [(x["op"], x["entity"]["name"]) for x in snap] == [("snapshot", "bob")]
         assert "--since" in run.fails("changes", "--since", "nonsense")
         assert "no subscriptions" in run.ok("changes", "--status").output
-        with DataStore(
-            local_cluster.addresses,
-            option_file=str(local_cluster.option_file),
-            prefix=prefix,
-            create=False,
-        ) as ds:
+        with _opened(local_cluster, prefix) as ds:
             sub = ds.subscribe("indexer")
             sub.ack(next(iter(sub.changes())))
         status = json.loads(run.ok("changes", "--status", "--json").output)
@@ -54,6 +49,16 @@ def test_changes_json_since_and_status(local_cluster: LocalCluster) -> None:
         assert "no subscriptions" in run.ok("changes", "--status").output
     finally:
         drop_prefix(local_cluster, prefix)
+
+
+def _opened(local_cluster: LocalCluster, prefix: str) -> DataStore:
+    """The datastore the CLI made."""
+    return DataStore(
+        local_cluster.addresses,
+        option_file=str(local_cluster.option_file),
+        prefix=prefix,
+        create=False,
+    )
 
 
 def test_changes_refused_when_the_feed_is_off(local_cluster: LocalCluster) -> None:
@@ -74,12 +79,7 @@ def test_status_and_unsubscribe_refuse_the_streams_options(local_cluster: LocalC
     run = Cli(cluster_env(local_cluster, prefix))
     try:
         run.ok("init", "--shards", "2", "--changes")
-        with DataStore(
-            local_cluster.addresses,
-            option_file=str(local_cluster.option_file),
-            prefix=prefix,
-            create=False,
-        ) as ds:
+        with _opened(local_cluster, prefix) as ds:
             ds.subscribe("indexer")
         assert run.fails("changes", "--status", "--partial") == (
             "Error: Invalid value for '--partial': not with --status, which shows a server"

@@ -100,7 +100,9 @@ def _trx(store: DataStore, sid: int) -> list[Any]:
 
 
 def _lock_waits(store: DataStore, sid: int) -> int:
-    return sum(1 for state, _ in _trx(store, sid) if state == "LOCK WAIT")
+    """This datastore's transactions waiting for a lock (another test's may run beside)."""
+    db = str(store.cluster.topology.owned_db)
+    return sum(1 for state, q in _trx(store, sid) if state == "LOCK WAIT" and db in (q or ""))
 
 
 def _wait_lock_waits(store: DataStore, n: int, timeout: float = 30.0) -> None:

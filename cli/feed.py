@@ -133,8 +133,8 @@ def _alone(mode: str, given: dict[str, bool]) -> None:
     """Refuse the options ``mode`` does not take (they used to be ignored)."""
     for name, on in given.items():
         if on:
-            partial = name == "--partial" and mode == "--status"
-            why = ", which shows a server that does not answer as unknown" * partial
+            unknown = name == "--partial" and mode == "--status"
+            why = ", which shows a server that does not answer as unknown" if unknown else ""
             raise BadOption(f"not with {mode}{why}", name)
 
 

@@ -111,8 +111,9 @@ COPYING = "@schemaless_copying"
 #: lookup costs about 80 (docs/architecture.md, "The guard").
 GUARD_KEY = "FOREIGN KEY (`shard`) REFERENCES `owned` (`shard`)"
 #: The prefix of a statement sent without the key's check: a move's copy into the
-#: target, whose ``owned`` row comes last, and the fence and rollback that delete an
-#: ``owned`` row (which the key would refuse while the shard has rows).
+#: target, whose ``owned`` row comes last (``copying``; ``disown_sql`` sets it with its
+#: lock wait in one ``SET STATEMENT``: the key would refuse to delete an ``owned`` row
+#: while the shard has rows).
 UNCHECKED = "SET STATEMENT foreign_key_checks = 0 FOR "
 #: The session variable a ``locked`` batch sets to the shards whose ``owned`` rows it
 #: holds locked (comma-separated): the triggers skip their lookup for their rows.

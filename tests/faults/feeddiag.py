@@ -6,7 +6,8 @@ It reports, for the first missing write's key: its acknowledged writes and the e
 every consumer run logged for it; for its shard, each run's sequence numbers, servers
 and acknowledgements, numbers delivered with two different changes (a number given out
 twice), numbers never delivered, the moves', kills' and trims' times; and what every
-server holds now: its ``owned`` rows, the shard's head, the key's entity and change rows.
+server holds now: its ``owned`` rows, the shard's head, the key's entity and change rows,
+the shard's change rows and entities, and the next ``added_id`` it would give.
 """
 
 from __future__ import annotations
@@ -135,11 +136,22 @@ def _stored(store: DataStore, key: bytes, shard: int) -> list[str]:
         " WHERE `id` = %s ORDER BY `shard`, `seq`",
         f"SELECT COUNT(*), MIN(`seq`), MAX(`seq`) FROM {quote(db, 'changes')}"
         f" WHERE `shard` = {int(shard)}",
+        f"SELECT COUNT(*), MAX(`added_id`) FROM {quote(db, 'entities')} WHERE `shard` = {shard}",
+        "SELECT `AUTO_INCREMENT` FROM information_schema.tables"
+        " WHERE `table_schema` = %s AND `table_name` = 'entities'",
     ]
-    names = ["owned", "head", "entity rows", "change rows of the key", "changes of the shard"]
+    names = [
+        "owned",
+        "head",
+        "entity rows",
+        "change rows of the key",
+        "changes of the shard (count, seqs)",
+        "entities of the shard (count, last added_id)",
+        "its next added_id",
+    ]
     for sid, address in sorted(topo.servers.items()):
         try:
-            sets = store.cluster.server(address).run(admin(reads), [key, key])
+            sets = store.cluster.server(address).run(admin(reads), [key, key, db])
         except SchemalessError as exc:
             lines.append(f"server {sid} {address}: {exc}")
             continue

@@ -21,7 +21,7 @@ from typing import Any
 
 from conftest import wait_until
 
-from schemaless import DataStore, new_id
+from schemaless import DataStore, failpoints, new_id
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
@@ -88,6 +88,8 @@ def test_a_killed_consumer_misses_nothing(
 
     moved: list[int] = []
     timeline: list[tuple[float, str]] = []  # for a failure's diagnosis
+    for point in ("move.after_copy", "move.after_fence", "move.before_verify", "move.after_owned"):
+        failpoints.set(point, lambda point=point: timeline.append((time.time(), point)))
 
     def move() -> None:
         mover = ShardMover(store)

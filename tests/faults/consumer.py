@@ -4,9 +4,11 @@ until SIGKILL (or, with ``--until-idle``, until caught up).
     python tests/faults/consumer.py --prefix P --option-file F --log L --name N \\
         [--seed S] [--until-idle] HOST:PORT...
 
-Every event is logged (``{"run", "id", "v", "del", "shard", "seq"}``) before it is
-acknowledged, and every acknowledgement after it returned (``{"run", "ack": positions}``),
-to an append-only JSON-lines file (a SIGKILL loses nothing written to it).
+Every event is logged (``{"run", "id", "v", "del", "shard", "seq"}``, with ``t``, the
+time, and ``at``, the server its shard has on the consumer's map and the map's version,
+for a failure's diagnosis) before it is acknowledged, and every acknowledgement after
+it returned (``{"run", "ack": positions, "t"}``), to an append-only JSON-lines file (a
+SIGKILL loses nothing written to it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import random
 import sys
+import time
 
 from schemaless import DataStore
 
@@ -35,13 +38,14 @@ def main() -> int:
     run = os.getpid()
 
     def log(record: dict[str, object]) -> None:
-        os.write(fd, (json.dumps({"run": run, **record}) + "\n").encode())
+        os.write(fd, (json.dumps({"run": run, **record, "t": time.time()}) + "\n").encode())
 
     store = DataStore(args.servers, option_file=args.option_file, prefix=args.prefix, create=False)
     sub = store.subscribe(args.name)
     every = rng.randint(1, 5)
     last = None
     for seen, event in enumerate(sub.changes(follow=not args.until_idle), 1):
+        topo = store.cluster.topology
         log(
             {
                 "id": event.id.hex(),
@@ -49,6 +53,7 @@ def main() -> int:
                 "del": event.deleted,
                 "shard": event.shard,
                 "seq": event.seq,
+                "at": [str(topo.servers[topo.shard_servers[event.shard]]), topo.map_version],
             }
         )
         last = event

@@ -21,10 +21,12 @@ from typing import Any
 
 from conftest import wait_until
 
-from schemaless import DataStore, new_id
+from schemaless import DataStore, failpoints, new_id
 from schemaless.cleaner.daemon import Cleaner
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
+
+from .feeddiag import explain
 
 CONSUMER = Path(__file__).with_name("consumer.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +50,8 @@ def start(cluster: LocalCluster, store: DataStore, log: Path, seed: int, idle: b
 
 def writer(store: DataStore, ids: list[bytes], seed: int, stop: threading.Event) -> list[Any]:
     """Random puts, updates and deletes of its own ids; the acknowledged operations:
-    ``(id, "put", version)`` and ``(id, "delete", version before)``."""
+    ``(id, "put", version, t)`` and ``(id, "delete", version before, t)`` (``t``: when,
+    for a failure's diagnosis)."""
     rng = random.Random(seed)
     done: list[Any] = []
     current: dict[bytes, int] = {}
@@ -56,13 +59,13 @@ def writer(store: DataStore, ids: list[bytes], seed: int, stop: threading.Event)
         key = rng.choice(ids)
         op = rng.random()
         if op < 0.55:
-            done.append((key, "put", store.put({"id": key, "n": rng.randrange(100)})))
+            done.append((key, "put", store.put({"id": key, "n": rng.randrange(100)}), time.time()))
         elif op < 0.8 and key in current:
             got = store.update(key, lambda e, key=key: {**(e or {"id": key}), "n": 1})
-            done.append((key, "put", got.version))
+            done.append((key, "put", got.version, time.time()))
         elif key in current:
             store.delete(key)
-            done.append((key, "delete", current.pop(key)))
+            done.append((key, "delete", current.pop(key), time.time()))
             continue
         else:
             continue
@@ -84,13 +87,19 @@ def test_a_killed_consumer_misses_nothing(
         results[i] = writer(store, ids[i], i, stop)
 
     moved: list[int] = []
+    timeline: list[tuple[float, str]] = []  # for a failure's diagnosis
+    for point in ("move.after_copy", "move.after_fence", "move.before_verify", "move.after_owned"):
+        failpoints.set(point, lambda point=point: timeline.append((time.time(), point)))
 
     def move() -> None:
         mover = ShardMover(store)
         for _ in range(2):
             time.sleep(0.5)
             topo = store.cluster.refresh()
-            mover.move(1, 1 - topo.shard_servers[1])
+            timeline.append((time.time(), f"move of shard 1 from server {topo.shard_servers[1]}"))
+            report = mover.move(1, 1 - topo.shard_servers[1])
+            done = f"pause {report.pause_seconds:.3f}s, map v{store.cluster.refresh().map_version}"
+            timeline.append((time.time(), f"moved shard 1 to {report.target}, {done}"))
             moved.append(1)
 
     trimmed: list[int] = []
@@ -103,8 +112,15 @@ def test_a_killed_consumer_misses_nothing(
             create=False,
         ) as ds:
             cleaner = Cleaner(ds, tombstone_retention=0)
+            before = (0, 0)
             while not stop.is_set():
-                trimmed.append(cleaner.run_once()["feed_trimmed"])
+                figures = cleaner.run_once()
+                trimmed.append(figures["feed_trimmed"])
+                now = (figures["feed_trimmed"], figures["purged"])  # since the Cleaner began
+                if now != before:
+                    cut = f"{now[0] - before[0]} change rows, {now[1] - before[1]} tombstones"
+                    timeline.append((time.time(), f"the Cleaner deleted {cut}"))
+                    before = now
                 time.sleep(0.2)
 
     threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
@@ -116,10 +132,12 @@ def test_a_killed_consumer_misses_nothing(
         for n in range(8):
             size = log.stat().st_size if log.exists() else 0
             proc = start(fault_cluster, store, log, n, idle=False)
+            timeline.append((time.time(), f"consumer {proc.pid} started"))
             # killed at a random moment once it is reading (its start-up is slow under load)
             wait_until(lambda size=size: log.exists() and log.stat().st_size > size, timeout=60)
             time.sleep(rng.uniform(0, 0.6))
             proc.send_signal(signal.SIGKILL)
+            timeline.append((time.time(), f"consumer {proc.pid} killed"))
             proc.wait(10)
             kills += proc.returncode == -signal.SIGKILL
     finally:
@@ -133,16 +151,17 @@ def test_a_killed_consumer_misses_nothing(
     last = start(fault_cluster, store, log, 99, idle=True)
     _, err = last.communicate(timeout=60)
     assert last.returncode == 0, err.decode()
-    check(log, [op for ops in results for op in ops], store)
+    timeline.append((time.time(), f"consumer {last.pid} ran until idle"))
+    check(log, [op for ops in results for op in ops], store, timeline)
 
 
-def check(log: Path, acked: list[Any], store: DataStore) -> None:
+def check(log: Path, acked: list[Any], store: DataStore, timeline: list[tuple[float, str]]) -> None:
     events: dict[str, list[Any]] = {}  # id -> (run, version, deleted)
     runs: list[int] = []
     acks: dict[int, dict[str, int]] = {}  # run -> the positions it last logged as acked
     first_seq: dict[int, dict[int, int]] = {}  # run -> shard -> its first event's seq
-    for line in log.read_text().splitlines():
-        r = json.loads(line)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    for r in records:
         if r["run"] not in runs:
             runs.append(r["run"])
         if "ack" in r:
@@ -158,14 +177,10 @@ def check(log: Path, acked: list[Any], store: DataStore) -> None:
         for versions in by_run.values():
             assert versions == sorted(set(versions)), f"{key}: {versions}"
     # every acknowledged write was seen: puts by version, deletes after the version before
-    for key, op, version in acked:
-        seen = events.get(key.hex(), [])
-        if op == "put":
-            assert any(v == version and not d for _, v, d in seen), (key.hex(), version)
-        else:
-            assert any(v > version and d for _, v, d in seen), (key.hex(), "delete", version)
+    missing = [w for w in acked if not was_seen(events.get(w[0].hex(), []), w[1], w[2])]
+    assert not missing, explain(missing, acked, records, store, timeline)
     # the final state is the stored one
-    for key in {k for k, _, _ in acked}:
+    for key in {write[0] for write in acked}:
         stored = store.get(key)
         final = events[key.hex()][-1]
         if stored is None:
@@ -179,3 +194,11 @@ def check(log: Path, acked: list[Any], store: DataStore) -> None:
             if isinstance(position, int) and first is not None:
                 assert first > position, (shard, position, first)
     assert len(runs) >= 8  # every killed run read something first
+
+
+def was_seen(events: list[Any], op: str, version: int) -> bool:
+    """Whether a consumer saw an acknowledged write among a key's ``(run, version,
+    deleted)`` events: a put by its version, a delete after the version before it."""
+    if op == "put":
+        return any(v == version and not d for _, v, d in events)
+    return any(v > version and d for _, v, d in events)

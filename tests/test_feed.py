@@ -603,6 +603,24 @@ def test_the_cleaner_trims_by_age_without_subscriptions(make_store: Make) -> Non
     assert [e.entity["n"] for e in store.changes() if e.entity] == [9]
 
 
+def test_a_hole_inside_a_batch_is_reported_never_skipped(make_store: Make) -> None:
+    """A shard's numbers have no holes but a trimmed prefix: a change row missing from
+    the middle (which no trim, move or rollback leaves) fails the read with its
+    range, instead of a cursor moved past it."""
+    store = make_store(changes=True, shards=1)
+    store.put_many({"n": i} for i in range(5))
+    assert [e.seq for e in store.changes()] == [1, 2, 3, 4, 5]
+    topo = store.cluster.refresh()
+    db = topo.owned_db or topo.dbs[0]
+    server = store.cluster.server_of_shard(topo, 0)
+    server.run(f"/*schemaless:admin*/ DELETE FROM `{db}`.`changes` WHERE `seq` IN (3, 4)")
+    with pytest.raises(FeedExpired, match="changes 3 to 4 are missing"):
+        list(store.changes())
+    with pytest.raises(FeedExpired, match="changes 3 to 4 are missing"):
+        list(store.changes(encode_cursor({0: 1})))
+    assert [e.seq for e in store.changes(encode_cursor({0: 4}))] == [5]
+
+
 def test_step_2_sql_with_the_feed() -> None:
     """Heads locked first, in shard order, before any entity row; change rows after
     every write; the first write's count offset includes the heads."""

@@ -11,7 +11,13 @@ import click
 
 from schemaless.catalog import IndexState
 from schemaless.entity import Entity
-from schemaless.errors import InvalidCursor, InvalidId, SchemalessError, TransientError
+from schemaless.errors import (
+    InvalidCursor,
+    InvalidId,
+    SchemalessError,
+    ShardUnavailable,
+    TransientError,
+)
 from schemaless.ids import id_hex, parse_id
 from schemaless.index import Index
 from schemaless.query import MAX_LIMIT
@@ -385,6 +391,10 @@ def _one_page(
         )
     except InvalidCursor as exc:
         raise BadOption(f"{exc}: use the cursor a page of this query printed", "--cursor") from None
+    except ShardUnavailable as exc:
+        if partial:
+            raise
+        raise CliError(f"{exc}; `--partial` reads the servers that answer") from exc
     _warn_missing(ds, result.missing_shards)
     return list(result), result.cursor
 

@@ -463,6 +463,16 @@ def _queryable(ds: DataStore, index_name: str, include_building: bool) -> Index:
     return info.index
 
 
+def _cell(index: Index, entity: Entity, column: str) -> str:
+    """A table cell: the id as hex, a property of the index followed down its path
+    (``author.id``; a ``multi`` one's values as a list), else the entity's property."""
+    if column == "id":
+        return id_hex(entity.id)
+    if column in index.properties:
+        return cell(index.lookup(entity, index.properties.index(column)))
+    return cell(entity.get(column))
+
+
 def _echo_page(
     index: Index, page: list[Entity], next_cursor: str | None, columns: str | None, as_json: bool
 ) -> None:
@@ -477,7 +487,7 @@ def _echo_page(
         click.echo("no matching entities")
         return
     cols = _columns(index, page, columns)
-    rows = [[id_hex(e.id) if c == "id" else cell(e.get(c)) for c in cols] for e in page]
+    rows = [[_cell(index, e, c) for c in cols] for e in page]
     echo_table(cols, rows)
     more = f"; next page: --cursor {next_cursor}" if next_cursor else ""
     click.echo(f"({len(page)} entit{'y' if len(page) == 1 else 'ies'}{more})")

@@ -704,6 +704,11 @@ def test_cli_indexes_and_queries_a_path(run: Cli) -> None:
         ).stdout
     )  # fmt: skip
     assert [e["title"] for e in got] == ["p1", "p2"]
+    table = run.ok(
+        "query", "by_author_id", "--where", f"author.id={author}", "--include-building",
+        "--columns", "author.id,published,title",
+    ).output.splitlines()  # fmt: skip
+    assert table[2].split() == [str(uuid.UUID(author)), "0", "p0"], table  # the path's value
     for bad in ("a..b:int", "a.:int", ".a:int"):
         line = run.fails("index", "create", "bad", "--property", bad)
         assert "'--property'" in line and "a nested path: NAME.NAME" in line

@@ -55,7 +55,7 @@ class _ShardCommand(click.Command):
 
 
 def _report(report: MoveReport) -> None:
-    if report.dry_run:
+    if report.dry_run or report.source == report.target:  # the mover said so
         return
     tables = ", ".join(f"{t} {n:,} rows" for t, (n, _) in sorted(report.verified.items()))
     click.echo(

@@ -50,6 +50,8 @@ def test_move_rebalance_and_drop_old(run: Cli, local_cluster: LocalCluster) -> N
     assert after[0] == other and {k: v for k, v in after.items() if k} == {
         k: v for k, v in before.items() if k
     }
+    again = run.ok("shards", "move", "0", "--to", other).output  # it added "a -> a; 0 rows"
+    assert again == f"shard 0 already on {other}\n", again
     assert "1 moves planned (dry run)" in run.ok("shards", "rebalance", "--dry-run").output
     run.ok("shards", "rebalance")
     counts = list(shard_servers(run).values())

@@ -488,7 +488,8 @@ def test_index_lifecycle_on_a_live_datastore(run: Cli) -> None:
     ready = run.ok("index", "status", "by_user").output
     assert "index by_user: ready" in ready and "backfill: done" in ready
 
-    assert "dropped" in run.ok("index", "drop", "by_title").output
+    dropped = run.ok("index", "drop", "by_title").output  # it did not say how to purge
+    assert "dropped" in dropped and "`schemaless index drop by_title --purge`" in dropped
     assert "is dropped" in run.fails("query", "by_title")
     assert "purged" in run.ok("index", "drop", "by_title", "--purge").output
     assert "by_title" not in run.ok("index", "list").output

@@ -23,7 +23,7 @@ from schemaless.index import Index
 from schemaless.query import MAX_LIMIT
 from schemaless.store import DataStore
 
-from .options import BadOption, CliError, Connection, pass_connection
+from .options import BadOption, CliError, Connection, Finite, pass_connection
 from .output import (
     cell,
     decode_input,
@@ -111,7 +111,7 @@ def get(conn: Connection, ids: tuple[str, ...], as_json: bool) -> None:
 )
 @click.option(
     "--ttl",
-    type=float,
+    type=Finite(min=0, min_open=True),
     metavar="SECONDS",
     help="Expire the entities this many seconds from now (see `schemaless expiry`).",
 )

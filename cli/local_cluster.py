@@ -87,8 +87,11 @@ def up(base_dir: Path | None, servers: int, durable: bool) -> None:
         schemaless local up --dir /tmp/sl --servers 3 --fast
     """
     cluster = _cluster(base_dir, servers, durable)
-    if not all(s.running() for s in cluster.servers) or len(cluster.servers) < servers:
-        click.echo(f"starting {servers} servers in {cluster.base_dir} ...", err=True)
+    starting = sum(not s.running() for s in cluster.servers)
+    starting += max(0, servers - len(cluster.servers))
+    if starting:
+        plural = "s" if starting > 1 else ""
+        click.echo(f"starting {starting} server{plural} in {cluster.base_dir} ...", err=True)
     cluster.up()
     click.echo(f"local cluster in {cluster.base_dir}: {len(cluster.servers)} servers running")
     _echo_servers(cluster)

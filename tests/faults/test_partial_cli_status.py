@@ -221,4 +221,5 @@ def test_local_down_stops_one_server_and_up_starts_it(
     assert "Invalid value for '--server': no server 2: the cluster has 2" in refused.output
     started = CliRunner().invoke(cli, ["local", "up", *base])
     assert started.exit_code == 0, started.output
+    assert "starting 1 server in " in started.stderr, started.stderr  # it said 2, the default
     assert all(s.pid() is not None for s in fault_cluster.servers)

@@ -28,14 +28,14 @@ def _address(ctx: click.Context, param: click.Parameter, value: str) -> Address:
     return address
 
 
-def _server_id(topo: Topology, spec: str) -> int:
+def _server_id(topo: Topology, spec: str, param: str = "--to") -> int:
     if spec.isdigit() and int(spec) in topo.servers:
         return int(spec)
     for sid, address in topo.servers.items():
         if str(address) == spec:
             return sid
     known = ", ".join(f"{sid} ({a})" for sid, a in sorted(topo.servers.items()))
-    raise BadOption(f"unknown server {spec!r}; known: {known}", "--to")
+    raise BadOption(f"unknown server {spec!r}; known: {known}", param)
 
 
 class _ShardCommand(click.Command):
@@ -278,7 +278,7 @@ def add_replica(conn: Connection, server: str, address: Address) -> None:
         schemaless replicas add 0 127.0.0.1:3310
     """
     with conn.store() as ds:
-        sid = _server_id(ds.cluster.refresh(), server)
+        sid = _server_id(ds.cluster.refresh(), server, "SERVER")
         lag = ds.cluster.server(address).replica_lag()
         ds.cluster.catalog.add_replica(sid, address)
     state = "not replicating yet" if lag is None else f"{lag:g} s behind"
@@ -297,7 +297,7 @@ def remove_replica(conn: Connection, server: str, address: Address) -> None:
         schemaless replicas remove 0 127.0.0.1:3310
     """
     with conn.store() as ds:
-        sid = _server_id(ds.cluster.refresh(), server)
+        sid = _server_id(ds.cluster.refresh(), server, "SERVER")
         ds.cluster.catalog.remove_replica(sid, address)
     click.echo(f"replica {address} of server {sid}: removed")
 

@@ -82,6 +82,9 @@ def test_servers_replicas_and_dictionary(run: Cli, local_cluster: LocalCluster) 
     assert "not replicating yet" in run.ok("replicas", "add", "0", b).output
     assert f"replicas: {b}" in run.ok("servers", "list").output
     run.ok("replicas", "remove", "0", b)
+    for verb in ("add", "remove"):  # named --to, an option of shards move
+        refused = run.fails("replicas", verb, "9", b)
+        assert refused.startswith("Error: Invalid value for 'SERVER': unknown server '9'"), refused
     assert f"replicas: {b}" not in run.ok("servers", "list").output
     assert "trained and active" in run.ok("dictionary", "train", "--samples", "400").output
     assert run.ok("servers", "add", a).output.startswith("server 0 =")  # already known

@@ -11,13 +11,19 @@ import click
 
 from schemaless.catalog import IndexState
 from schemaless.entity import Entity
-from schemaless.errors import InvalidCursor, InvalidId, SchemalessError, TransientError
+from schemaless.errors import (
+    InvalidCursor,
+    InvalidId,
+    SchemalessError,
+    ShardUnavailable,
+    TransientError,
+)
 from schemaless.ids import id_hex, parse_id
 from schemaless.index import Index
 from schemaless.query import MAX_LIMIT
 from schemaless.store import DataStore
 
-from .options import BadOption, CliError, Connection, pass_connection
+from .options import BadOption, CliError, Connection, Finite, pass_connection
 from .output import (
     cell,
     decode_input,
@@ -105,7 +111,7 @@ def get(conn: Connection, ids: tuple[str, ...], as_json: bool) -> None:
 )
 @click.option(
     "--ttl",
-    type=float,
+    type=Finite(min=0, min_open=True),
     metavar="SECONDS",
     help="Expire the entities this many seconds from now (see `schemaless expiry`).",
 )
@@ -385,6 +391,10 @@ def _one_page(
         )
     except InvalidCursor as exc:
         raise BadOption(f"{exc}: use the cursor a page of this query printed", "--cursor") from None
+    except ShardUnavailable as exc:
+        if partial:
+            raise
+        raise CliError(f"{exc}; `--partial` reads the servers that answer") from exc
     _warn_missing(ds, result.missing_shards)
     return list(result), result.cursor
 
@@ -453,6 +463,16 @@ def _queryable(ds: DataStore, index_name: str, include_building: bool) -> Index:
     return info.index
 
 
+def _cell(index: Index, entity: Entity, column: str) -> str:
+    """A table cell: the id as hex, a property of the index followed down its path
+    (``author.id``; a ``multi`` one's values as a list), else the entity's property."""
+    if column == "id":
+        return id_hex(entity.id)
+    if column in index.properties:
+        return cell(index.lookup(entity, index.properties.index(column)))
+    return cell(entity.get(column))
+
+
 def _echo_page(
     index: Index, page: list[Entity], next_cursor: str | None, columns: str | None, as_json: bool
 ) -> None:
@@ -467,7 +487,7 @@ def _echo_page(
         click.echo("no matching entities")
         return
     cols = _columns(index, page, columns)
-    rows = [[id_hex(e.id) if c == "id" else cell(e.get(c)) for c in cols] for e in page]
+    rows = [[_cell(index, e, c) for c in cols] for e in page]
     echo_table(cols, rows)
     more = f"; next page: --cursor {next_cursor}" if next_cursor else ""
     click.echo(f"({len(page)} entit{'y' if len(page) == 1 else 'ies'}{more})")

@@ -8,7 +8,7 @@ import click
 
 from schemaless.edges import Edges, missing_tables
 from schemaless.edgetables import table_names
-from schemaless.errors import InvalidId, SchemalessError
+from schemaless.errors import InvalidCursor, InvalidId, SchemalessError
 from schemaless.ids import id_hex, parse_id
 from schemaless.query import MAX_LIMIT
 
@@ -104,6 +104,9 @@ def page(
     with conn.store() as ds:
         try:
             got = Edges(ds, kind, create=False).page(node, limit, cursor)
+        except InvalidCursor as exc:
+            hint = "use the cursor the previous page printed"
+            raise BadOption(f"{exc}: {hint}", "--cursor") from None
         except SchemalessError as exc:
             raise click.ClickException(str(exc)) from None
     if as_json:

@@ -395,6 +395,8 @@ def drop(conn: Connection, name: str, purge: bool) -> None:
         if info.state != IndexState.DROPPED:
             ds.drop_index(name)
             click.echo(f"index {name} dropped: writers stop maintaining it at their next refresh")
+            if not purge:
+                click.echo(f"its tables stay until `schemaless index drop {name} --purge`")
         elif not purge:
             click.echo(f"index {name} was already dropped; --purge removes its tables")
         if purge:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .options import Group
+from .options import BadOption, Group
 from .output import echo_table
 
 if TYPE_CHECKING:
@@ -87,8 +87,11 @@ def up(base_dir: Path | None, servers: int, durable: bool) -> None:
         schemaless local up --dir /tmp/sl --servers 3 --fast
     """
     cluster = _cluster(base_dir, servers, durable)
-    if not all(s.running() for s in cluster.servers) or len(cluster.servers) < servers:
-        click.echo(f"starting {servers} servers in {cluster.base_dir} ...", err=True)
+    starting = sum(not s.running() for s in cluster.servers)
+    starting += max(0, servers - len(cluster.servers))
+    if starting:
+        plural = "s" if starting > 1 else ""
+        click.echo(f"starting {starting} server{plural} in {cluster.base_dir} ...", err=True)
     cluster.up()
     click.echo(f"local cluster in {cluster.base_dir}: {len(cluster.servers)} servers running")
     _echo_servers(cluster)
@@ -110,20 +113,43 @@ def up(base_dir: Path | None, servers: int, durable: bool) -> None:
 
 @local.command()
 @dir_option
-def down(base_dir: Path | None) -> None:
+@click.option(
+    "--server",
+    "only",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Stop server N alone (to try a partial cluster; `up` starts it again).",
+)
+def down(base_dir: Path | None, only: int | None) -> None:
     """Stop the local cluster's servers (the data stays; `up` starts them again).
 
     \b
     Example:
         schemaless local down
+        schemaless local down --server 1
     """
     cluster = _cluster(base_dir)
     if not cluster.servers:
         click.echo(f"no local cluster in {cluster.base_dir}")
         return
+    if only is not None:
+        _stop_one(cluster, only)
+        return
     running = sum(1 for s in cluster.servers if s.pid() is not None)
     cluster.down()
     click.echo(f"stopped {running} of {len(cluster.servers)} servers in {cluster.base_dir}")
+
+
+def _stop_one(cluster: LocalCluster, i: int) -> None:
+    """Stop server ``i`` of the cluster, the others left running."""
+    if i >= len(cluster.servers):
+        n = len(cluster.servers)
+        raise BadOption(f"no server {i}: the cluster has {n} (0 to {n - 1})", "--server")
+    if cluster.servers[i].pid() is None:
+        click.echo(f"server {i} ({cluster.addresses[i]}) was not running")
+        return
+    cluster.stop_server(i)
+    click.echo(f"server {i} ({cluster.addresses[i]}) stopped: `schemaless local up` starts it")
 
 
 @local.command()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import click
 
 from schemaless.catalog import Topology
@@ -25,18 +28,34 @@ def _address(ctx: click.Context, param: click.Parameter, value: str) -> Address:
     return address
 
 
-def _server_id(topo: Topology, spec: str) -> int:
+def _server_id(topo: Topology, spec: str, param: str = "--to") -> int:
     if spec.isdigit() and int(spec) in topo.servers:
         return int(spec)
     for sid, address in topo.servers.items():
         if str(address) == spec:
             return sid
     known = ", ".join(f"{sid} ({a})" for sid, a in sorted(topo.servers.items()))
-    raise BadOption(f"unknown server {spec!r}; known: {known}", "--to")
+    raise BadOption(f"unknown server {spec!r}; known: {known}", param)
+
+
+class _ShardCommand(click.Command):
+    """A command taking a logical shard's number: a negative one (``move -1``), which
+    click takes for an unknown option (a usage error, exit 2), is a bad SHARD (exit 1)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> Any:
+        given = list(args)  # click's parser consumes ``args``
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption:
+            negative = next((a for a in given if re.fullmatch(r"-[0-9]+", a)), None)
+            if negative is None:
+                raise
+            message = f"no logical shard {negative}: they are numbered from 0"
+            raise BadOption(message, "SHARD") from None
 
 
 def _report(report: MoveReport) -> None:
-    if report.dry_run:
+    if report.dry_run or report.source == report.target:  # the mover said so
         return
     tables = ", ".join(f"{t} {n:,} rows" for t, (n, _) in sorted(report.verified.items()))
     click.echo(
@@ -74,7 +93,7 @@ def shards(conn: Connection, per_shard: bool, estimate: bool, as_json: bool) -> 
         show_shards(conn, per_shard, estimate, as_json)
 
 
-@shards.command()
+@shards.command(cls=_ShardCommand)
 @click.argument("shard", type=click.IntRange(min=0))
 @click.option("--to", "target", required=True, metavar="SERVER", help="Server id or host:port.")
 @click.option("--dry-run", is_flag=True, help="Show what would move; change nothing.")
@@ -133,7 +152,7 @@ def rebalance(conn: Connection, dry_run: bool) -> None:
             _report(mover.move(shard, target))
 
 
-@shards.command()
+@shards.command(cls=_ShardCommand)
 @click.argument("shard", type=click.IntRange(min=0))
 @pass_connection
 def rollback(conn: Connection, shard: int) -> None:
@@ -259,7 +278,7 @@ def add_replica(conn: Connection, server: str, address: Address) -> None:
         schemaless replicas add 0 127.0.0.1:3310
     """
     with conn.store() as ds:
-        sid = _server_id(ds.cluster.refresh(), server)
+        sid = _server_id(ds.cluster.refresh(), server, "SERVER")
         lag = ds.cluster.server(address).replica_lag()
         ds.cluster.catalog.add_replica(sid, address)
     state = "not replicating yet" if lag is None else f"{lag:g} s behind"
@@ -278,7 +297,7 @@ def remove_replica(conn: Connection, server: str, address: Address) -> None:
         schemaless replicas remove 0 127.0.0.1:3310
     """
     with conn.store() as ds:
-        sid = _server_id(ds.cluster.refresh(), server)
+        sid = _server_id(ds.cluster.refresh(), server, "SERVER")
         ds.cluster.catalog.remove_replica(sid, address)
     click.echo(f"replica {address} of server {sid}: removed")
 

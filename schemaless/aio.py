@@ -33,8 +33,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from . import store, subscriptions
 from .catalog import IndexInfo
-from .entity import Entity
-from .errors import ConflictError, DataStoreClosed, InvalidEntity
+from .entity import Entity, updated
+from .errors import ConflictError, DataStoreClosed
 from .feed import ChangeEvent, ChangeFeed, open_feed
 from .ids import id_hex, to_id
 from .index import Index
@@ -150,9 +150,7 @@ class DataStore:
             current = await self.get(key)
             version = current.version if current is not None else 0
             result = fn(Entity(current, version) if current is not None else None)
-            new = dict(await result if inspect.isawaitable(result) else result)
-            if to_id(new.setdefault("id", key)) != key:
-                raise InvalidEntity("update() must not change the entity's id")
+            new = updated(await result if inspect.isawaitable(result) else result, key)
             try:
                 stored = await self.put(new, expect_version=version)
             except ConflictError:

@@ -30,6 +30,7 @@ from .errors import (
 from .hashing import shard_of
 from .index import Index
 from .latency import LatencyReporter
+from .locate import DEFAULT_PREFIX
 from .names import quote
 from .owned import OWNED, admin, placement
 from .scatter import (
@@ -94,8 +95,9 @@ class Cluster:
         self.latency = LatencyReporter(self.catalog)  # the Cleaner switches it off
         if not self._catalog_exists():
             if not create:
+                named = "" if prefix == DEFAULT_PREFIX else f" --prefix {prefix}"
                 raise CatalogError(
-                    f"no datastore {prefix!r} on {addresses[0]}: run `schemaless init` first"
+                    f"no datastore {prefix!r} on {addresses[0]}: run `schemaless{named} init` first"
                 )
             self._initialise(list(addresses), n_shards or DEFAULT_SHARDS, refresh_interval, layout)
         elif create:

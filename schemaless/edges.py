@@ -27,7 +27,14 @@ import msgpack
 from . import failpoints
 from .catalogdb import now_us
 from .edgetables import NOCOUNT, check_type, table_names, tables_sql
-from .errors import CatalogError, InvalidEntity, InvalidQuery, PermissionDenied, TableMissing
+from .errors import (
+    CatalogError,
+    InvalidCursor,
+    InvalidEntity,
+    InvalidQuery,
+    PermissionDenied,
+    TableMissing,
+)
 from .ids import to_id
 from .names import quote
 from .owned import (
@@ -651,12 +658,12 @@ def unpack_cursor(cursor: object, tag: str, what: str) -> Any:
     """The fields of a cursor ``pack_cursor(tag, ...)`` made; ``InvalidQuery`` (naming
     ``what`` it should have been) for anything else."""
     if not isinstance(cursor, str) or not cursor.startswith(tag):
-        raise InvalidQuery(f"not {what}: {str(cursor)[:40]!r}")
+        raise InvalidCursor(f"not {what}: {str(cursor)[:40]!r}")
     text = cursor[len(tag) :]
     try:
         return msgpack.unpackb(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)), raw=False)
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise InvalidQuery(f"not {what}: {exc}") from None
+    except (ValueError, msgpack.UnpackException):  # its reason says nothing to a user
+        raise InvalidCursor(f"not {what}: {cursor[:40]!r}") from None
 
 
 def _cursor(kind: str, node: bytes, at: int, last: bytes) -> str:
@@ -674,7 +681,7 @@ def _decode_cursor(cursor: object, kind: str, node: bytes) -> tuple[int, bytes]:
         and isinstance(got[3], bytes)
         and len(got[3]) == 16
     ):
-        raise InvalidQuery("not an edge page cursor: bad fields")
+        raise InvalidCursor(f"not an edge page cursor: {str(cursor)[:40]!r}")
     if got[0] != kind or got[1] != node:
-        raise InvalidQuery(f"this cursor pages another node's or edge type's edges, not {kind!r}")
+        raise InvalidCursor(f"this cursor pages another node's or edge type's edges, not {kind!r}")
     return got[2], got[3]

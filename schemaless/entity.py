@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import InvalidEntity
 from .ids import to_id
 
-__all__ = ["Entity"]
+__all__ = ["Entity", "updated"]
 
 
 class Entity(dict[str, Any]):
@@ -26,3 +27,18 @@ class Entity(dict[str, Any]):
 
     def __repr__(self) -> str:
         return f"Entity({dict.__repr__(self)}, version={self.version})"
+
+
+def updated(result: Any, key: bytes) -> dict[str, Any]:
+    """What an ``update()`` function returned, as the entity to store under ``key``:
+    ``InvalidEntity`` unless it is a mapping with that id or none."""
+    if not isinstance(result, Mapping):
+        hint = " (did it change the entity in place without returning it?)"
+        raise InvalidEntity(
+            "update() needs its function to return the new entity, a dict; got "
+            f"{type(result).__name__}{hint if result is None else ''}"
+        )
+    new = dict(result)
+    if to_id(new.setdefault("id", key)) != key:
+        raise InvalidEntity("update() must not change the entity's id")
+    return new

@@ -266,7 +266,10 @@ class ChangeFeed:
     def check_on(self) -> None:
         """``CatalogError`` unless the datastore's change feed is on."""
         if not self.cluster.topology.changes and not self.cluster.refresh().changes:
-            raise CatalogError("the change feed is off: open the datastore with changes=True")
+            raise CatalogError(
+                "the change feed is off: open the datastore with changes=True"
+                " (CLI: `schemaless init --changes`)"
+            )
 
     def next_round(self) -> tuple[list[ChangeEvent], bool]:
         """One round within a call's deadline: the events, and whether a shard has

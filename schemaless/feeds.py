@@ -37,6 +37,7 @@ from .edgetables import check_type, table_names
 from .edgetables import tables_sql as edge_tables_sql
 from .entity import Entity
 from .errors import (
+    InvalidCursor,
     InvalidQuery,
     PermissionDenied,
     SchemalessError,
@@ -835,7 +836,7 @@ def _decode_cursor(cursor: object, name: str, kind: str, node: bytes) -> tuple[i
     (malformed, or another user's timeline)."""
     got = unpack_cursor(cursor, _CURSOR, "a timeline cursor")
     if not (isinstance(got, list) and len(got) == 5 and isinstance(got[3], int)):
-        raise InvalidQuery("not a timeline cursor: bad fields")
+        raise InvalidCursor(f"not a timeline cursor: {str(cursor)[:40]!r}")
     if got[:3] != [name, kind, node] or not isinstance(got[4], bytes):
-        raise InvalidQuery(f"this cursor pages another timeline, not this {kind} of {name!r}")
+        raise InvalidCursor(f"this cursor pages another timeline, not this {kind} of {name!r}")
     return got[3], got[4]

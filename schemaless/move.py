@@ -419,11 +419,12 @@ class ShardMover:
     def _prepare(self, server: Server, topo: Topology) -> None:
         """The owned layout's tables a server that is to hold shards lacks (only those:
         DDL on a table in use waits for its transactions), and the index epoch's fence
-        on a server that has no fence yet (one that has keeps what declarations made)."""
+        on a server that has no fence yet (one that has keeps what declarations made).
+        A dropped index's table too, until it is purged: a move copies every index's."""
         db = str(topo.owned_db)
         names = table_names(server, db)
         stmts = [] if "entities" in names else owned.entities_table_sql(db)
-        for index in topo.maintained():
+        for index in (info.index for info in topo.indexes.values()):
             if index.table not in names:
                 stmts += [index.create_table_sql(db, shard=True), *owned.guard_sql(db, index.table)]
         if topo.changes and "changes" not in names:

@@ -548,7 +548,7 @@ def _range(
         return None, None, None
     (prop, ops), *others = ranges.items()
     if others or k >= len(idx.properties) or prop != idx.properties[k]:
-        after = idx.properties[k] if k < len(idx.properties) else "none"
+        after = idx.properties[k] if k < len(idx.properties) else "none: each has an equality"
         raise InvalidQuery(
             "a range is allowed only on the property after the equality prefix "
             f"of index {idx.name!r} ({after})"

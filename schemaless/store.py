@@ -15,7 +15,7 @@ from .cluster import Cluster
 from .codec import Codec, train_dictionary
 from .connection import ConnectOptions, Retry, Tracer
 from .dsn import Address, Credentials, parse_address
-from .entity import Entity
+from .entity import Entity, updated
 from .errors import (
     CatalogError,
     ConflictError,
@@ -368,10 +368,8 @@ class DataStore:
             version = current.version if current is not None else 0  # expired: replaced
             if current is not None and expired(current, self.cluster.topology.expire_on):
                 current = None
-            new = dict(fn(Entity(current, version) if current is not None else None))
+            new = updated(fn(Entity(current, version) if current is not None else None), key)
             failpoints.hit("update.before_put")
-            if to_id(new.setdefault("id", key)) != key:
-                raise InvalidEntity("update() must not change the entity's id")
             try:
                 stored = self.put(new, expect_version=version)
             except UniqueViolation:

@@ -120,6 +120,12 @@ def test_update_sync_and_async_functions_under_contention(ads: DataStore) -> Non
         assert created["n"] == -1 and (await ads.get(created.id)) == created
         with pytest.raises(InvalidEntity, match="must not change"):
             await ads.update(key, lambda e: {"id": new_id()})
+
+        async def returns_nothing(e: Entity | None) -> None:
+            await asyncio.sleep(0)
+
+        with pytest.raises(InvalidEntity, match="got NoneType"):  # was a TypeError
+            await ads.update(key, returns_nothing)  # type: ignore[arg-type]
         with pytest.raises(ConflictError):
             await ads.put({"id": key, "n": 0}, expect_version=1)
 

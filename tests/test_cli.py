@@ -488,7 +488,8 @@ def test_index_lifecycle_on_a_live_datastore(run: Cli) -> None:
     ready = run.ok("index", "status", "by_user").output
     assert "index by_user: ready" in ready and "backfill: done" in ready
 
-    assert "dropped" in run.ok("index", "drop", "by_title").output
+    dropped = run.ok("index", "drop", "by_title").output  # it did not say how to purge
+    assert "dropped" in dropped and "`schemaless index drop by_title --purge`" in dropped
     assert "is dropped" in run.fails("query", "by_title")
     assert "purged" in run.ok("index", "drop", "by_title", "--purge").output
     assert "by_title" not in run.ok("index", "list").output
@@ -649,7 +650,8 @@ def test_errors_are_one_line_with_exit_status_1(
     run: Cli, local_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     line = run.fails("index", "list", env={"SCHEMALESS_PREFIX": "cli_absent"})
-    assert "no datastore 'cli_absent'" in line and "schemaless init" in line
+    assert "no datastore 'cli_absent'" in line  # it said `schemaless init`: the default's
+    assert "run `schemaless --prefix cli_absent init` first" in line, line
     line = run.fails("shards", env={"SCHEMALESS_LOCAL_DIR": str(tmp_path)})
     assert "schemaless local up" in line
     line = run.fails("index", "status", "nope")
@@ -704,6 +706,11 @@ def test_cli_indexes_and_queries_a_path(run: Cli) -> None:
         ).stdout
     )  # fmt: skip
     assert [e["title"] for e in got] == ["p1", "p2"]
+    table = run.ok(
+        "query", "by_author_id", "--where", f"author.id={author}", "--include-building",
+        "--columns", "author.id,published,title",
+    ).output.splitlines()  # fmt: skip
+    assert table[2].split() == [str(uuid.UUID(author)), "0", "p0"], table  # the path's value
     for bad in ("a..b:int", "a.:int", ".a:int"):
         line = run.fails("index", "create", "bad", "--property", bad)
         assert "'--property'" in line and "a nested path: NAME.NAME" in line

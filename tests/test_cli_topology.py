@@ -50,6 +50,8 @@ def test_move_rebalance_and_drop_old(run: Cli, local_cluster: LocalCluster) -> N
     assert after[0] == other and {k: v for k, v in after.items() if k} == {
         k: v for k, v in before.items() if k
     }
+    again = run.ok("shards", "move", "0", "--to", other).output  # it added "a -> a; 0 rows"
+    assert again == f"shard 0 already on {other}\n", again
     assert "1 moves planned (dry run)" in run.ok("shards", "rebalance", "--dry-run").output
     run.ok("shards", "rebalance")
     counts = list(shard_servers(run).values())
@@ -65,6 +67,12 @@ def test_move_rebalance_and_drop_old(run: Cli, local_cluster: LocalCluster) -> N
 def test_bad_move_targets_name_the_option(run: Cli) -> None:
     assert "--to" in run.fails("shards", "move", "0", "--to", "10.9.9.9:1")
     assert "no logical shard 99" in run.fails("shards", "move", "99", "--to", "0")
+    # a negative shard was click's usage error (exit 2: "No such option '-1'")
+    negative = "Error: Invalid value for 'SHARD': no logical shard -12: they are numbered from 0"
+    assert run.fails("shards", "move", "-12", "--to", "0") == negative
+    assert run.fails("shards", "rollback", "-12") == negative
+    unknown = run("shards", "move", "0", "--to", "0", "--bogus")
+    assert unknown.exit_code == 2 and "No such option '--bogus'" in unknown.stderr, unknown.stderr
 
 
 def test_servers_replicas_and_dictionary(run: Cli, local_cluster: LocalCluster) -> None:
@@ -74,6 +82,9 @@ def test_servers_replicas_and_dictionary(run: Cli, local_cluster: LocalCluster) 
     assert "not replicating yet" in run.ok("replicas", "add", "0", b).output
     assert f"replicas: {b}" in run.ok("servers", "list").output
     run.ok("replicas", "remove", "0", b)
+    for verb in ("add", "remove"):  # named --to, an option of shards move
+        refused = run.fails("replicas", verb, "9", b)
+        assert refused.startswith("Error: Invalid value for 'SERVER': unknown server '9'"), refused
     assert f"replicas: {b}" not in run.ok("servers", "list").output
     assert "trained and active" in run.ok("dictionary", "train", "--samples", "400").output
     assert run.ok("servers", "add", a).output.startswith("server 0 =")  # already known

@@ -4,6 +4,7 @@ idempotent, exact counts, keyset pages, the inverse a superset repaired after a 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from schemaless import DataStore, Edges, Feeds, TableMissing, new_id
 from schemaless import failpoints as fp
 from schemaless.edges import _write_sql
 from schemaless.edgetables import table_names
-from schemaless.errors import CatalogError, InvalidEntity, InvalidId, InvalidQuery
+from schemaless.errors import CatalogError, InvalidCursor, InvalidEntity, InvalidId, InvalidQuery
 from schemaless.failpoints import FailpointError
 from schemaless.local import LocalCluster
 from schemaless.names import quote
@@ -102,8 +103,8 @@ def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:
     for limit in (0, 1001, "5", True):
         with pytest.raises(InvalidQuery, match="limit"):
             likes.page(user, limit=limit)  # type: ignore[arg-type]
-    for cursor in ("nope", "ec1.!!!", "ec1.kw"):
-        with pytest.raises(InvalidQuery, match="cursor"):
+    for cursor in ("nope", "ec1.!!!", "ec1.kw", "ec1.AAAA"):  # AAAA: msgpack's "extra data"
+        with pytest.raises(InvalidCursor, match=f"not an edge page cursor: '{re.escape(cursor)}'"):
             likes.page(user, cursor=cursor)
     with pytest.raises(InvalidQuery, match="no inverse"):
         likes.count_inverse(user)
@@ -275,6 +276,8 @@ def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> Non
         assert "'--grace'" in run.fails(*repair[:-1], "liked_by", "--grace", bad)
     for bad in ("0", "1001"):  # the option named, as every page size of the CLI
         assert "'--limit'" in run.fails("edges", "page", "likes", user.hex(), "--limit", bad)
+    other = run.fails("edges", "page", "likes", entry.hex(), "--cursor", "ec1.AAAA")
+    assert other.startswith("Error: Invalid value for '--cursor': not an edge page cursor"), other
 
 
 def test_the_hot_node_bench_counts_exactly_through_its_delay_proxy(

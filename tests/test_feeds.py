@@ -17,7 +17,7 @@ from test_cli import Cli, cluster_env
 
 from schemaless import DataStore, Feeds, new_id
 from schemaless import feeds as feeds_module
-from schemaless.errors import InvalidId, InvalidQuery, TableMissing
+from schemaless.errors import InvalidCursor, InvalidId, InvalidQuery, TableMissing
 from schemaless.feeds import WorkRound
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
@@ -279,6 +279,8 @@ def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:
         feeds.posts(ann, cursor=cursor)
     with pytest.raises(InvalidQuery, match="cursor"):
         feeds.home(ann, cursor="fc1.@@")
+    with pytest.raises(InvalidCursor, match=r"not a timeline cursor: 'fc1\.AAAA'"):  # msgpack's
+        feeds.home(ann, cursor="fc1.AAAA")  # "unpack(b) received extra data" before
     for limit in (0, 10**6):
         with pytest.raises(InvalidQuery, match="limit"):
             feeds.home(ann, limit=limit)

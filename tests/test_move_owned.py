@@ -285,6 +285,38 @@ def test_a_server_added_gets_its_tables_before_anything_names_them(
         drop_datastore(store)
 
 
+def test_a_shard_moves_to_a_new_server_past_a_dropped_index(
+    local_cluster: LocalCluster,
+) -> None:
+    """A new user's rebalance onto an added server failed on ``index_c4 doesn't
+    exist``: the server got the maintained indexes' tables, the move copied every
+    index's, the dropped one (not purged) too."""
+    first = local_cluster.addresses[0]
+    second = parse_address(local_cluster.addresses[1])[0]
+    gone = Index("by_gone", {"n": "int"})
+    store = DataStore(
+        [first],
+        [BY_USER, gone],
+        prefix="t_" + uuid.uuid4().hex[:12],
+        shards=4,
+        refresh_interval=0.2,
+        option_file=str(local_cluster.option_file),
+    )
+    try:
+        entities = _entities_on(store, 0, 10)
+        store.drop_index("by_gone")
+        mover = ShardMover(store)
+        mover.prepare_server(second)
+        store.cluster.catalog.add_server(second)
+        assert mover.move(0, 1).rows_copied > 0
+        assert store.cluster.refresh().shard_servers == (1, 0, 0, 0)
+        assert store.get_many(e["id"] for e in entities) == entities
+        store.purge_index("by_gone")  # its tables gone from both servers
+        assert "by_gone" not in store.indexes()
+    finally:
+        drop_datastore(store)
+
+
 def test_the_feeds_rows_and_head_travel_with_the_shard(make_store: Any) -> None:
     """The change rows keep their numbers and the head row comes with the copy: the
     next write on the target takes the next number (the feed's reading is tested in

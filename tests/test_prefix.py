@@ -158,6 +158,7 @@ def test_a_cursor_of_a_prefix_query_belongs_to_it(
         (BY_NAME, {"name__startswith": "abcdefg"}, "longer than str"),
         (BY_NAME, {"name__startswith": "a", "name__lt": "b"}, "does not combine"),
         (BY_GROUP, {"name__startswith": "a"}, "after the equality prefix"),
+        (BY_NAME, {"name": "a", "name__startswith": "a"}, r"\(none: each has an equality\)"),
         (BY_NAME, {"name__startswith": None}, "None"),
     ],
 )

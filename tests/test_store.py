@@ -306,6 +306,26 @@ def test_update_raises_conflict_after_retries(make_store: Any) -> None:
     assert got is not None and got["n"] == 300
 
 
+def test_update_refuses_a_function_that_returns_no_entity(make_store: Any) -> None:
+    """A function that changed the entity in place and returned None raised
+    ``TypeError: 'NoneType' object is not iterable``; a list, a bare ValueError."""
+    store = make_store()
+    key = new_id()
+    store.put({"id": key, "n": 0})
+
+    def bump_in_place(entity: Any) -> Any:
+        entity["n"] += 1
+
+    with pytest.raises(InvalidEntity, match=r"got NoneType \(did it change the entity in place"):
+        store.update(key, bump_in_place)
+    with pytest.raises(InvalidEntity, match="return the new entity, a dict; got list"):
+        store.update(key, lambda entity: [("n", 1)])
+    with pytest.raises(InvalidEntity, match="must not change the entity's id"):
+        store.update(key, lambda entity: {"id": new_id()})
+    got = store.get(key)
+    assert got is not None and got["n"] == 0  # nothing written
+
+
 def _nested(depth: int) -> Any:
     value: Any = 1
     for _ in range(depth):

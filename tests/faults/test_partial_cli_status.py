@@ -197,3 +197,29 @@ def test_drop_old_with_a_server_down_drops_the_others_and_names_it(
         admin([f"SELECT COUNT(*) FROM {quote(db, 'entities')} WHERE `shard` = {away}"])
     )
     assert left[0][0][0] == 0
+
+
+def test_local_down_stops_one_server_and_up_starts_it(
+    fault_cluster: LocalCluster, fault_store: Callable[..., DataStore]
+) -> None:
+    """A new user trying a server down had to find a mariadbd's pid to kill;
+    ``local down --server N`` stops that one alone, and ``local up`` starts it again."""
+    store = fault_store()
+    (healthy,), (sick,) = ids_on(store, 0, 1), ids_on(store, SICK, 1)
+    base = ["--dir", str(fault_cluster.base_dir)]
+    stopped = CliRunner().invoke(cli, ["local", "down", "--server", str(SICK), *base])
+    assert stopped.exit_code == 0, stopped.output
+    assert f"server {SICK} ({fault_cluster.addresses[SICK]}) stopped" in stopped.output
+    assert [s.pid() is None for s in fault_cluster.servers] == [False, True]
+    put = run_cli(fault_cluster, store, "put", stdin=json.dumps({"id": healthy.hex()}))
+    assert put.exit_code == 0, put.stderr  # the other server's shards work
+    assert run_cli(fault_cluster, store, "get", sick.hex()).exit_code == 1
+    again = CliRunner().invoke(cli, ["local", "down", "--server", str(SICK), *base])
+    assert again.exit_code == 0 and "was not running" in again.output, again.output
+    refused = CliRunner().invoke(cli, ["local", "down", "--server", "2", *base])
+    assert refused.exit_code == 1, refused.output
+    assert "Invalid value for '--server': no server 2: the cluster has 2" in refused.output
+    started = CliRunner().invoke(cli, ["local", "up", *base])
+    assert started.exit_code == 0, started.output
+    assert "starting 1 server in " in started.stderr, started.stderr  # it said 2, the default
+    assert all(s.pid() is not None for s in fault_cluster.servers)

@@ -273,13 +273,14 @@ def test_the_cli_shows_a_sick_server_as_unknown(
 def test_query_partial_pages_the_servers_that_answer(
     cluster: LocalCluster, store: DataStore, entities: dict[int, list[dict[str, Any]]]
 ) -> None:
-    """A query over every shard with SICK stopped: an error naming it without
+    """A query over every shard with SICK stopped: an error naming it and
     ``--partial``; with it, the healthy servers' entities and SICK named on stderr."""
     sick = cluster.addresses[SICK]
     cluster.stop_server(SICK)
     args = ["query", "by_n", "--where", "n>=0", "--limit", "1000", "--json"]
     failed = run_cli(cluster, store, *args)
     assert failed.exit_code == 1 and sick in failed.stderr, failed.stderr
+    assert "`--partial` reads the servers that answer" in failed.stderr, failed.stderr
     shown = run_cli(cluster, store, *args, "--partial")
     assert shown.exit_code == 0, shown.stderr
     found = {json.loads(line)["id"] for line in shown.stdout.splitlines()}

@@ -30,7 +30,7 @@ def prefix(local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> Iter
 def test_the_local_cluster_created_only_when_asked(
     local_cluster: LocalCluster, prefix: str
 ) -> None:
-    with pytest.raises(CatalogError, match="schemaless init"):
+    with pytest.raises(CatalogError, match=f"schemaless --prefix {prefix} init"):
         DataStore.from_env()
     with DataStore.from_env(create=True, shards=4) as ds:
         topo = ds.cluster.current()

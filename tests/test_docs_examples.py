@@ -147,6 +147,9 @@ def test_readme_examples_run_as_written(
         assert search[entity["id"]] == entity  # the feed's snapshot reached it
         assert ns["likes"].count_inverse(ns["photo"]) == 2
         assert ns["home"].home(ns["ann"])[0]["author"] == ns["bob"]
+        for block in blocks:  # run again, as a reader trying them twice: they still hold
+            run_block(on_test_servers(block)[0], ns)
+            opened.update((id(v), v) for v in ns.values() if isinstance(v, schemaless.DataStore))
     finally:
         for store in opened.values():
             store.close()

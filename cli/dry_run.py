@@ -81,10 +81,11 @@ def _lines(r: dict[str, Any]) -> list[str]:
     out.append(
         f"  entities     {_n(r['entities'], exact)} live, {_n(tombstones, exact)} tombstones"
     )
-    per = r["rows_per_entity"]
+    per, bare = r["rows_per_entity"], r["entities_without_rows"]
+    lack = "entity lacks" if exact and bare == 1 else "entities lack"
     out.append(
         f"  index rows   {_n(r['index_rows'], exact)} ({per or 0:.2f} per entity; "
-        f"{_n(r['entities_without_rows'], exact)} entities lack a property: no row)"
+        f"{_n(bare, exact)} {lack} a property: no row)"
     )
     out.append(
         f"  index size   ~{human_bytes(r['size_bytes'])} (an estimate from the sampled values:"

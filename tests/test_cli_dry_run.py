@@ -116,6 +116,15 @@ def test_dry_run_of_an_existing_index(make_store: Any, local_cluster: LocalClust
     assert store.cluster.refresh().indexes["by_n"].index == BY_N
 
 
+def test_one_entity_without_the_property_is_one_entity(
+    make_store: Any, local_cluster: LocalCluster
+) -> None:
+    store = make_store()
+    store.put_many([{"n": 1}, {"m": 2}])
+    out = create(local_cluster, store, "--dry-run").output
+    assert "(0.50 per entity; 1 entity lacks a property: no row)" in out
+
+
 def test_a_sample_estimates_the_whole(make_store: Any) -> None:
     store = make_store()
     load(store, good=1800, bad=200, rowless=0, deleted=0)

@@ -553,7 +553,7 @@ def _verify(
     topo = _check_indexes(store, names)
     diffs = diff_indexes(store, names or None, partial=True)
     for name, diff in diffs.items():
-        for line in diff_lines(name, diff, examples):
+        for line in diff_lines(topo.indexes[name].index, diff, examples):
             click.echo(line)
     if not diffs:
         click.echo("no indexes to verify")
@@ -574,7 +574,7 @@ def _verify(
     click.echo("after repair: " + ("differences remain" if dirty else "clean"))
     if dirty:
         for name, diff in again.items():
-            for line in diff_lines(name, diff, examples):
+            for line in diff_lines(topo.indexes[name].index, diff, examples):
                 click.echo(line)
     return dirty, {s for d in again.values() for s in d.unverified}
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from schemaless.ids import id_hex
+from schemaless.index import Index
 
 from .verify import Diff, RowKey
 
@@ -15,12 +16,16 @@ __all__ = ["diff_lines"]
 _KINDS = ("missing", "extra", "behind")
 
 
-def _values(values: tuple[Any, ...]) -> str:
-    text = repr(values)
+def _values(index: Index, values: tuple[Any, ...]) -> str:
+    """A row's values by property, as the entity has them (``auto`` columns decoded)."""
+    try:
+        text = repr(index.readable(values))
+    except (TypeError, ValueError):  # a row that does not decode: as stored
+        text = repr(values)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _example(kind: str, key: RowKey, detail: Any) -> str:
+def _example(index: Index, kind: str, key: RowKey, detail: Any) -> str:
     shard, values, entity_id = key
     if kind == "missing":
         what = f"entity version {detail}"
@@ -28,11 +33,13 @@ def _example(kind: str, key: RowKey, detail: Any) -> str:
         what = f"row version {detail}"
     else:
         what = f"row version {detail[0]} < entity version {detail[1]}"
-    return f"    {kind:<7} shard {shard:<4} entity {id_hex(entity_id)} {_values(values)}: {what}"
+    shown = _values(index, values)
+    return f"    {kind:<7} shard {shard:<4} entity {id_hex(entity_id)} {shown}: {what}"
 
 
-def diff_lines(name: str, diff: Diff, examples: int = 3) -> Iterable[str]:
+def diff_lines(index: Index, diff: Diff, examples: int = 3) -> Iterable[str]:
     """Lines describing one index's differences (one line if it is clean)."""
+    name = index.name
     counts = diff.summary()
     unindexable = f"; {counts['unindexable']} entities unindexable" if diff.unindexable else ""
     if diff.unverified:
@@ -61,4 +68,4 @@ def diff_lines(name: str, diff: Diff, examples: int = 3) -> Iterable[str]:
     }
     for kind in _KINDS:
         for key in sorted(found[kind], key=lambda k: (k[0], k[2]))[:examples]:
-            yield _example(kind, key, found[kind][key])
+            yield _example(index, kind, key, found[kind][key])

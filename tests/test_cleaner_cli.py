@@ -147,6 +147,7 @@ def test_verify_finds_planted_corruption_and_repairs_it(
     for key in (stranger, ids[1], ids[2]):
         assert id_hex(key) in result.output
     assert "row version 1 < entity version" in result.output
+    assert "{'link': 'http://nobody'}: row version 5" in result.output  # by property
 
     result = invoke(env, "verify", "--index", "by_link", "--repair")
     assert result.exit_code == 0, result.output

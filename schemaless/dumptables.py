@@ -73,7 +73,10 @@ _KEY = re.compile(r"  (PRIMARY KEY|(?:UNIQUE )?KEY `[a-z][a-z0-9_]{0,63}`) \(([`
 _GUARD = re.compile(
     r"  CONSTRAINT `[a-z0-9_]{1,64}` FOREIGN KEY \(`shard`\) REFERENCES `owned` \(`shard`\)\Z"
 )
-_OPTIONS = re.compile(r"\) ENGINE=InnoDB(?: (?:DEFAULT )?[A-Z_]+=[A-Za-z0-9_]+)*\Z")
+_OPTIONS = re.compile(
+    r"\) ENGINE=InnoDB(?: (?:DEFAULT )?[A-Z_]+=[A-Za-z0-9_]+)*"
+    r"(?: COMMENT='schemaless (?:inverse|inverse of): [a-z0-9_]+')?\Z"  # an edge pairing
+)
 _FILE = re.compile(r"(?:shard-\d{4,5}|all)\.(?:jsonl|native)\Z")
 
 

@@ -26,7 +26,7 @@ import msgpack
 
 from . import failpoints
 from .catalogdb import now_us
-from .edgetables import NOCOUNT, check_type, table_names, tables_sql
+from .edgetables import NOCOUNT, check_type, pairing, pairing_note, table_names, tables_sql
 from .errors import (
     CatalogError,
     InvalidCursor,
@@ -129,6 +129,31 @@ def missing_tables(ds: DataStore, names: list[str]) -> bool:
     )
     unreachable_only(found.errors)
     return any(int(rows[0][0][0]) < len(names) for rows in found.results.values())
+
+
+def recorded_pairings(ds: DataStore, kinds: list[str]) -> dict[str, tuple[str, str]]:
+    """The pairings recorded on the edge tables of ``kinds`` (``edgetables.pairing``),
+    by type, from every server that answers (one statement each)."""
+    topo = ds.cluster.current()
+    names = [table_names(k)[0] for k in kinds]
+    sql = (
+        "SELECT `table_name`, `table_comment` FROM information_schema.tables"
+        f" WHERE table_schema = %s AND table_name IN ({', '.join(['%s'] * len(names))})"
+    )
+    found = ds.cluster.scatter(
+        topo,
+        {sid: sid for sid in topo.servers},
+        lambda _: (sql, [topo.owned_db, *names]),
+        partial=True,
+    )
+    unreachable_only(found.errors)
+    kind_of = dict(zip(names, kinds, strict=True))
+    return {
+        kind_of[str(name)]: paired
+        for rows in found.results.values()
+        for name, comment in rows[0]
+        if (paired := pairing(comment)) is not None
+    }
 
 
 def create_tables(ds: DataStore, sql: Callable[[str], list[str]], what: str, command: str) -> None:
@@ -262,19 +287,59 @@ class Edges:
                 " logical shard: move it over with `schemaless dump` and `schemaless restore`"
                 " into a new datastore (owned by default)"
             )
+        #: The type this one is the recorded inverse of (written through that one)
+        self.inverse_of = self._paired(recorded_pairings(ds, self.kinds()))
         if create and missing_tables(ds, [t for k in self.kinds() for t in table_names(k)]):
             self.create()
 
+    def _paired(self, recorded: dict[str, tuple[str, str]]) -> str | None:
+        """Check ``inverse`` against the pairings recorded with the tables: a type made
+        with an inverse keeps it (opened without one, it is taken); a type that is
+        another's inverse has none of its own (returned: the type it is the inverse
+        of); ``InvalidQuery`` for any other pairing.  Tables made before pairings were
+        recorded have none: the caller's is taken."""
+        mine, theirs = recorded.get(self.kind), recorded.get(str(self.inverse))
+        kind = self.kind
+        if mine is not None and mine[0] == "inverse":
+            if self.inverse not in (None, mine[1]):
+                made = f"edge type {kind!r} was made with the inverse {mine[1]!r}"
+                raise InvalidQuery(f"{made}, not {self.inverse!r}")
+            self.inverse = mine[1]
+            return None
+        if mine is not None:
+            if self.inverse is not None:
+                raise InvalidQuery(
+                    f"edge type {kind!r} is the inverse of {mine[1]!r} and has none of its"
+                    f" own: open Edges(ds, {mine[1]!r}), which writes both"
+                )
+            return mine[1]
+        if theirs is not None and theirs != ("inverse of", kind):
+            said = (
+                f"the inverse of {theirs[1]!r}"
+                if theirs[0] == "inverse of"
+                else (f"made with the inverse {theirs[1]!r}")
+            )
+            raise InvalidQuery(
+                f"edge type {self.inverse!r} is {said}: it cannot be {kind!r}'s inverse"
+            )
+        return None
+
     def create(self) -> None:
-        """Create this type's tables (and its inverse's) on every server (idempotent);
-        ``NotCreated`` for a user without the right to."""
-        kinds = self.kinds()
+        """Create this type's tables (and its inverse's) on every server, recording
+        their pairing (idempotent); ``NotCreated`` for a user without the right to."""
+        notes = {self.kind: "", **({} if self.inverse is None else self._notes(self.inverse))}
         create_tables(
             self.ds,
-            lambda db: [s for k in kinds for s in tables_sql(db, k)],
-            f"edge type {'/'.join(kinds)!r}",
+            lambda db: [s for k, note in notes.items() for s in tables_sql(db, k, note)],
+            f"edge type {'/'.join(notes)!r}",
             self.command(),
         )
+
+    def _notes(self, inverse: str) -> dict[str, str]:
+        return {
+            self.kind: pairing_note("inverse", inverse),
+            inverse: pairing_note("inverse of", self.kind),
+        }
 
     def command(self) -> str:
         """The admin command that creates this type's tables."""
@@ -291,6 +356,7 @@ class Edges:
         """Add the edge ``src`` -> ``dst``; whether it is new (adding a present edge
         changes no count, time or data).  ``data``: any msgpack value (at most 64 KiB
         packed), kept with the edge."""
+        self._writable()
         src, dst, packed = to_id(src), to_id(dst), _pack(data)
         at = now_us()
         more = (at, at, packed)
@@ -304,6 +370,7 @@ class Edges:
 
     def remove(self, src: Any, dst: Any) -> bool:
         """Remove the edge (a missing one: nothing changes); whether it was there."""
+        self._writable()
         src, dst = to_id(src), to_id(dst)
         if self.inverse is not None:
             both = self._both("remove", src, dst, ())
@@ -455,6 +522,15 @@ class Edges:
                 return
             last = rows[chunk - 1]
             params = (dst, int(last[1]), int(last[1]), bytes(last[0]))
+
+    def _writable(self) -> None:
+        """``InvalidQuery`` for a write through a type that is another's inverse (its
+        edges are written with that type's, so its pairs stay whole)."""
+        if self.inverse_of is not None:
+            raise InvalidQuery(
+                f"edge type {self.kind!r} is the inverse of {self.inverse_of!r}: add and"
+                f" remove through Edges(ds, {self.inverse_of!r}), which writes both"
+            )
 
     def _inverse(self) -> str:
         if self.inverse is None:

@@ -13,6 +13,8 @@ __all__ = [
     "NOCOUNT",
     "check_type",
     "count_trigger_sql",
+    "pairing",
+    "pairing_note",
     "table_names",
     "tables_sql",
     "triggers_sql",
@@ -22,6 +24,26 @@ _TYPE = re.compile(r"[a-z](?:_?[a-z0-9]){0,39}\Z")
 #: The session variable of a writer whose edge rows come with their counts (``add``'s
 #: transaction, a restore): the count trigger does not count them.
 NOCOUNT = "@schemaless_nocount"
+
+
+#: An edge table's comment that records its pairing, made with the tables (and by
+#: ``schemaless edges create`` on tables made before): ``schemaless inverse: liked_by``
+#: on a type's table, ``schemaless inverse of: likes`` on its inverse's.
+_NOTE = re.compile(r"schemaless (inverse|inverse of): ([a-z](?:_?[a-z0-9]){0,39})\Z")
+
+
+def pairing_note(role: str, other: str) -> str:
+    """The comment recording that a type's ``inverse`` (or what it is the ``inverse
+    of``) is the type ``other``."""
+    assert role in ("inverse", "inverse of")
+    return f"schemaless {role}: {check_type(other)}"
+
+
+def pairing(comment: object) -> tuple[str, str] | None:
+    """``(role, other type)`` of an edge table's comment; None for none (tables made
+    before pairings were recorded) or another comment."""
+    found = _NOTE.match(comment) if isinstance(comment, str) else None
+    return None if found is None else (found[1], found[2])
 
 
 def check_type(name: object) -> str:
@@ -34,13 +56,16 @@ def check_type(name: object) -> str:
     return name
 
 
-def tables_sql(db: str, kind: str) -> list[str]:
+def tables_sql(db: str, kind: str, note: str = "") -> list[str]:
     """The edge table and the count table of one edge type, with their guards: the
     edge table's key and update trigger (``guard_sql``); the count table's ``BEFORE
     INSERT`` trigger (``upsert_guard_sql``), as every write to it but a delete is an
     upsert, whose insert guard fires first, or the edge's count trigger, which runs
-    under the edge row's guard of the same shard."""
+    under the edge row's guard of the same shard.  ``note``: the edge table's pairing
+    (``pairing_note``), also set on a table made before without one."""
     edges, counts = table_names(kind)
+    assert note == "" or pairing(note) is not None
+    recorded = [f"ALTER TABLE {quote(db, edges)} COMMENT = '{note}'"] if note else []
     return [
         f"CREATE TABLE IF NOT EXISTS {quote(db, edges)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL,"
@@ -53,6 +78,7 @@ def tables_sql(db: str, kind: str) -> list[str]:
         " KEY `newest` (`shard`, `src`, `at`, `dst`),"
         f" {GUARD_KEY}"
         ") ENGINE=InnoDB",
+        *recorded,
         f"CREATE TABLE IF NOT EXISTS {quote(db, counts)} ("
         " `shard` SMALLINT UNSIGNED NOT NULL,"
         " `node` BINARY(16) NOT NULL,"

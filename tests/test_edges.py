@@ -16,7 +16,7 @@ from test_edges_together import node_near
 
 from schemaless import DataStore, Edges, Feeds, TableMissing, new_id
 from schemaless import failpoints as fp
-from schemaless.edges import _write_sql
+from schemaless.edges import _write_sql, missing_tables
 from schemaless.edgetables import table_names
 from schemaless.errors import CatalogError, InvalidCursor, InvalidEntity, InvalidId, InvalidQuery
 from schemaless.failpoints import FailpointError
@@ -109,6 +109,53 @@ def test_bad_input_is_refused_and_writes_nothing(ds: DataStore) -> None:
     with pytest.raises(InvalidQuery, match="no inverse"):
         likes.count_inverse(user)
     assert likes.count(user) == 0 and likes.page(user) == []
+
+
+def _has_tables(ds: DataStore, kind: str) -> bool:
+    return not missing_tables(ds, list(table_names(kind)))
+
+
+def test_an_inverse_is_recorded_with_the_tables_and_kept(ds: DataStore) -> None:
+    """A type made with an inverse keeps it: opened without one it still writes both
+    sides; another inverse, a write through the inverse, or an inverse type taken for
+    another pair is refused, nothing written."""
+    Edges(ds, "likes", inverse="liked_by").add(new_id(), entry := new_id())
+    plain = Edges(ds, "likes")  # as a reader of the code would forget the inverse
+    assert plain.inverse == "liked_by" and plain.add(new_id(), entry)
+    assert plain.count_inverse(entry) == 2
+    with pytest.raises(InvalidQuery, match="made with the inverse 'liked_by', not 'liked_bz'"):
+        Edges(ds, "likes", inverse="liked_bz")
+    back = Edges(ds, "liked_by")  # reads the inverse side; writes go through likes
+    assert back.count(entry) == 2 and back.inverse is None
+    with pytest.raises(InvalidQuery, match="is the inverse of 'likes': add and remove through"):
+        back.add(entry, new_id())
+    with pytest.raises(InvalidQuery, match="is the inverse of 'likes'"):
+        back.remove(entry, new_id())
+    with pytest.raises(InvalidQuery, match="has none of its own"):
+        Edges(ds, "liked_by", inverse="likes")
+    with pytest.raises(InvalidQuery, match="'liked_by' is the inverse of 'likes': it cannot"):
+        Edges(ds, "loves", inverse="liked_by")
+    with pytest.raises(InvalidQuery, match="'likes' is made with the inverse 'liked_by'"):
+        Edges(ds, "fans", inverse="likes")
+    assert back.count(entry) == 2 and plain.count_inverse(entry) == 2
+    assert not _has_tables(ds, "liked_bz") and not _has_tables(ds, "loves")
+
+
+def test_tables_made_before_pairings_take_the_callers_until_edges_create(
+    ds: DataStore,
+) -> None:
+    Edges(ds, "follows", inverse="followers")
+    topo = ds.cluster.current()
+    for server in ds.cluster.servers():  # as an earlier build made them: no comment
+        for kind in ("follows", "followers"):
+            table = quote(str(topo.owned_db), table_names(kind)[0])
+            server.run(admin([f"ALTER TABLE {table} COMMENT = ''"]))
+    assert Edges(ds, "follows").inverse is None  # the caller's, as before
+    Edges(ds, "followers").add(new_id(), new_id())  # not known as an inverse yet
+    Edges(ds, "follows", inverse="followers", create=False).create()  # `edges create`
+    assert Edges(ds, "follows").inverse == "followers"
+    with pytest.raises(InvalidQuery, match="is the inverse of 'follows'"):
+        Edges(ds, "followers").add(new_id(), new_id())
 
 
 def test_the_old_layout_is_told_the_way_over(make_store: Callable[..., DataStore]) -> None:
@@ -270,7 +317,9 @@ def test_cli_counts_and_pages(ds: DataStore, local_cluster: LocalCluster) -> Non
         Edges(ds, "likez", create=False).count(user)
     assert "ID" in run.fails("edges", "count", "likes", "xyz")
     repair = ("edges", "repair", "likes", "--inverse", "liked_bz")  # was "missing table"
-    assert "unknown edge type 'likes/liked_bz'" in run.fails(*repair)
+    assert "edge type 'likes' was made with the inverse 'liked_by', not 'liked_bz'" in run.fails(
+        *repair
+    )
     assert "0 orphaned" in run.ok("edges", "repair", "likes", "--inverse", "liked_by").output
     for bad in ("nan", "inf", "-1"):  # nan and inf were tracebacks, -1 a grace of 0
         assert "'--grace'" in run.fails(*repair[:-1], "liked_by", "--grace", bad)

@@ -314,11 +314,8 @@ class Edges:
                 )
             return mine[1]
         if theirs is not None and theirs != ("inverse of", kind):
-            said = (
-                f"the inverse of {theirs[1]!r}"
-                if theirs[0] == "inverse of"
-                else (f"made with the inverse {theirs[1]!r}")
-            )
+            role = "the inverse of" if theirs[0] == "inverse of" else "made with the inverse"
+            said = f"{role} {theirs[1]!r}"
             raise InvalidQuery(
                 f"edge type {self.inverse!r} is {said}: it cannot be {kind!r}'s inverse"
             )

@@ -115,27 +115,25 @@ def missing_tables(ds: DataStore, names: list[str]) -> bool:
     application's grants see the whole data database).  A server that is down is
     not asked again: opening an edge type or a feed costs only its shards (a call
     that meets a missing table there later creates them, ``Edges._call``)."""
-    topo = ds.cluster.current()
-    marks = ", ".join(["%s"] * len(names))
-    sql = (
-        "SELECT COUNT(*) FROM information_schema.tables"
-        f" WHERE table_schema = %s AND table_name IN ({marks})"
-    )
-    found = ds.cluster.scatter(
-        topo,
-        {sid: sid for sid in topo.servers},
-        lambda _: (sql, [topo.owned_db, *names]),
-        partial=True,
-    )
-    unreachable_only(found.errors)
-    return any(int(rows[0][0][0]) < len(names) for rows in found.results.values())
+    return any(len(found) < len(names) for found in _tables_found(ds, names))
 
 
 def recorded_pairings(ds: DataStore, kinds: list[str]) -> dict[str, tuple[str, str]]:
     """The pairings recorded on the edge tables of ``kinds`` (``edgetables.pairing``),
     by type, from every server that answers (one statement each)."""
+    kind_of = {table_names(k)[0]: k for k in kinds}
+    return {
+        kind_of[name]: paired
+        for found in _tables_found(ds, list(kind_of))
+        for name, comment in found.items()
+        if (paired := pairing(comment)) is not None
+    }
+
+
+def _tables_found(ds: DataStore, names: list[str]) -> list[dict[str, str]]:
+    """Each answering server's tables among ``names`` in its data database, with
+    their comments (one statement a server, in parallel)."""
     topo = ds.cluster.current()
-    names = [table_names(k)[0] for k in kinds]
     sql = (
         "SELECT `table_name`, `table_comment` FROM information_schema.tables"
         f" WHERE table_schema = %s AND table_name IN ({', '.join(['%s'] * len(names))})"
@@ -147,13 +145,7 @@ def recorded_pairings(ds: DataStore, kinds: list[str]) -> dict[str, tuple[str, s
         partial=True,
     )
     unreachable_only(found.errors)
-    kind_of = dict(zip(names, kinds, strict=True))
-    return {
-        kind_of[str(name)]: paired
-        for rows in found.results.values()
-        for name, comment in rows[0]
-        if (paired := pairing(comment)) is not None
-    }
+    return [{str(n): str(c) for n, c in rows[0]} for rows in found.results.values()]
 
 
 def create_tables(ds: DataStore, sql: Callable[[str], list[str]], what: str, command: str) -> None:

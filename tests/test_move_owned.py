@@ -256,19 +256,23 @@ def test_old_rows_are_deleted_in_chunks_and_never_a_holders(make_store: Any) -> 
     assert store.get_many(e["id"] for e in entities) == entities
 
 
-def test_a_server_added_gets_its_tables_before_anything_names_them(
-    local_cluster: LocalCluster,
-) -> None:
-    first = local_cluster.addresses[0]
-    second = parse_address(local_cluster.addresses[1])[0]
-    store = DataStore(
-        [first],
-        [BY_USER],
+def _on_the_first(local_cluster: LocalCluster, *indexes: Index) -> DataStore:
+    """A new datastore of four logical shards on the cluster's first server alone."""
+    return DataStore(
+        [local_cluster.addresses[0]],
+        list(indexes),
         prefix="t_" + uuid.uuid4().hex[:12],
         shards=4,
         refresh_interval=0.2,
         option_file=str(local_cluster.option_file),
     )
+
+
+def test_a_server_added_gets_its_tables_before_anything_names_them(
+    local_cluster: LocalCluster,
+) -> None:
+    second = parse_address(local_cluster.addresses[1])[0]
+    store = _on_the_first(local_cluster, BY_USER)
     try:
         entities = _entities_on(store, 0, 15)
         mover = ShardMover(store)
@@ -291,17 +295,8 @@ def test_a_shard_moves_to_a_new_server_past_a_dropped_index(
     """A new user's rebalance onto an added server failed on ``index_c4 doesn't
     exist``: the server got the maintained indexes' tables, the move copied every
     index's, the dropped one (not purged) too."""
-    first = local_cluster.addresses[0]
     second = parse_address(local_cluster.addresses[1])[0]
-    gone = Index("by_gone", {"n": "int"})
-    store = DataStore(
-        [first],
-        [BY_USER, gone],
-        prefix="t_" + uuid.uuid4().hex[:12],
-        shards=4,
-        refresh_interval=0.2,
-        option_file=str(local_cluster.option_file),
-    )
+    store = _on_the_first(local_cluster, BY_USER, Index("by_gone", {"n": "int"}))
     try:
         entities = _entities_on(store, 0, 10)
         store.drop_index("by_gone")

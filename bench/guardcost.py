@@ -28,7 +28,12 @@ DB = "guardcost"
 T, ONE, OWNED = f"`{DB}`.`today`", f"`{DB}`.`one`", f"`{DB}`.`owned`"
 TRIG = f"`{DB}`.`trig`"  # one table per server, guarded by triggers
 BARE = f"`{DB}`.`bare`"  # the same with triggers that read nothing (their own cost)
+# clustered on id as the library's entities, `u` as their `updated` with its index: the
+# update trigger (today's), the key's check through that index (declared unique and first,
+# so InnoDB checks the key on the entry every update rewrites), and no guard
+UPD = {name: f"`{DB}`.`upd_{name}`" for name in ("trigger", "key", "none")}
 _LOCK = f" FROM {OWNED} WHERE {OWNED}.`shard` = 3 LOCK IN SHARE MODE"
+_KEY = ", FOREIGN KEY (`shard`) REFERENCES `owned` (`shard`)"
 
 #: name -> (SQL, parameters of call k): inserts of new rows, then updates of row k
 SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
@@ -94,6 +99,19 @@ SHAPES: dict[str, tuple[str, Callable[[int], list[Any]]]] = {
         lambda k: [],
     ),
     "select 1 (a round trip)": ("SELECT 1", lambda k: []),
+    # an update that moves `updated` (every write of an entity does): the guard of changed
+    # rows today (the trigger), a key checked on the index of `updated`, none
+    **{
+        f"update + updated, {how}": (
+            f"UPDATE {UPD[name]} SET `v` = `v` + 1, `u` = `u` + 1 WHERE `id` = %s",
+            lambda k: [k],
+        )
+        for name, how in (
+            ("trigger", "trigger-guarded"),
+            ("key", "the key through by_updated"),
+            ("none", "no guard"),
+        )
+    },
     # step 3's check (schemaless.owned.check_sql) after a read, and its alternatives
     "get, today": (f"SELECT `v` FROM {T} WHERE `id` = %s", lambda k: [k]),
     "get, one table": (f"SELECT `v` FROM {ONE} WHERE `id` = %s", lambda k: [k]),
@@ -182,6 +200,21 @@ DDL = [
         for when in ("INSERT", "UPDATE")
     ),
     f"INSERT INTO {OWNED} VALUES (1), (2), (3), (4)",
+    *(
+        f"CREATE TABLE {UPD[name]} (`shard` SMALLINT UNSIGNED NOT NULL, `added_id` BIGINT"
+        " UNSIGNED NOT NULL AUTO_INCREMENT, `id` BIGINT NOT NULL, `v` BIGINT NOT NULL,"
+        f" `u` BIGINT NOT NULL, PRIMARY KEY (`id`), {first}"
+        " UNIQUE KEY `by_shard_added` (`shard`, `added_id`), KEY `added` (`added_id`)"
+        f"{after}{key})"
+        for name, first, after, key in (
+            ("trigger", "", ", KEY `by_updated` (`shard`, `u`, `added_id`)", _KEY),
+            ("key", "UNIQUE KEY `by_updated` (`shard`, `u`, `added_id`),", "", _KEY),
+            ("none", "", ", KEY `by_updated` (`shard`, `u`, `added_id`)", ""),
+        )
+    ),
+    f"CREATE TRIGGER `{DB}`.`upd_trigger_update` BEFORE UPDATE ON {UPD['trigger']} FOR EACH ROW"
+    f" IF NOT EXISTS (SELECT 1 FROM {OWNED} WHERE `shard` = NEW.`shard`"
+    " LOCK IN SHARE MODE) THEN SIGNAL SQLSTATE '45000'; END IF",
 ]
 
 
@@ -224,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             for k in range(a.n // a.rounds):
                 raw.run(0, SHAPES[name][0], [k])
         raw.run(0, f"INSERT INTO {BARE} SELECT * FROM {ONE}")
+        for table in UPD.values():
+            raw.run(0, f"INSERT INTO {table} SELECT *, `added_id` FROM {ONE}")
         out = measure(raw, pids, a.n, a.rounds)
         print("| shape | p50 µs | server CPU µs/statement |\n|---|---|---|")
         for name, r in out.items():

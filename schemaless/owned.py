@@ -470,7 +470,11 @@ def entities_table_sql(db: str) -> list[str]:
     is clustered on ``id`` (a read by id is one dive, the raw baseline's; ids are UUIDv7,
     so inserts mostly append); a shard's scans in insert order walk ``by_shard_added``
     (unique: ``added_id`` is unique within a shard, a move copies it), and the recent
-    scan ``by_updated``, which names ``added_id`` for its order ``(updated, added_id)``."""
+    scan ``by_updated``, which names ``added_id`` for its order ``(updated, added_id)``.
+    ``by_updated`` is unique and first, so it is ``GUARD_KEY``'s index: InnoDB checks the
+    key for a row added and for every update that moves ``updated``, which each write
+    of an entity does (``writes``): the guard of new and changed rows alike, with no
+    trigger (docs/architecture.md, "The key guards changed entity rows too")."""
     return [
         f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
         f"CREATE TABLE IF NOT EXISTS {quote(db, 'owned')} ("
@@ -484,12 +488,11 @@ def entities_table_sql(db: str) -> list[str]:
         " `updated` BIGINT UNSIGNED NOT NULL,"
         " `body` MEDIUMBLOB NULL,"
         " PRIMARY KEY (`id`),"
+        " UNIQUE KEY `by_updated` (`shard`, `updated`, `added_id`),"
         " UNIQUE KEY `by_shard_added` (`shard`, `added_id`),"
         " KEY `by_added` (`added_id`),"
-        " KEY `by_updated` (`shard`, `updated`, `added_id`),"
         f" {GUARD_KEY}"
         ") ENGINE=InnoDB",
-        *guard_sql(db, "entities"),
     ]
 
 

@@ -434,6 +434,12 @@ def _kind(w: EntityWrite) -> str:
     return w.mode.kind
 
 
+#: A write's ``updated``: its time, and always past the stored one, so that every write
+#: that changes an entity row moves ``by_updated``, the owned layout's guard key's index
+#: (``owned.entities_table_sql``); two writes within a microsecond stay ordered too.
+_LATER = "GREATEST({}, `updated` + 1)"
+
+
 @functools.lru_cache(maxsize=4096)
 def _entity_sql(
     db: str, kind: str, want_body: bool, fence: str | None = None, shard: bool = False
@@ -449,6 +455,7 @@ def _entity_sql(
     table = quote(db, "entities")
     version = f"%s + (SELECT COUNT(*) FROM {quote(db, fence)})" if fence else "%s"
     stmts = []
+    later, given = _LATER.format("VALUES(`updated`)"), _LATER.format("%s")
     if want_body:
         stmts.append(f"SELECT `body` FROM {table} WHERE `id` = %s")  # NULL: a tombstone
     cols, marks = ("`shard`, ", "%s, ") if shard else ("", "")
@@ -465,19 +472,19 @@ def _entity_sql(
         # The condition is evaluated once, before any column changes (assignments in
         # ON DUPLICATE KEY UPDATE see the values assigned to their left).
         stmts.append(
-            f"{insert} ON DUPLICATE KEY UPDATE `updated` = IF(@ok := ({cond}), VALUES(`updated`),"
+            f"{insert} ON DUPLICATE KEY UPDATE `updated` = IF(@ok := ({cond}), {later},"
             " `updated`), `body` = IF(@ok, VALUES(`body`), `body`),"
             " `version` = IF(@ok, VALUES(`version`), `version`)"
         )
     elif kind == "cas":
         stmts.append(
-            f"UPDATE {table} SET `body` = %s, `updated` = %s, `version` = {version}"
+            f"UPDATE {table} SET `body` = %s, `updated` = {given}, `version` = {version}"
             " WHERE `id` = %s AND `version` = %s AND `body` IS NOT NULL"
         )
     else:
         guard = "`version` < %s" if kind == "delete" else "`version` = %s"
         stmts.append(
-            f"UPDATE {table} SET `body` = NULL, `updated` = %s, `version` = %s"
+            f"UPDATE {table} SET `body` = NULL, `updated` = {given}, `version` = %s"
             f" WHERE `id` = %s AND `body` IS NOT NULL AND {guard}"
         )
     return ";\n".join(stmts)

@@ -69,6 +69,7 @@ from schemaless.writes import (
     EntityWrite,
     IndexRow,
     WriteMode,
+    _entity_sql,
     delete_rows_sql,
     entity_batch_sql,
     fires,
@@ -360,7 +361,8 @@ def test_the_guard_refuses_a_shard_not_owned_unless_a_move_copies_it(
     count = f"SELECT COUNT(*) FROM {table} WHERE `id` = %s"
     assert server.run(admin([count]), [ID])[0][0][0] == 1  # the copy went in
     with pytest.raises(TableMissing):  # but the copy is not the server's to update
-        server.run(admin([f"UPDATE {table} SET `version` = 2 WHERE `id` = %s"]), [ID])
+        moved = "`version` = 2, `updated` = `updated` + 1"  # as every write of the library
+        server.run(admin([f"UPDATE {table} SET {moved} WHERE `id` = %s"]), [ID])
 
 
 def test_a_checked_batch_of_a_fenced_shard_commits_nothing(
@@ -469,7 +471,9 @@ def _shard_tables() -> dict[str, list[str]]:
 
 def test_every_table_of_shards_is_guarded_for_new_and_changed_rows() -> None:
     """Each ``CREATE TABLE`` with a ``shard`` column has the guard key and an update
-    trigger, or (an edge type's count table, written by upserts) an insert trigger."""
+    trigger, or (an edge type's count table, written by upserts) an insert trigger, or
+    (``entities``) the key alone, on its first unique index ``by_updated``, which every
+    write of an entity moves (``test_every_entity_write_moves_updated``)."""
     for maker, stmts in _shard_tables().items():
         made = [
             s
@@ -484,10 +488,26 @@ def test_every_table_of_shards_is_guarded_for_new_and_changed_rows() -> None:
                 for s in stmts
                 if " BEFORE " in s and f"ON {quote(DB)}.{table}" in s
             }
-            if GUARD_KEY in create:
+            if table == "`entities`":
+                keys = re.findall(r"(UNIQUE KEY|KEY) `(\w+)` \(`shard`", create)
+                assert GUARD_KEY in create and keys[0] == ("UNIQUE KEY", "by_updated")
+                assert not triggers
+            elif GUARD_KEY in create:
                 assert f"UPDATE ON {quote(DB)}.{table}" in triggers, (maker, table)
             else:
                 assert table.endswith("__n`") and triggers == {f"INSERT ON {quote(DB)}.{table}"}
+
+
+@pytest.mark.parametrize("kind", ["blind", "create", "cas", "delete", "delete_cas"])
+@pytest.mark.parametrize("shard", [False, True])
+def test_every_entity_write_moves_updated(kind: str, shard: bool) -> None:
+    """Step 2's write of an entity row sets ``updated`` past the stored one whenever it
+    changes the row, so the owned layout's guard key (checked on ``by_updated``) meets
+    every changed row, not only new ones."""
+    write = _entity_sql("p_data", kind, True, None, shard).split(";\n")[-1]
+    assert write.count("`updated` = ") == 1  # the one assignment, and it moves it
+    later = r"GREATEST\((?:VALUES\(`updated`\)|%s), `updated` \+ 1\)"
+    assert re.search(r"`updated` = (?:IF\(@ok := \(.*?\)\), )?" + later, write), write
 
 
 @pytest.mark.parametrize(

@@ -177,16 +177,17 @@ def _held(store: DataStore, batch: str, params: list[Any]) -> tuple[float, list[
 def test_a_fence_waits_for_a_write_that_holds_its_shard(
     make_store: Callable[..., DataStore], build: str
 ) -> None:
-    """A tentative write that applied holds the ``owned`` row through its trigger, a
-    checked one from its check, to the ``COMMIT``: the fence waits, the write is
-    acknowledged and kept; the same write after the fence fails, nothing written."""
+    """A tentative write that applied holds the ``owned`` row through its guard (the
+    key's check, on the index of ``updated``), a checked one from its check, to the
+    ``COMMIT``: the fence waits, the write is acknowledged and kept; the same write
+    after the fence fails, nothing written."""
     store = make_store()
     key = _id_on(store, 0)
     version = store.put({"id": key, "v": 1})
     db = store.cluster.topology.owned_db
     update = (
-        f"UPDATE {quote(db or '', 'entities')} SET `body` = NULL, `version` = %s"
-        " WHERE `id` = %s AND `version` = %s"
+        f"UPDATE {quote(db or '', 'entities')} SET `body` = NULL, `version` = %s,"
+        " `updated` = `updated` + 1 WHERE `id` = %s AND `version` = %s"
     )
 
     def batch(stmts: list[str]) -> str:

@@ -656,7 +656,10 @@ class Backfill:
         as were read and their versions add up to the same sum (a row's version only
         grows, and no other row can take a read row's ``added_id``), so nothing changed.
         Otherwise (or with runs too scattered) every version is read again.  The rows
-        are read back by primary key: a building index has no ``KEY by_entity`` yet."""
+        are read back by primary key: a building index has no ``KEY by_entity`` yet.
+        No row of a changed entity's new body is added: its writer wrote them (the
+        grace period), and one written here from this read could land after a later
+        write's step 3 had deleted it, a stale row nothing removes."""
         store = self.rt.store
         seen = proof(rows)
         if seen.runs is not None:
@@ -676,8 +679,9 @@ class Backfill:
                 for target, group in derived.targets.items()
             }
             found = read_own(store, topo, index, ours)  # an empty group sends nothing
+            failpoints.hit("cleaner.before_reconcile")
             return self.repairer.reconcile(
-                topo, [index], entities, found, add_missing=True, skip=down
+                topo, [index], entities, found, add_missing=False, skip=down
             )
         return True
 

@@ -487,6 +487,36 @@ def test_backfill_stale_read_leaves_no_stale_row(make_store: Any) -> None:
     assert_clean(store)
 
 
+def test_backfill_recheck_leaves_no_row_of_a_body_replaced_meanwhile(make_store: Any) -> None:
+    """The re-check reads a changed entity (an update's body, link L1 at version v1);
+    a blind put (v2) then commits and its step 3 deletes L1's row before the
+    reconciliation writes: the reconciliation must not write L1's row back (it did, at
+    v1, an extra row that no later write of the entity removes)."""
+    store = make_store(shards=2)  # one batch per shard, one shard per server (lane)
+    ids = load(store, 30)
+    store.declare_index(BY_LINK)
+    key = ids[0]
+    blind: list[int] = []
+
+    def update_it() -> None:  # after both lanes' reads: the proof of key's batch fails
+        store.update(key, lambda e: {**(e or {}), "link": "http://changed/L1"})
+        store.flush()
+
+    def blind_put() -> None:  # after the re-check read key at v1, before it writes
+        if not blind:
+            blind.append(store.put({"id": key, "link": "http://blind/"}))
+            store.flush()  # its step 3 done: L1's row deleted
+
+    failpoints.set("cleaner.after_read", threading.Barrier(2, action=update_it, timeout=20).wait)
+    failpoints.set("cleaner.before_reconcile", blind_put)
+    cleaner = Cleaner(store, batch=1000)
+    assert cleaner.backfill("by_link") == "ready"
+    failpoints.clear()
+    assert blind and cleaner.figures.as_dict()["rechecked"] >= 1, cleaner.figures.as_dict()
+    assert rows_of(store, BY_LINK, key) == {("http://blind/",): blind[0]}
+    assert_clean(store)
+
+
 def test_repair_stale_read_never_deletes_a_current_row(make_store: Any) -> None:
     store = make_store(indexes=[BY_LINK])
     ids = load(store, 20)

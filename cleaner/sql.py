@@ -167,7 +167,7 @@ def fence_sql(
             )
         params += [entity_id, version, now]
         stmts.append(
-            f"UPDATE {table} SET `updated` = GREATEST(`updated`, %s), `version` = %s"
+            f"UPDATE {table} SET `updated` = GREATEST(`updated` + 1, %s), `version` = %s"
             " WHERE `id` = %s AND `body` IS NULL AND `version` < %s"
         )
         params += [now, version, entity_id, version]
@@ -180,10 +180,12 @@ def bump_sql(
     dbs: Sequence[str], owned: str | None, shard: int, entity_id: bytes, seen: int, version: int
 ) -> tuple[str, list[Any]]:
     """Raise a live entity's version from ``seen`` to ``version`` (body unchanged), only
-    if it is still at ``seen``; one result set: the rows changed (0 or 1)."""
+    if it is still at ``seen``, moving ``updated`` as every write of an entity row does
+    (the owned layout's guard key is checked on its index); one result set: the rows
+    changed (0 or 1)."""
     update = (
-        f"UPDATE {quote(dbs[shard], 'entities')} SET `version` = %s WHERE `id` = %s"
-        " AND `version` = %s AND `body` IS NOT NULL"
+        f"UPDATE {quote(dbs[shard], 'entities')} SET `version` = %s, `updated` = `updated` + 1"
+        " WHERE `id` = %s AND `version` = %s AND `body` IS NOT NULL"
     )
     return (
         in_guarded_transaction([update, "SELECT ROW_COUNT()"], owned, [shard]),

@@ -224,7 +224,8 @@ def fence_owner_sql(
     db: str, owner: bytes, seen: int | None, version: int, now: int, shard: int | None = None
 ) -> tuple[str, list[Any]]:
     """Raise an entity to ``version`` if it is still as read: at ``seen`` (body
-    unchanged; a tombstone's ``updated`` refreshed, so it is not purged soon), or with
+    unchanged; ``updated`` moved, as by every write of an entity row, a tombstone's to
+    now, so it is not purged soon), or with
     no row (``seen`` None: a tombstone is written).  One result set: the rows changed.
     ``shard``: the owned layout's shard of the entity (its row carries it)."""
     table = quote(db, "entities")
@@ -238,7 +239,7 @@ def fence_owner_sql(
     else:
         sql = (
             f"UPDATE {table} SET `version` = %s,"
-            " `updated` = IF(`body` IS NULL, GREATEST(`updated`, %s), `updated`)"
+            " `updated` = IF(`body` IS NULL, GREATEST(`updated` + 1, %s), `updated` + 1)"
             " WHERE `id` = %s AND `version` = %s"
         )
         params = [version, now, owner, seen]

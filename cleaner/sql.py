@@ -21,7 +21,7 @@ from schemaless.index import Index
 from schemaless.names import quote
 from schemaless.owned import checked_first, guarded, in_guarded_transaction, locked
 from schemaless.tables import union_all
-from schemaless.writes import owners_sql, upsert_sql, upsert_text_sql
+from schemaless.writes import later_sql, owners_sql, upsert_sql, upsert_text_sql
 
 from .native import rows as _rows
 
@@ -167,7 +167,7 @@ def fence_sql(
             )
         params += [entity_id, version, now]
         stmts.append(
-            f"UPDATE {table} SET `updated` = GREATEST(`updated` + 1, %s), `version` = %s"
+            f"UPDATE {table} SET `updated` = {later_sql('%s')}, `version` = %s"
             " WHERE `id` = %s AND `body` IS NULL AND `version` < %s"
         )
         params += [now, version, entity_id, version]

@@ -37,6 +37,7 @@ __all__ = [
     "fence_owner_sql",
     "fires",
     "in_transaction",
+    "later_sql",
     "owners_sql",
     "release_sql",
     "takeover_sql",
@@ -220,6 +221,14 @@ def release_sql(
     return triggered(stmts, owned), params
 
 
+def later_sql(at: str) -> str:
+    """The ``updated`` of a write of an entity row: its time ``at`` (an SQL expression),
+    and always past the stored one, so that every write that changes the row moves
+    ``by_updated``, the owned layout's guard key's index (``owned.entities_table_sql``);
+    two writes within a microsecond stay ordered too."""
+    return f"GREATEST({at}, `updated` + 1)"
+
+
 def fence_owner_sql(
     db: str, owner: bytes, seen: int | None, version: int, now: int, shard: int | None = None
 ) -> tuple[str, list[Any]]:
@@ -239,7 +248,7 @@ def fence_owner_sql(
     else:
         sql = (
             f"UPDATE {table} SET `version` = %s,"
-            " `updated` = IF(`body` IS NULL, GREATEST(`updated` + 1, %s), `updated` + 1)"
+            f" `updated` = IF(`body` IS NULL, {later_sql('%s')}, `updated` + 1)"
             " WHERE `id` = %s AND `version` = %s"
         )
         params = [version, now, owner, seen]
@@ -435,12 +444,6 @@ def _kind(w: EntityWrite) -> str:
     return w.mode.kind
 
 
-#: A write's ``updated``: its time, and always past the stored one, so that every write
-#: that changes an entity row moves ``by_updated``, the owned layout's guard key's index
-#: (``owned.entities_table_sql``); two writes within a microsecond stay ordered too.
-_LATER = "GREATEST({}, `updated` + 1)"
-
-
 @functools.lru_cache(maxsize=4096)
 def _entity_sql(
     db: str, kind: str, want_body: bool, fence: str | None = None, shard: bool = False
@@ -456,7 +459,7 @@ def _entity_sql(
     table = quote(db, "entities")
     version = f"%s + (SELECT COUNT(*) FROM {quote(db, fence)})" if fence else "%s"
     stmts = []
-    later, given = _LATER.format("VALUES(`updated`)"), _LATER.format("%s")
+    later, given = later_sql("VALUES(`updated`)"), later_sql("%s")
     if want_body:
         stmts.append(f"SELECT `body` FROM {table} WHERE `id` = %s")  # NULL: a tombstone
     cols, marks = ("`shard`, ", "%s, ") if shard else ("", "")

@@ -16,6 +16,7 @@ import pytest
 
 from schemaless import DataStore, Index, TableMissing
 from schemaless.batch import Batch
+from schemaless.cleaner import sql as cleaner_sql
 from schemaless.connection import ConnectOptions, Server
 from schemaless.counts import APPLIED, backfill_sql
 from schemaless.counts import tables_sql as counts_tables_sql
@@ -72,6 +73,7 @@ from schemaless.writes import (
     _entity_sql,
     delete_rows_sql,
     entity_batch_sql,
+    fence_owner_sql,
     fires,
     release_sql,
     upsert_rows_sql,
@@ -508,6 +510,21 @@ def test_every_entity_write_moves_updated(kind: str, shard: bool) -> None:
     assert write.count("`updated` = ") == 1  # the one assignment, and it moves it
     later = r"GREATEST\((?:VALUES\(`updated`\)|%s), `updated` \+ 1\)"
     assert re.search(r"`updated` = (?:IF\(@ok := \(.*?\)\), )?" + later, write), write
+
+
+def test_every_other_update_of_an_entity_row_moves_updated() -> None:
+    """The Cleaner's tombstone fence and version bump and a unique claim's fence of an
+    owner move ``updated`` too, so each meets the guard key as step 2's writes do."""
+    updates = [
+        fence_owner_sql(DB, ID, 3, 4, 5, shard=0)[0],
+        cleaner_sql.fence_sql((DB,), DB, [(0, ID, 4)], 5)[0],
+        cleaner_sql.bump_sql((DB,), DB, 0, ID, 3, 4)[0],
+    ]
+    for sql in updates:
+        (update,) = [s for s in sql.split(";\n") if s.startswith("UPDATE")]
+        assigned = update.split(" SET ", 1)[1].split(" WHERE ", 1)[0]
+        assert assigned.count("`updated` = ") == 1, update
+        assert "`updated` + 1" in assigned.split("`updated` = ", 1)[1], update
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from schemaless.index import Index
 from schemaless.query import MAX_LIMIT
 from schemaless.store import DataStore
 
-from .options import BadOption, CliError, Connection, Finite, pass_connection
+from .options import BadOption, CliError, Connection, Finite, needs_partial, pass_connection
 from .output import (
     cell,
     decode_input,
@@ -394,7 +394,7 @@ def _one_page(
     except ShardUnavailable as exc:
         if partial:
             raise
-        raise CliError(f"{exc}; `--partial` reads the servers that answer") from exc
+        raise needs_partial(exc) from exc
     _warn_missing(ds, result.missing_shards)
     return list(result), result.cursor
 

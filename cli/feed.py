@@ -13,7 +13,7 @@ from schemaless.store import DataStore
 from schemaless.subscriptions import feed_status
 from schemaless.subscriptions import unsubscribe as unsubscribe_name
 
-from .options import BadOption, Connection, pass_connection
+from .options import BadOption, Connection, needs_partial, pass_connection
 from .output import (
     cell,
     echo_table,
@@ -164,7 +164,7 @@ def _stream(feed: ChangeFeed, follow: bool, as_json: bool, last: str | None) -> 
         _resume(last, as_json)
         if feed.partial:
             raise
-        raise click.ClickException(f"{exc}; `--partial` reads the servers that answer") from exc
+        raise needs_partial(exc) from exc
     _resume(last, as_json)
 
 

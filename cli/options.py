@@ -40,6 +40,7 @@ __all__ = [
     "follow_up",
     "inherited_connection",
     "metrics_options",
+    "needs_partial",
     "one_line",
     "pass_connection",
 ]
@@ -54,6 +55,12 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str) -> None:
         super().__init__(one_line(redact(message)))
+
+
+def needs_partial(exc: Exception) -> CliError:
+    """The error of a command refused for a server that does not answer, naming the
+    option that reads the others instead."""
+    return CliError(f"{exc}; `--partial` reads the servers that answer")
 
 
 class BadOption(click.BadParameter):

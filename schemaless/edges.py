@@ -118,15 +118,20 @@ def missing_tables(ds: DataStore, names: list[str]) -> bool:
     return any(len(found) < len(names) for found in _tables_found(ds, names))
 
 
-def recorded_pairings(ds: DataStore, kinds: list[str]) -> dict[str, tuple[str, str]]:
+def _tables_of(kinds: list[str]) -> list[str]:
+    """The edge and count tables of edge types."""
+    return [t for k in kinds for t in table_names(k)]
+
+
+def _pairings(found: list[dict[str, str]], kinds: list[str]) -> dict[str, tuple[str, str]]:
     """The pairings recorded on the edge tables of ``kinds`` (``edgetables.pairing``),
-    by type, from every server that answers (one statement each)."""
+    by type, in the tables and comments ``_tables_found`` read."""
     kind_of = {table_names(k)[0]: k for k in kinds}
     return {
         kind_of[name]: paired
-        for found in _tables_found(ds, list(kind_of))
-        for name, comment in found.items()
-        if (paired := pairing(comment)) is not None
+        for tables in found
+        for name, comment in tables.items()
+        if name in kind_of and (paired := pairing(comment)) is not None
     }
 
 
@@ -279,9 +284,14 @@ class Edges:
                 " logical shard: move it over with `schemaless dump` and `schemaless restore`"
                 " into a new datastore (owned by default)"
             )
+        kinds = self.kinds()
+        found = _tables_found(ds, _tables_of(kinds))  # one read for both questions
         #: The type this one is the recorded inverse of (written through that one)
-        self.inverse_of = self._paired(recorded_pairings(ds, self.kinds()))
-        if create and missing_tables(ds, [t for k in self.kinds() for t in table_names(k)]):
+        self.inverse_of = self._paired(_pairings(found, kinds))
+        names = _tables_of(self.kinds())
+        if self.kinds() != kinds:  # the recorded inverse taken: its tables asked too
+            found = _tables_found(ds, names)
+        if create and any(len(tables) < len(names) for tables in found):
             self.create()
 
     def _paired(self, recorded: dict[str, tuple[str, str]]) -> str | None:

@@ -30,7 +30,7 @@ import msgpack
 import MySQLdb.cursors
 
 from .dumpfiles import MANIFEST, PAGE, DumpError, Progress, not_empty, restore_file
-from .edgetables import NOCOUNT, triggers_sql
+from .edgetables import NOCOUNT, PAIRING, triggers_sql
 from .hashing import shard_of
 from .jsonform import from_json, to_jsonable
 from .movesync import discovered, table_names
@@ -75,7 +75,7 @@ _GUARD = re.compile(
 )
 _OPTIONS = re.compile(
     r"\) ENGINE=InnoDB(?: (?:DEFAULT )?[A-Z_]+=[A-Za-z0-9_]+)*"
-    r"(?: COMMENT='schemaless (?:inverse|inverse of): [a-z0-9_]+')?\Z"  # an edge pairing
+    rf"(?: COMMENT='{PAIRING}')?\Z"  # an edge type's pairing
 )
 _FILE = re.compile(r"(?:shard-\d{4,5}|all)\.(?:jsonl|native)\Z")
 

@@ -11,6 +11,7 @@ from .owned import COPYING, GUARD_KEY, guard_sql, upsert_guard_sql
 
 __all__ = [
     "NOCOUNT",
+    "PAIRING",
     "check_type",
     "count_trigger_sql",
     "pairing",
@@ -26,10 +27,12 @@ _TYPE = re.compile(r"[a-z](?:_?[a-z0-9]){0,39}\Z")
 NOCOUNT = "@schemaless_nocount"
 
 
-#: An edge table's comment that records its pairing, made with the tables (and by
-#: ``schemaless edges create`` on tables made before): ``schemaless inverse: liked_by``
-#: on a type's table, ``schemaless inverse of: likes`` on its inverse's.
-_NOTE = re.compile(r"schemaless (inverse|inverse of): ([a-z](?:_?[a-z0-9]){0,39})\Z")
+#: The pattern of an edge table's comment that records its pairing, made with the
+#: tables (and by ``schemaless edges create`` on tables made before): ``schemaless
+#: inverse: liked_by`` on a type's table, ``schemaless inverse of: likes`` on its
+#: inverse's (a dump's definitions may carry it).
+PAIRING = r"schemaless (inverse|inverse of): ([a-z](?:_?[a-z0-9]){0,39})"
+_NOTE = re.compile(PAIRING + r"\Z")
 
 
 def pairing_note(role: str, other: str) -> str:

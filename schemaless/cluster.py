@@ -414,9 +414,10 @@ class Cluster:
 
         def sql(db: str) -> list[str]:
             first = [f"DROP TABLE IF EXISTS {quote(db, index.table)}"] if fresh else []
-            made = index.create_table_sql(db, entity_key=entity_key, shard=shard)
-            counted = counts.tables_sql(db) if index.counted and shard else []
-            return [*first, made, *(owned.guard_sql(db, index.table) if shard else []), *counted]
+            if not shard:
+                return [*first, index.create_table_sql(db, entity_key=entity_key)]
+            counted = counts.tables_sql(db) if index.counted else []
+            return [*first, *owned.index_table_sql(db, index, entity_key=entity_key), *counted]
 
         self.on_dbs(topo, sql)
 

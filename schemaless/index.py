@@ -529,10 +529,10 @@ class Index:
         cols.append("`entity_version` BIGINT UNSIGNED NOT NULL")
         # unique: one row per value, naming its owner (docs/architecture.md)
         key = [quote(c) for c in self.columns]
-        pk = ", ".join(key if self.unique else [*key, "`entity_id`"])
-        cols.append(f"PRIMARY KEY ({pk})")
+        pk = [*key] if self.unique else [*key, "`entity_id`"]
+        cols.append(f"PRIMARY KEY ({', '.join(pk)})")
         if shard:  # keyed, and guarded as owned.GUARD_KEY (same layer: not imported)
-            cols.append("KEY `by_shard` (`shard`)")
+            cols.append(f"KEY `by_shard` ({', '.join(self._shard_key(pk))})")
             cols.append("FOREIGN KEY (`shard`) REFERENCES `owned` (`shard`)")
         if entity_key:
             cols.append("KEY `by_entity` (`entity_id`)")
@@ -541,6 +541,24 @@ class Index:
             f"CREATE TABLE IF NOT EXISTS {quote(database, self.table)} (\n  {body}\n) "
             "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin"
         )
+
+    @property
+    def keyed_changes(self) -> bool:
+        """Whether the owned layout's ``by_shard`` names the owner and its version, so
+        the guard key is checked on every write that changes a row (no update trigger
+        needed): within InnoDB's key limit with ``shard`` and ``entity_version`` (10
+        bytes more than the primary key; docs/architecture.md, "The key guards changed
+        index rows too")."""
+        return sum(t.key_bytes for t in self.types) + ENTITY_ID_BYTES + 10 <= MAX_KEY_BYTES
+
+    def _shard_key(self, pk: list[str]) -> list[str]:
+        """``by_shard``'s columns: ``shard`` then the primary key (a shard's rows in key
+        order, for moves and the Cleaner's scans), and when ``keyed_changes``, the owner
+        and its version last (the order stays the primary key's)."""
+        if not self.keyed_changes:
+            return ["`shard`"]
+        owner = ["`entity_id`"] if self.unique else []
+        return ["`shard`", *pk, *owner, "`entity_version`"]
 
     def entity_key_sql(self, database: str) -> str:
         """Add ``KEY by_entity`` to this index's table in ``database`` unless it has it,

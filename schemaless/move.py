@@ -426,7 +426,7 @@ class ShardMover:
         stmts = [] if "entities" in names else owned.entities_table_sql(db)
         for index in (info.index for info in topo.indexes.values()):
             if index.table not in names:
-                stmts += [index.create_table_sql(db, shard=True), *owned.guard_sql(db, index.table)]
+                stmts += owned.index_table_sql(db, index)
         if topo.changes and "changes" not in names:
             stmts += owned.changes_tables_sql(db)
         if topo.index_epoch and not any(fence_epoch(t) is not None for t in names):

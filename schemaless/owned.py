@@ -35,10 +35,13 @@ import collections
 import functools
 import hashlib
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import TableMissing
 from .names import quote
+
+if TYPE_CHECKING:
+    from .index import Index
 
 __all__ = [
     "ADMIN",
@@ -72,6 +75,7 @@ __all__ = [
     "guarded",
     "in_guarded_transaction",
     "in_transaction",
+    "index_table_sql",
     "locked",
     "owned_rows_sql",
     "owns_sql",
@@ -378,8 +382,10 @@ def in_transaction(stmts: list[str]) -> str:
 
 def triggered(stmts: list[str], db: str | None) -> str:
     """A write batch that needs no check (owned layout: ``db`` given): one transaction
-    whose every insert, upsert or update meets the guard (a shard not owned fails the
-    whole batch, nothing committed) and whose deletes remove only what may go."""
+    whose every insert, upsert or update that changes a row meets the guard (a shard not
+    owned fails the whole batch, nothing committed), whose upserts that change nothing
+    need no proof (docs/architecture.md, "The key guards changed index rows too") and
+    whose deletes remove only what may go."""
     return _marked(TRIGGERED, stmts, db)
 
 
@@ -444,6 +450,14 @@ def guard_sql(db: str, table: str) -> list[str]:
     one leaves the moved copy a superset, which the Cleaner clears), and a move deletes
     its old rows after the fence."""
     return [_trigger(db, table, "UPDATE")]
+
+
+def index_table_sql(db: str, index: Index, *, entity_key: bool = True) -> list[str]:
+    """An index's table in the owned layout, with its guard: the key alone when its
+    ``by_shard`` names the owner and version every write of a row changes
+    (``Index.keyed_changes``), else the key and the update trigger."""
+    made = index.create_table_sql(db, entity_key=entity_key, shard=True)
+    return [made] if index.keyed_changes else [made, *guard_sql(db, index.table)]
 
 
 def upsert_guard_sql(db: str, table: str) -> list[str]:

@@ -54,6 +54,8 @@ from schemaless.translate import translate
 
 BY_LINK = Index("by_link", {"link": "str(100)"})
 BY_N = Index("by_n", {"n": "int"})
+#: A key too long to name the owner's version as well: its table keeps the update trigger
+WIDE = Index("by_wide", {"w": "str(763)"})
 HOSTILE = ["a'b", "a`b", "a;b", "a b", "", "a\\b", "x'@'%", 'a"b', "a/*", "é", "-x", "a\n"]
 
 
@@ -541,8 +543,9 @@ def test_the_guard_runs_with_its_definers_rights(local_cluster: LocalCluster) ->
     """The owned layout's guard runs as the admin who created the tables: the app
     user writes through it without any right on triggers, a row of a shard the
     server does not own is refused, and with the triggers' definer dropped every
-    update of an index row (or an edge's, a feed's, a feed head's) fails, where an
-    entity's, guarded by the key alone, does not (what docs/operations.md warns of)."""
+    update of a row whose table keeps a trigger (an index whose key could not name the
+    version, an edge's, a feed's, a feed head's) fails, where an entity's or another
+    index's, guarded by the key alone, does not (what docs/operations.md warns of)."""
     tag = uuid.uuid4().hex[:8]
     prefix = "grantsdef_" + tag
     with new_users(local_cluster, tag, ("admin", "app")) as made:
@@ -557,7 +560,7 @@ def test_the_guard_runs_with_its_definers_rights(local_cluster: LocalCluster) ->
             root = DataStore(
                 local_cluster.addresses,
                 prefix=prefix,
-                indexes=[BY_N],
+                indexes=[BY_N, WIDE],
                 shards=2,
                 user=made["admin"].name,
                 password=made["admin"].password,
@@ -569,7 +572,7 @@ def test_the_guard_runs_with_its_definers_rights(local_cluster: LocalCluster) ->
                 apply_grants(ds, "app", made["app"].account)
                 topo = ds.cluster.refresh()
             with open_as(local_cluster, ds, made["app"]) as app:
-                entity = {"n": 1}
+                entity = {"n": 1, "w": "a"}
                 app.put(entity)
                 assert app.get(entity["id"]) == entity
                 server = app.cluster.server_of_shard(topo, 0)  # shard 1 is the other one's
@@ -583,9 +586,10 @@ def test_the_guard_runs_with_its_definers_rights(local_cluster: LocalCluster) ->
                     conn.cursor().execute("DROP USER %s@'%%'", (made["admin"].name,))
                     conn.close()
                 with pytest.raises(SchemalessError, match="definer"):
-                    app.put({**entity, "v": 2})  # its index row present: its trigger
-                app.put({**entity, "n": 2})  # an entity and a new index row: keys only
-                assert app.get(entity["id"]) == {**entity, "n": 2}
+                    app.put({**entity, "v": 2})  # by_wide's row present: its trigger
+                app.put({"id": entity["id"], "n": 1, "v": 3})  # by_n's row present: the key
+                app.put({"id": entity["id"], "n": 2})  # a new index row: the key
+                assert app.get(entity["id"]) == {"id": entity["id"], "n": 2}
         finally:
             drop_prefix(local_cluster, prefix)
 

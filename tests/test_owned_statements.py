@@ -50,8 +50,8 @@ from schemaless.owned import (
     digest,
     disown_sql,
     entities_table_sql,
-    guard_sql,
     in_guarded_transaction,
+    index_table_sql,
     locked,
     owns_sql,
     placement,
@@ -76,7 +76,9 @@ from schemaless.writes import (
     fence_owner_sql,
     fires,
     release_sql,
+    takeover_sql,
     upsert_rows_sql,
+    upsert_sql,
     write_position,
 )
 
@@ -457,6 +459,10 @@ def test_no_plain_update_reaches_an_edge_or_count_table() -> None:
     assert GUARD_KEY in made[0] and GUARD_KEY not in made[1]  # the edge table's key
 
 
+#: A key too long to name the owner's version as well (``Index.keyed_changes`` False)
+WIDE = Index("by_wide", {"w": "str(763)"})
+
+
 def _shard_tables() -> dict[str, list[str]]:
     """Every table of logical shards' rows the library makes, by what makes it: each
     builder's statements."""
@@ -464,7 +470,8 @@ def _shard_tables() -> dict[str, list[str]]:
     return {
         "entities": entities_table_sql(DB),
         "changes": changes_tables_sql(DB),
-        "index": [index.create_table_sql(DB, shard=True), *guard_sql(DB, index.table)],
+        "index": index_table_sql(DB, index),
+        "wide index": index_table_sql(DB, WIDE),
         "counts": counts_tables_sql(DB),
         "feeds": feeds_tables_sql(DB, "home"),
         "edges": tables_sql(DB, "likes"),
@@ -474,8 +481,10 @@ def _shard_tables() -> dict[str, list[str]]:
 def test_every_table_of_shards_is_guarded_for_new_and_changed_rows() -> None:
     """Each ``CREATE TABLE`` with a ``shard`` column has the guard key and an update
     trigger, or (an edge type's count table, written by upserts) an insert trigger, or
-    (``entities``) the key alone, on its first unique index ``by_updated``, which every
-    write of an entity moves (``test_every_entity_write_moves_updated``)."""
+    the key alone on an index every write of a row changes: ``entities``' first unique
+    index ``by_updated`` (``test_every_entity_write_moves_updated``), an index table's
+    ``by_shard``, which names its owner and version (``test_every_write_of_an_index_row_
+    changes_its_by_shard_entry``) unless that key would be too long."""
     for maker, stmts in _shard_tables().items():
         made = [
             s
@@ -494,10 +503,30 @@ def test_every_table_of_shards_is_guarded_for_new_and_changed_rows() -> None:
                 keys = re.findall(r"(UNIQUE KEY|KEY) `(\w+)` \(`shard`", create)
                 assert GUARD_KEY in create and keys[0] == ("UNIQUE KEY", "by_updated")
                 assert not triggers
+            elif table == "`index_by_n`":
+                keys = re.findall(r"KEY `(\w+)` \((`shard`[^)]*)\)", create)
+                assert GUARD_KEY in create and not triggers
+                assert keys == [("by_shard", "`shard`, `p_n`, `entity_id`, `entity_version`")]
             elif GUARD_KEY in create:
                 assert f"UPDATE ON {quote(DB)}.{table}" in triggers, (maker, table)
             else:
                 assert table.endswith("__n`") and triggers == {f"INSERT ON {quote(DB)}.{table}"}
+
+
+@pytest.mark.parametrize("unique", [False, True])
+def test_every_write_of_an_index_row_changes_its_by_shard_entry(unique: bool) -> None:
+    """An upsert of a present index row and a unique row's takeover assign only columns
+    ``by_shard`` names (the owner's version, and its id): so each write that changes a
+    row re-adds its entry there, where InnoDB checks the guard key."""
+    index = Index("by_n", [("n", "int")], shard_on="n", unique=unique)
+    create = index.create_table_sql(DB, shard=True)
+    key = re.findall(r"KEY `by_shard` \(([^)]*)\)", create)[0].replace("`", "").split(", ")
+    upsert = upsert_sql(DB, index, 2, shard=True).split(" ON DUPLICATE KEY UPDATE ")[1]
+    takeover = takeover_sql(IndexRow(index, 0, (1,), ID, 2), DB, ID, 1)[0]
+    assigned = re.findall(r"`(\w+)` = ", upsert.split(" IF(")[0])
+    assigned += re.findall(r"`(\w+)` = %s", takeover.split(" WHERE ")[0])
+    assert assigned and set(assigned) <= set(key), (assigned, key)
+    assert key[0] == "shard" and key[-1] == "entity_version" and "entity_id" in key
 
 
 @pytest.mark.parametrize("kind", ["blind", "create", "cas", "delete", "delete_cas"])

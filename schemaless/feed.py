@@ -21,7 +21,7 @@ import msgpack
 
 from . import failpoints, owned
 from .entity import Entity
-from .errors import CatalogError, InvalidQuery, SchemalessError
+from .errors import CatalogError, InvalidCursor, InvalidQuery, SchemalessError
 from .names import quote
 from .owned import admin, guarded
 from .scatter import Statement, added_page_sql, bare, joined, shard_is, unreachable_only
@@ -96,21 +96,21 @@ def encode_cursor(positions: Mapping[int, Position]) -> str:
 
 
 def decode_cursor(cursor: object, n_shards: int) -> dict[int, Position]:
-    """The positions of a cursor, each field checked; ``InvalidQuery`` if malformed."""
+    """The positions of a cursor, each field checked; ``InvalidCursor`` (an ``InvalidQuery``) if malformed."""
     if not isinstance(cursor, str) or not cursor.startswith(_CURSOR_TAG):
-        raise InvalidQuery(f"not a change feed cursor: {str(cursor)[:40]!r}")
+        raise InvalidCursor(f"not a change feed cursor: {str(cursor)[:40]!r}")
     try:
         text = cursor[len(_CURSOR_TAG) :]
         raw = zlib.decompress(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         packed = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except (ValueError, zlib.error, msgpack.UnpackException) as exc:
-        raise InvalidQuery(f"not a change feed cursor: {cursor[:40]!r}") from exc
+        raise InvalidCursor(f"not a change feed cursor: {cursor[:40]!r}") from exc
     if not isinstance(packed, dict):
-        raise InvalidQuery("not a change feed cursor: not a map")
+        raise InvalidCursor("not a change feed cursor: not a map")
     out: dict[int, Position] = {}
     for shard, pos in packed.items():
         if not _count(shard) or shard >= n_shards:
-            raise InvalidQuery(f"change feed cursor names shard {shard!r} of {n_shards}")
+            raise InvalidCursor(f"change feed cursor names shard {shard!r} of {n_shards}")
         if _count(pos):
             out[shard] = pos
         elif (
@@ -121,7 +121,7 @@ def decode_cursor(cursor: object, n_shards: int) -> dict[int, Position]:
         ):
             out[shard] = (pos[0], pos[1])
         else:
-            raise InvalidQuery(f"change feed cursor: bad position {pos!r} of shard {shard}")
+            raise InvalidCursor(f"change feed cursor: bad position {pos!r} of shard {shard}")
     return out
 
 

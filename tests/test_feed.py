@@ -18,6 +18,7 @@ from schemaless import (
     ConflictError,
     DataStore,
     Index,
+    InvalidCursor,
     InvalidQuery,
     TableMissing,
     failpoints,
@@ -365,9 +366,9 @@ def test_cursors_are_checked() -> None:
     }
     assert encode_cursor({0: 0}) == encode_cursor({})
     for bad in ("", "c1.!!", "x" * 10, encode_cursor({9: 1}), 5):
-        with pytest.raises(InvalidQuery):
+        with pytest.raises(InvalidCursor):  # a query's, an edge page's, a timeline's too
             decode_cursor(bad, 4)
-    with pytest.raises(InvalidQuery) as refused:  # no zlib's text in the message
+    with pytest.raises(InvalidCursor) as refused:  # no zlib's text in the message
         decode_cursor("c1.AAAA", 4)
     assert str(refused.value) == "not a change feed cursor: 'c1.AAAA'"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from schemaless import __version__
@@ -42,6 +44,17 @@ def cli(url: str | None, prefix: str) -> None:
         schemaless query by_user --where user_id=0190f3a4c2e47b3d8a1f5e6d7c8b9a01
         schemaless --prefix app shards
     """
+    _quiet_health(click.get_current_context())
+
+
+def _quiet_health(ctx: click.Context) -> None:
+    """A server marked down is the library's warning for a long-running process (it
+    printed before the command's error, in the same words); each command names a server
+    that did not answer itself (its error, ``--partial``'s or the worker's warning)."""
+    health = logging.getLogger("schemaless.health")
+    level = health.level
+    health.setLevel(logging.ERROR)
+    ctx.call_on_close(lambda: health.setLevel(level))
 
 
 for command in (

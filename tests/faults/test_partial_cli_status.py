@@ -5,8 +5,10 @@ status commands show what the servers that answer hold and name the other, as
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 
+import pytest
 from click.testing import CliRunner
 
 from schemaless import DataStore, Feeds, failpoints, new_id
@@ -74,6 +76,25 @@ def test_a_put_that_fails_on_one_server_says_the_others_may_be_stored(
     assert fault_cluster.addresses[SICK] in put.stderr, put.stderr
     assert "on the servers that answered may be stored: put them again" in put.stderr
     assert store.get(healthy) == {"id": healthy, "n": 1}
+
+
+def test_a_server_that_does_not_answer_is_named_once(
+    fault_cluster: LocalCluster,
+    fault_store: Callable[..., DataStore],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The library's "marked down" warning printed before the command's own error, in
+    the same words: the CLI keeps it for long-running processes, not for a command."""
+    store = fault_store()
+    fault_cluster.pause_server(SICK)  # frozen: its connections time out
+    sick = fault_cluster.addresses[SICK]
+    health = logging.getLogger("schemaless.health")
+    with caplog.at_level(logging.INFO):
+        shown = run_cli(fault_cluster, store, "get", *(k.hex() for k in ids_on(store, SICK, 1)))
+    assert shown.exit_code == 1 and sick in shown.stderr, (shown.stdout, shown.stderr)
+    assert next(x for x in shown.stderr.splitlines() if sick in x).startswith("Error: ")
+    assert not [r for r in caplog.records if r.name == "schemaless.health" and r.levelno >= 30]
+    assert health.level == logging.NOTSET  # restored when the command ended
 
 
 def test_feeds_trim_trims_the_shards_that_answer_and_names_the_rest(

@@ -7,6 +7,7 @@ sends (``schemaless.writes``)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -14,8 +15,11 @@ from typing import Any
 
 import pytest
 
-from schemaless import DataStore, Index, TableMissing
+from schemaless import DataStore, Index, TableMissing, owned
 from schemaless.connection import Server
+from schemaless.hashing import shard_of
+from schemaless.keys import key_encode
+from schemaless.move import ShardMover
 from schemaless.names import quote
 from schemaless.owned import UNCHECKED, admin
 from schemaless.writes import upsert_sql
@@ -102,3 +106,36 @@ def test_a_fence_waits_for_a_writer_that_changed_an_index_row(
     assert _stored(server, db, BY_V) == [(0, OWNER, 11)]
     with pytest.raises(TableMissing):
         _upsert(server, db, BY_V, [0, 5, OWNER, 12])
+
+
+def test_index_tables_of_an_earlier_build_keep_their_trigger_and_work(
+    make_store: Callable[..., DataStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A datastore whose index tables an earlier build made (``by_shard (shard)`` and
+    the update trigger) is written, moved and fenced by this build as before: the
+    statements are the same, its trigger guards the rows the key no longer meets."""
+
+    def earlier(db: str, index: Index, *, entity_key: bool = True) -> list[str]:
+        made = index.create_table_sql(db, entity_key=entity_key, shard=True)
+        made = re.sub(r"KEY `by_shard` \([^)]*\)", "KEY `by_shard` (`shard`)", made)
+        return [made, *owned.guard_sql(db, index.table)]
+
+    monkeypatch.setattr(owned, "index_table_sql", earlier)
+    store = make_store([BY_V], shards=4)
+    monkeypatch.undo()
+    topo = store.cluster.topology
+    db, shard = str(topo.owned_db), shard_of(key_encode(5), topo.n_shards)
+    server = store.cluster.server_of_shard(topo, shard)
+    made = server.run(admin([f"SHOW CREATE TABLE {quote(db, BY_V.table)}"]))[0][0][1]
+    assert "KEY `by_shard` (`shard`)," in made
+    entities = [{"v": 5, "n": i} for i in range(20)]
+    store.put_many(entities)
+    # present index rows, upserted through their trigger
+    versions = [store.put({**e, "n": e["n"] + 100}) for e in entities[:10]]
+    ShardMover(store).move(shard, 1 - topo.shard_servers[shard])
+    found = store.query(BY_V, where={"v": 5}, limit=50)
+    assert sorted(e["n"] for e in found) == sorted([*range(100, 110), *range(10, 20)])
+    _fence(server, db, shard)  # the old copy's server: a changed row is refused
+    assert (shard, entities[0]["id"], versions[0]) in _stored(server, db, BY_V)
+    with pytest.raises(TableMissing):  # its row present: the trigger, not the key
+        _upsert(server, db, BY_V, [shard, 5, entities[0]["id"], 2**62])

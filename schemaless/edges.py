@@ -224,8 +224,8 @@ class _Side:
             self._count(shard, "-ROW_COUNT()"),
         ]
 
-    # Reads are one statement each, their own ownership check (``checked_select``; the
-    # first column is never NULL), read by ``Edges._read``.
+    # Reads are one statement each and its ownership check (``checked_select``), read
+    # by ``Edges._read``.
 
     def count(self, shard: int) -> str:
         select = f"SELECT `n` FROM {self.counts} WHERE `shard` = {int(shard)} AND `node` = %s"
@@ -244,7 +244,7 @@ class _Side:
             f" WHERE `shard` = {int(shard)} AND `src` = %s{keyset}"
             f" ORDER BY `at` DESC, `dst` DESC LIMIT {int(limit)}"
         )
-        return checked_select(select, self.db, (shard,), "x.`at` DESC, x.`dst` DESC")
+        return checked_select(select, self.db, (shard,))
 
 
 class Edges:
@@ -568,8 +568,8 @@ class Edges:
     ) -> list[Any]:
         def run(topo: Topology, shard: int) -> list[Any]:
             stmt = sql(_Side(topo.owned_db, kind))(shard)
-            rows = self.ds.cluster.server_of_shard(topo, shard).run(stmt, params)[0]
-            return checked_rows(rows, topo.owned_db)
+            sets = self.ds.cluster.server_of_shard(topo, shard).run(stmt, params)
+            return checked_rows(sets, topo.owned_db)
 
         return self._call(node, run)
 

@@ -96,7 +96,8 @@ def encode_cursor(positions: Mapping[int, Position]) -> str:
 
 
 def decode_cursor(cursor: object, n_shards: int) -> dict[int, Position]:
-    """The positions of a cursor, each field checked; ``InvalidCursor`` (an ``InvalidQuery``) if malformed."""
+    """The positions of a cursor, each field checked; ``InvalidCursor`` (an
+    ``InvalidQuery``) if malformed."""
     if not isinstance(cursor, str) or not cursor.startswith(_CURSOR_TAG):
         raise InvalidCursor(f"not a change feed cursor: {str(cursor)[:40]!r}")
     try:

@@ -291,14 +291,14 @@ class Feeds:
     ) -> tuple[list[_Row], set[int]]:
         """The newest ``n`` (at, post, author) of the user's home: the inbox rows of
         authors still followed, the user's own posts, and the pulled followees' posts,
-        merged.  One statement on the user's server (its own check), then one per
+        merged.  One statement on the user's server (and its check), then one per
         server holding pulled followees."""
         keys = () if after is None else (after[0], after[0], after[1])
 
         def run(topo: Topology, shard: int) -> list[Sequence[Any]]:
             assert topo.owned_db is not None
             sql = _home_sql(topo.owned_db, self.name, self.graph.kind, shard, n, bool(keys))
-            got = self._server(topo, shard).run(sql, (user, *keys, user, *keys, user))[0]
+            got = self._server(topo, shard).run(sql, (user, *keys, user, *keys, user))
             return checked_rows(got, topo.owned_db)
 
         got = self._on(user, run)
@@ -339,7 +339,7 @@ class Feeds:
             groups = by_server(topo, authors, shard.__getitem__)
             results = self.ds.cluster.scatter(topo, groups, build, partial=partial)
             unreachable_only(results.errors)
-            rows = [_row(r) for sets in results.results.values() for r in checked_rows(sets[0], db)]
+            rows = [_row(r) for sets in results.results.values() for r in checked_rows(sets, db)]
             return rows, {shard[a] for sid in results.errors for a in groups[sid]}
 
         rows, missing = self.ds.calls.call(run, self.timeout)
@@ -453,8 +453,8 @@ class Feeds:
                 f"SELECT `user` FROM {self._q(topo, self.inbox)} WHERE `shard` = {int(s)}"
                 f" GROUP BY `user` HAVING COUNT(*) > {int(keep)}"
             )
-            rows = self._server(topo, s).run(checked_select(select, topo.owned_db, (s,)))[0]
-            return [bytes(r[0]) for r in checked_rows(rows, topo.owned_db)]
+            sets = self._server(topo, s).run(checked_select(select, topo.owned_db, (s,)))
+            return [bytes(r[0]) for r in checked_rows(sets, topo.owned_db)]
 
         def cut(users: list[bytes], topo: Topology, s: int) -> int:
             inbox, reader = self._q(topo, self.inbox), f"`shard` = {int(s)} AND `user` = %s"
@@ -776,7 +776,7 @@ def _unreachable(errors: Mapping[int, SchemalessError]) -> _Failed:
 
 @functools.lru_cache(maxsize=4096)
 def _home_sql(db: str, name: str, graph: str, shard: int, n: int, after: bool) -> str:
-    """A home page's read on the user's server (``_home_rows``), its own ownership check:
+    """A home page's read on the user's server (``_home_rows``) and its ownership check:
     the inbox rows of authors still followed, the user's own posts, the pulled
     followees; built once per (shard, n, keyset or not)."""
     inbox, _, pulled = _tables(name)

@@ -19,8 +19,8 @@ table does in the layout of a database per shard, and both end in the same error
   taken from a shard the server gave away.  A write batch whose every write is guarded
   needs no check (``triggered``); one whose writes prove ownership only where they
   apply is ``tentative`` (what did not apply is sent again ``checked_first``); a point
-  read, and a read of one statement (:func:`checked_select`), checks in its own
-  statement.
+  read checks in its own statement, and a read of a few shards (:func:`checked_select`)
+  is followed by a plain ``SELECT`` of its check.
 
 ``Server.send`` refuses a batch that names the data database without the check or one
 of the marks (``ADMIN``, ``TRIGGERED``, ``TENTATIVE``), so a statement cannot forget
@@ -342,35 +342,26 @@ def guarded(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
     return ";\n".join(stmts)
 
 
-def checked_select(select: str, db: str | None, shards: Iterable[int], order: str = "") -> str:
-    """A read of one statement that is its own check (owned layout: ``db`` given):
-    ``select``'s rows (one column never NULL) left-joined to the ``owned`` rows
-    of the shards named, in one snapshot, so a server that does not own them all
-    returns no row at all and one that does a row of NULLs for an empty result
-    (``checked_rows`` reads it).  ``order``: the rows' order, on ``x``'s columns (a
-    derived table's own ``ORDER BY`` is only kept for its ``LIMIT``).  ``guarded`` sends
-    the check as a second, compound statement, which costs a small read about as much
-    as the read itself."""
+def checked_select(select: str, db: str | None, shards: Iterable[int]) -> str:
+    """A read with its check (owned layout: ``db`` given): ``select``, then in the same
+    batch a plain ``SELECT`` of whether every shard named is owned here (1 or 0), read
+    after the rows as ``guarded``'s check is (a fence that commits in between shows);
+    ``checked_rows`` reads both.  The plain ``SELECT`` costs the server about 17 µs, where
+    ``guarded``'s compound statement, or the read as a derived table joined to the
+    ``owned`` rows, cost 50-100 (docs/results/owned-layout.md, session 53)."""
     if db is None:
         return select
     names = _names(shards)
-    if len(names) == 1:
-        owned, owns = f"{quote(db, 'owned')} o", f"o.`shard` = {names[0]}"
-    else:
-        owned = f"(SELECT COUNT(*) AS `n` FROM {quote(db, 'owned')} WHERE {among(names)}) o"
-        owns = f"o.`n` = {len(names)}"
-    order = f" ORDER BY {order}" if order else ""
-    return f"SELECT {CHECK} x.* FROM {owned} LEFT JOIN ({select}) x ON TRUE WHERE {owns}{order}"
+    owned = f"SELECT {CHECK} COUNT(*) = {len(names)} FROM {quote(db, 'owned')} WHERE {among(names)}"
+    return f"{select};\n{owned}"
 
 
-def checked_rows(rows: Sequence[_R], db: str | None, column: int = 0) -> list[_R]:
-    """The rows of a ``checked_select`` whose ``column`` is never NULL; ``TableMissing``
-    when it returned none (a shard named is not owned: a move's fence, a stale map)."""
-    if db is None:
-        return list(rows)
-    if not rows:
+def checked_rows(sets: Sequence[Sequence[_R]], db: str | None) -> list[_R]:
+    """The rows of a ``checked_select`` from its batch's result sets; ``TableMissing``
+    when its check says a shard named is not owned here (a move's fence, a stale map)."""
+    if db is not None and not (len(sets) > 1 and sets[-1] and sets[-1][0][0]):
         raise TableMissing(_MOVED)
-    return [r for r in rows if r[column] is not None]
+    return list(sets[0])
 
 
 def in_transaction(stmts: list[str]) -> str:

@@ -331,7 +331,7 @@ class QueryEngine:
         for sid, result in results.items():
             got: Sequence[tuple[Any, ...]] = result[0]
             if topo.owned_db is not None and _checks_itself(groups[sid]):
-                got = checked_rows(got, topo.owned_db, column=-1)  # `entity_id`
+                got = checked_rows(result, topo.owned_db)
             rows += got
             if len(got) >= n:
                 exhausted = False  # that server may hold more
@@ -621,10 +621,10 @@ def _named(group: list[Part]) -> Sequence[int]:
 
 
 def _checks_itself(group: list[Part]) -> bool:
-    """Whether a server's scan in the owned layout is its own check
-    (``checked_select``, a few shards: one statement), not followed by the check
-    (a scatter's many shards: the digest row first, ``guarded``).  A scatter's part
-    alone names more than that, so no union of its shards is made here."""
+    """Whether a server's scan in the owned layout is followed by a plain ``SELECT`` of
+    its check (``checked_select``, a few shards), not by ``guarded``'s (a scatter's many
+    shards: the digest row).  A scatter's part alone names more than that, so no union
+    of its shards is made here."""
     if any(len(shards) > LISTED_MAX for shards, _ in group):
         return False
     return len(_named(group)) <= LISTED_MAX

@@ -26,6 +26,8 @@ from schemaless.edges import _Side
 from schemaless.edgetables import count_trigger_sql, tables_sql
 from schemaless.edgetables import triggers_sql as edge_triggers_sql
 from schemaless.feeds import tables_sql as feeds_tables_sql
+from schemaless.hashing import shard_of
+from schemaless.keys import key_encode
 from schemaless.names import quote
 from schemaless.owned import (
     ADMIN,
@@ -252,20 +254,26 @@ def test_a_read_by_id_is_its_own_check_of_exactly_its_shards() -> None:
     assert sql.endswith(check_sql(DB, [3])) and "owned_digest" not in sql
 
 
-def test_a_checked_select_joins_its_read_to_the_owned_rows_it_names() -> None:
-    """One statement, its own check: one shard's ``owned`` row, or the count of several;
-    no row back means not owned (``checked_rows`` raises), a row of NULLs an empty read."""
+def test_a_checked_select_reads_its_rows_then_whether_their_shards_are_owned() -> None:
+    """The read, then in the same batch a plain ``SELECT`` of whether every shard named
+    is owned (1 or 0), after the rows (a fence in between shows); ``checked_rows`` takes
+    the rows only when it says 1, and raises otherwise or when it is missing."""
     select = f"SELECT 0 AS `k`, `id` FROM {quote(DB, 'entities')} WHERE `id` = %s"
-    one = checked_select(select, DB, [3])
-    assert one.startswith(f"SELECT {CHECK} x.* FROM {quote(DB, 'owned')} o LEFT JOIN (")
-    assert one.endswith(") x ON TRUE WHERE o.`shard` = 3") and select in one
+    owned = quote(DB, "owned")
+    assert checked_select(select, DB, [3]) == (
+        f"{select};\nSELECT {CHECK} COUNT(*) = 1 FROM {owned} WHERE `shard` IN (3)"
+    )
     several = checked_select(select, DB, [5, 3, 5])
-    assert several.endswith(") x ON TRUE WHERE o.`n` = 2") and "IN (3, 5)" in several
+    assert several.endswith(f"SELECT {CHECK} COUNT(*) = 2 FROM {owned} WHERE `shard` IN (3, 5)")
     assert checked_select(select, None, [3]) == select
-    assert checked_rows([(None, None)], DB) == [] and checked_rows([(0, ID)], DB) == [(0, ID)]
+    assert checked_rows([[(0, ID)], [(1,)]], DB) == [(0, ID)]
+    assert checked_rows([[], [(1,)]], DB) == []  # an empty read of an owned shard
+    for check in ([(0,)], [(None,)], []):
+        with pytest.raises(TableMissing, match="moved"):
+            checked_rows([[(0, ID)], check], DB)
     with pytest.raises(TableMissing, match="moved"):
-        checked_rows([], DB)
-    assert checked_rows([], None) == []
+        checked_rows([[(0, ID)]], DB)  # no check at all
+    assert checked_rows([[(0, ID)]], None) == [(0, ID)]
 
 
 def test_unchecked_batches_are_refused_before_they_are_sent() -> None:
@@ -394,6 +402,25 @@ def test_a_checked_batch_of_a_fenced_shard_commits_nothing(
         with pytest.raises(TableMissing):  # never a silent "absent"
             read()
     assert store.get(a) == {"id": a, "v": 1}  # the shard still owned reads as before
+
+
+def test_a_checked_select_of_a_fenced_shard_is_refused_an_owned_empty_one_is_empty(
+    make_store: Callable[..., DataStore],
+) -> None:
+    """An equality query reads its index rows with ``checked_select``: of a shard fenced
+    since (the map not yet told), ``TableMissing``, never an empty page; of an owned
+    shard with no matching row, an empty page."""
+    by_v = Index("by_v", {"v": "int"})
+    store = make_store([by_v], shards=4)
+    topo = store.cluster.topology
+    of = {shard_of(key_encode(v), topo.n_shards): v for v in range(100)}
+    fenced, owned_value = of[0], next(v for s, v in of.items() if s != 0)
+    store.put({"v": fenced})
+    assert len(store.query(by_v, where={"v": fenced})) == 1
+    _fence(store, 0)
+    with pytest.raises(TableMissing):
+        store.query(by_v, where={"v": fenced})
+    assert list(store.query(by_v, where={"v": owned_value})) == []
 
 
 def test_a_maps_shards_are_checked_as_they_are_and_hash_as_a_tuple() -> None:

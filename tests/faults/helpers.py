@@ -98,6 +98,16 @@ def ids_on(store: DataStore, sid: int, n: int) -> list[bytes]:
     return out
 
 
+def ids_of_shard(store: DataStore, shard: int, n: int) -> list[bytes]:
+    """``n`` new entity ids of logical shard ``shard``."""
+    out: list[bytes] = []
+    while len(out) < n:
+        key = new_id()
+        if store.cluster.shard_of_id(key) == shard:
+            out.append(key)
+    return out
+
+
 def row_server(store: DataStore, index: Index, row: tuple[Any, ...]) -> int:
     """The server id that holds an index row (coerced values)."""
     topo = store.cluster.topology

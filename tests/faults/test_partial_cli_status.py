@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from click.testing import CliRunner
 
-from schemaless import DataStore, Feeds, failpoints, new_id
+from schemaless import DataStore, Feeds, failpoints
 from schemaless.cli.main import cli
 from schemaless.local import LocalCluster
 from schemaless.move import ShardMover
@@ -19,7 +19,7 @@ from schemaless.names import quote
 from schemaless.owned import admin
 from schemaless.subscriptions import feed_status
 
-from .helpers import ids_on, run_cli
+from .helpers import ids_of_shard, ids_on, run_cli
 
 SICK = 1  # server 0 holds the catalog
 
@@ -206,7 +206,7 @@ def test_drop_old_with_a_server_down_drops_the_others_and_names_it(
     away, back = topo.shards_of(0)[0], topo.shards_of(SICK)[0]
     # rows in both shards: an old copy without rows is nothing to drop (40 random ids
     # left one of them empty in about one run of two hundred)
-    store.put_many([{"id": k, "n": 1} for s in (away, back) for k in _ids_of_shard(store, s, 3)])
+    store.put_many([{"id": k, "n": 1} for s in (away, back) for k in ids_of_shard(store, s, 3)])
     mover = ShardMover(store)
     mover.move(away, SICK)  # its old copy stays on server 0
     mover.move(back, 0)  # and this one's on the sick server
@@ -220,16 +220,6 @@ def test_drop_old_with_a_server_down_drops_the_others_and_names_it(
         admin([f"SELECT COUNT(*) FROM {quote(db, 'entities')} WHERE `shard` = {away}"])
     )
     assert left[0][0][0] == 0
-
-
-def _ids_of_shard(store: DataStore, shard: int, n: int) -> list[bytes]:
-    """``n`` new entity ids of one logical shard."""
-    out: list[bytes] = []
-    while len(out) < n:
-        key = new_id()
-        if store.cluster.shard_of_id(key) == shard:
-            out.append(key)
-    return out
 
 
 def test_local_down_stops_one_server_and_up_starts_it(

@@ -40,7 +40,7 @@ from .errors import (
 )
 from .health import DOWN, Health
 from .latency import LatencySample
-from .owned import unguarded
+from .owned import VERDICT, unguarded, verdict
 from .translate import DEADLOCK, LOST, NOT_SENT, TIMED_OUT_HINTS, error_code, translate
 from .wire import close_quietly, literals, read_results
 
@@ -511,6 +511,8 @@ class Server:
             self.release(sent.conn, healthy=healthy)
             self._traced(batch, sent.started)
         self.health.up()
+        if VERDICT in batch.sql:  # a guarded read's last result set: checked, taken off
+            return verdict(results, self.name)
         return results
 
     def _cut(self, batch: Batch, owed: bool) -> Exception:

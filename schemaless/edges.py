@@ -38,8 +38,6 @@ from .errors import (
 from .ids import to_id
 from .names import quote
 from .owned import (
-    checked_rows,
-    checked_select,
     guarded,
     triggered,
 )
@@ -224,18 +222,17 @@ class _Side:
             self._count(shard, "-ROW_COUNT()"),
         ]
 
-    # Reads are one statement each and its ownership check (``checked_select``), read
-    # by ``Edges._read``.
+    # Reads are one statement each and its verdict (``guarded``), read by ``Edges._read``.
 
     def count(self, shard: int) -> str:
         select = f"SELECT `n` FROM {self.counts} WHERE `shard` = {int(shard)} AND `node` = %s"
-        return checked_select(select, self.db, (shard,))
+        return guarded([select], self.db, (shard,))
 
     def has(self, shard: int) -> str:
         select = (
             f"SELECT 1 FROM {self.edges} WHERE `shard` = {int(shard)} AND `src` = %s AND `dst` = %s"
         )
-        return checked_select(select, self.db, (shard,))
+        return guarded([select], self.db, (shard,))
 
     def page(self, shard: int, limit: int, after: bool) -> str:
         keyset = " AND (`at` < %s OR (`at` = %s AND `dst` < %s))" if after else ""
@@ -244,7 +241,7 @@ class _Side:
             f" WHERE `shard` = {int(shard)} AND `src` = %s{keyset}"
             f" ORDER BY `at` DESC, `dst` DESC LIMIT {int(limit)}"
         )
-        return checked_select(select, self.db, (shard,))
+        return guarded([select], self.db, (shard,))
 
 
 class Edges:
@@ -568,8 +565,7 @@ class Edges:
     ) -> list[Any]:
         def run(topo: Topology, shard: int) -> list[Any]:
             stmt = sql(_Side(topo.owned_db, kind))(shard)
-            sets = self.ds.cluster.server_of_shard(topo, shard).run(stmt, params)
-            return checked_rows(sets, topo.owned_db)
+            return list(self.ds.cluster.server_of_shard(topo, shard).run(stmt, params)[0])
 
         return self._call(node, run)
 

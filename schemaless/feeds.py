@@ -50,8 +50,6 @@ from .names import quote
 from .owned import (
     GUARD_KEY,
     admin,
-    checked_rows,
-    checked_select,
     guard_sql,
     guarded,
     in_guarded_transaction,
@@ -298,8 +296,7 @@ class Feeds:
         def run(topo: Topology, shard: int) -> list[Sequence[Any]]:
             assert topo.owned_db is not None
             sql = _home_sql(topo.owned_db, self.name, self.graph.kind, shard, n, bool(keys))
-            got = self._server(topo, shard).run(sql, (user, *keys, user, *keys, user))
-            return checked_rows(got, topo.owned_db)
+            return list(self._server(topo, shard).run(sql, (user, *keys, user, *keys, user))[0])
 
         got = self._on(user, run)
         rows = [_row(r) for r in got if not r[0]]
@@ -333,13 +330,13 @@ class Feeds:
                     _posts_sql(db, self.name, shard[a], bool(keys), n) for a in group
                 )
                 merged = f"SELECT * FROM ({parts}) u ORDER BY `at` DESC, `post` DESC LIMIT {int(n)}"
-                sql = checked_select(merged, db, {shard[a] for a in group})
+                sql = guarded([merged], db, {shard[a] for a in group})
                 return sql, [v for a in group for v in (a, *keys)]
 
             groups = by_server(topo, authors, shard.__getitem__)
             results = self.ds.cluster.scatter(topo, groups, build, partial=partial)
             unreachable_only(results.errors)
-            rows = [_row(r) for sets in results.results.values() for r in checked_rows(sets, db)]
+            rows = [_row(r) for sets in results.results.values() for r in sets[0]]
             return rows, {shard[a] for sid in results.errors for a in groups[sid]}
 
         rows, missing = self.ds.calls.call(run, self.timeout)
@@ -453,8 +450,8 @@ class Feeds:
                 f"SELECT `user` FROM {self._q(topo, self.inbox)} WHERE `shard` = {int(s)}"
                 f" GROUP BY `user` HAVING COUNT(*) > {int(keep)}"
             )
-            sets = self._server(topo, s).run(checked_select(select, topo.owned_db, (s,)))
-            return [bytes(r[0]) for r in checked_rows(sets, topo.owned_db)]
+            rows = self._server(topo, s).run(guarded([select], topo.owned_db, (s,)))[0]
+            return [bytes(r[0]) for r in rows]
 
         def cut(users: list[bytes], topo: Topology, s: int) -> int:
             inbox, reader = self._q(topo, self.inbox), f"`shard` = {int(s)} AND `user` = %s"
@@ -792,7 +789,7 @@ def _home_sql(db: str, name: str, graph: str, shard: int, n: int, after: bool) -
         f" UNION ALL (SELECT 1, 0, NULL, p.`author` FROM {quote(db, pulled)} p"
         f" JOIN {follows} f ON f.`shard` = {s} AND f.`src` = %s AND f.`dst` = p.`author`)"
     )
-    return checked_select(select, db, (s,))
+    return guarded([select], db, (s,))
 
 
 @functools.lru_cache(maxsize=4096)

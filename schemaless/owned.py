@@ -13,14 +13,15 @@ table does in the layout of a database per shard, and both end in the same error
   row, ``disown_sql``) waits for; a ``BEFORE UPDATE`` trigger does the same for a
   changed row (error 1146), including an upsert's, which the key does not check;
 * every batch that names the data database and rests on what it reads or on a write
-  that may match no row ends with :func:`check_sql` (before its ``COMMIT``), or begins
-  with it under the ``owned`` rows' shared locks (:func:`checked_first`), which fails
-  the batch when a shard it names is not owned: a read or an unapplied write is never
-  taken from a shard the server gave away.  A write batch whose every write is guarded
+  that may match no row ends with its check: a read's verdict (:func:`guarded`), which
+  ``Server.receive`` reads, or :func:`check_sql` before its ``COMMIT``, which fails the
+  batch; or it begins with that under the ``owned`` rows' shared locks
+  (:func:`checked_first`): a read or an unapplied write is never taken from a shard the
+  server gave away.  A write batch whose every write is guarded
   needs no check (``triggered``); one whose writes prove ownership only where they
   apply is ``tentative`` (what did not apply is sent again ``checked_first``); a point
-  read checks in its own statement, and a read of a few shards (:func:`checked_select`)
-  is followed by a plain ``SELECT`` of its check.
+  read checks in its own statement, and every other read (:func:`guarded`) ends with
+  a plain ``SELECT`` of its verdict, which ``Server.receive`` checks.
 
 ``Server.send`` refuses a batch that names the data database without the check or one
 of the marks (``ADMIN``, ``TRIGGERED``, ``TENTATIVE``), so a statement cannot forget
@@ -57,14 +58,13 @@ __all__ = [
     "TENTATIVE",
     "TRIGGERED",
     "UNCHECKED",
+    "VERDICT",
     "Shards",
     "admin",
     "among",
     "changes_tables_sql",
     "check_sql",
     "checked_first",
-    "checked_rows",
-    "checked_select",
     "copying",
     "data_db",
     "digest",
@@ -85,6 +85,8 @@ __all__ = [
     "triggered",
     "unguarded",
     "upsert_guard_sql",
+    "verdict",
+    "verdict_sql",
 ]
 
 OWNED = "owned"
@@ -93,6 +95,10 @@ LAYOUTS = (OWNED, DATABASES)
 
 #: The comment that marks the ownership check; ``Server.send`` looks for it.
 CHECK = "/*schemaless:owned*/"
+#: The comment that marks a read's verdict, the last statement of a ``guarded`` batch:
+#: a plain ``SELECT`` of 1 when every shard the read names is owned here, else 0, which
+#: ``Server.receive`` takes off the batch's results (``TableMissing`` on 0).
+VERDICT = "/*schemaless:verdict*/"
 #: The comment that marks an administrative batch (DDL, a move's copy): no check.
 ADMIN = "/*schemaless:admin*/"
 #: The comment that marks a batch that needs no check (``triggered``): every write in
@@ -130,7 +136,8 @@ _MOVED = "a logical shard named is not on this server (moved): refresh the map"
 
 def unguarded(sql: str) -> None:
     """Refuse a batch on the data database that has neither the ownership check nor
-    the administrative mark: a bug in the library, never sent."""
+    the administrative mark, or a read's verdict but not as its last statement: a bug in
+    the library, never sent."""
     if sql.startswith(ADMIN):
         return
     if CHECK not in sql and not sql.startswith((TRIGGERED, TENTATIVE)):
@@ -138,6 +145,10 @@ def unguarded(sql: str) -> None:
     if "INSERT IGNORE" in sql and not 0 <= sql.find(HELD) < sql.find("INSERT IGNORE"):
         # IGNORE makes the key's refusal a warning: only where the owned rows are held
         raise RuntimeError(f"schemaless bug: INSERT IGNORE, owned rows not held: {sql[:300]}")
+    at = sql.find(VERDICT)
+    if at >= 0 and (sql.find(VERDICT, at + 1) >= 0 or ";\n" in sql[at:]):
+        # Server.receive takes the last result set for the verdict
+        raise RuntimeError(f"schemaless bug: a read's verdict not last, or twice: {sql[:300]}")
 
 
 def copying(shard: int, stmts: Sequence[str]) -> list[str]:
@@ -336,32 +347,38 @@ def admin(stmts: list[str]) -> str:
 
 
 def guarded(stmts: list[str], db: str | None, shards: Iterable[int]) -> str:
-    """A read batch: its statements, then (owned layout: ``db`` given) the check."""
+    """A read batch: its statements, then (owned layout: ``db`` given) its verdict, a
+    plain ``SELECT`` of whether every shard named is owned here, read after the rows (a
+    fence that commits in between shows) and checked by ``Server.receive``, which takes
+    it off the results (``verdict``).  It costs the server about 17 µs, where a compound
+    check that signals, or the read as a derived table joined to the ``owned`` rows, cost
+    50-100 (docs/results/owned-layout.md, session 53)."""
     if db is not None:
-        stmts = [*stmts, check_sql(db, shards)]
+        stmts = [*stmts, verdict_sql(db, shards)]
     return ";\n".join(stmts)
 
 
-def checked_select(select: str, db: str | None, shards: Iterable[int]) -> str:
-    """A read with its check (owned layout: ``db`` given): ``select``, then in the same
-    batch a plain ``SELECT`` of whether every shard named is owned here (1 or 0), read
-    after the rows as ``guarded``'s check is (a fence that commits in between shows);
-    ``checked_rows`` reads both.  The plain ``SELECT`` costs the server about 17 µs, where
-    ``guarded``'s compound statement, or the read as a derived table joined to the
-    ``owned`` rows, cost 50-100 (docs/results/owned-layout.md, session 53)."""
-    if db is None:
-        return select
-    names = _names(shards)
-    owned = f"SELECT {CHECK} COUNT(*) = {len(names)} FROM {quote(db, 'owned')} WHERE {among(names)}"
-    return f"{select};\n{owned}"
+def verdict_sql(db: str, shards: Iterable[int]) -> str:
+    """``SELECT`` 1 if every shard named is owned here, else 0 (marked ``VERDICT``)."""
+    return _verdict(db, _names(shards))
 
 
-def checked_rows(sets: Sequence[Sequence[_R]], db: str | None) -> list[_R]:
-    """The rows of a ``checked_select`` from its batch's result sets; ``TableMissing``
-    when its check says a shard named is not owned here (a move's fence, a stale map)."""
-    if db is not None and not (len(sets) > 1 and sets[-1] and sets[-1][0][0]):
-        raise TableMissing(_MOVED)
-    return list(sets[0])
+@functools.lru_cache(maxsize=4096)
+def _verdict(db: str, names: tuple[int, ...]) -> str:
+    owned = f"{_count(db, names)} = {len(names)}"
+    if len(names) > LISTED_MAX:  # a scatter names all its server's shards: one row read
+        digest_row = f"SELECT 1 FROM {quote(db, 'owned_digest')} d WHERE {owns_sql(names)}"
+        owned = f"EXISTS ({digest_row}) OR {owned}"
+    return f"SELECT {CHECK}{VERDICT} {owned}"
+
+
+def verdict(results: list[_R], where: str) -> list[_R]:
+    """The results of a batch that ends with a verdict, without it; ``TableMissing`` if
+    it says a shard named is not owned here (a move's fence, a stale map)."""
+    said = results.pop() if results else ()
+    if not (said and said[0][0]):
+        raise TableMissing(f"{_MOVED}: {where}")
+    return results
 
 
 def in_transaction(stmts: list[str]) -> str:

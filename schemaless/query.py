@@ -28,7 +28,7 @@ from .follow import Calls
 from .hashing import shard_of
 from .index import Index, key_encode
 from .names import quote
-from .owned import LISTED_MAX, among, checked_rows, checked_select, guarded
+from .owned import among, guarded
 from .reader import Reader
 from .scatter import Statement, unreachable_only
 from .tables import union_all
@@ -328,10 +328,8 @@ class QueryEngine:
         gone = {shard for sid in errors for shards, _ in groups[sid] for shard in shards}
         rows: list[tuple[Any, ...]] = []
         exhausted = True
-        for sid, result in results.items():
+        for result in results.values():
             got: Sequence[tuple[Any, ...]] = result[0]
-            if topo.owned_db is not None and _checks_itself(groups[sid]):
-                got = checked_rows(result, topo.owned_db)
             rows += got
             if len(got) >= n:
                 exhausted = False  # that server may hold more
@@ -383,10 +381,7 @@ class QueryEngine:
                 params += rest
             # bare: in parentheses it costs the server about 7 µs more
             sql = parts[0] if len(parts) == 1 else union_all([f"({p})" for p in parts], tail)
-            named = _named(group)
-            if owned is not None and _checks_itself(group):
-                return checked_select(sql, owned, named), params
-            return guarded([sql], owned, named), params
+            return guarded([sql], owned, _named(group)), params
 
         return build
 
@@ -618,16 +613,6 @@ _SHORT = 256
 def _named(group: list[Part]) -> Sequence[int]:
     """The logical shards a server's scan names."""
     return group[0][0] if len(group) == 1 else sorted(set().union(*(s for s, _ in group)))
-
-
-def _checks_itself(group: list[Part]) -> bool:
-    """Whether a server's scan in the owned layout is followed by a plain ``SELECT`` of
-    its check (``checked_select``, a few shards), not by ``guarded``'s (a scatter's many
-    shards: the digest row).  A scatter's part alone names more than that, so no union
-    of its shards is made here."""
-    if any(len(shards) > LISTED_MAX for shards, _ in group):
-        return False
-    return len(_named(group)) <= LISTED_MAX
 
 
 def _owned_shards(owned: str, shards: tuple[int, ...], everywhere: bool) -> str:

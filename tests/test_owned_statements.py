@@ -40,18 +40,18 @@ from schemaless.owned import (
     TENTATIVE,
     TRIGGERED,
     UNCHECKED,
+    VERDICT,
     Shards,
     admin,
     changes_tables_sql,
     check_sql,
     checked_first,
-    checked_rows,
-    checked_select,
     copying,
     data_db,
     digest,
     disown_sql,
     entities_table_sql,
+    guarded,
     in_guarded_transaction,
     index_table_sql,
     locked,
@@ -59,6 +59,8 @@ from schemaless.owned import (
     placement,
     shards_sql,
     unguarded,
+    verdict,
+    verdict_sql,
 )
 from schemaless.scatter import shard_unions
 from schemaless.tables import by_id_sql
@@ -251,29 +253,32 @@ def test_a_read_by_id_is_its_own_check_of_exactly_its_shards() -> None:
     assert sql.endswith(owns_sql(tuple(range(8))))
     assert f"`n` = 8 AND d.`d0` = {digest(tuple(range(8)))[1]}" in sql
     sql, params = by_id_sql(_topo(OWNED), {3: [ID]}, "`id`", counted=True)
-    assert sql.endswith(check_sql(DB, [3])) and "owned_digest" not in sql
+    assert sql.endswith(verdict_sql(DB, [3])) and "owned_digest" not in sql
 
 
-def test_a_checked_select_reads_its_rows_then_whether_their_shards_are_owned() -> None:
+def test_a_guarded_read_ends_with_its_verdict_which_the_client_takes_off() -> None:
     """The read, then in the same batch a plain ``SELECT`` of whether every shard named
-    is owned (1 or 0), after the rows (a fence in between shows); ``checked_rows`` takes
-    the rows only when it says 1, and raises otherwise or when it is missing."""
+    is owned (1 or 0), after the rows (a fence in between shows); a scatter's many shards
+    read the digest row first.  ``verdict`` takes it off the results, and raises unless
+    it says 1."""
     select = f"SELECT 0 AS `k`, `id` FROM {quote(DB, 'entities')} WHERE `id` = %s"
     owned = quote(DB, "owned")
-    assert checked_select(select, DB, [3]) == (
-        f"{select};\nSELECT {CHECK} COUNT(*) = 1 FROM {owned} WHERE `shard` IN (3)"
+    assert guarded([select], DB, [3]) == (
+        f"{select};\nSELECT {CHECK}{VERDICT} (SELECT COUNT(*) FROM {owned}"
+        " WHERE `shard` IN (3)) = 1"
     )
-    several = checked_select(select, DB, [5, 3, 5])
-    assert several.endswith(f"SELECT {CHECK} COUNT(*) = 2 FROM {owned} WHERE `shard` IN (3, 5)")
-    assert checked_select(select, None, [3]) == select
-    assert checked_rows([[(0, ID)], [(1,)]], DB) == [(0, ID)]
-    assert checked_rows([[], [(1,)]], DB) == []  # an empty read of an owned shard
-    for check in ([(0,)], [(None,)], []):
+    several = guarded([select], DB, [5, 3, 5])
+    assert several.endswith("WHERE `shard` IN (3, 5)) = 2")
+    scatter = guarded([select], DB, range(0, 200, 2))
+    assert "EXISTS (SELECT 1 FROM " in scatter and scatter.endswith(") = 100")
+    assert guarded([select], None, [3]) == select
+    assert verdict([((0, ID),), ((1,),)], "s") == [((0, ID),)]
+    assert verdict([(), ((1,),)], "s") == [()]  # an empty read of an owned shard
+    for said in [((0,),), ((None,),), ()]:
         with pytest.raises(TableMissing, match="moved"):
-            checked_rows([[(0, ID)], check], DB)
+            verdict([((0, ID),), said], "s")
     with pytest.raises(TableMissing, match="moved"):
-        checked_rows([[(0, ID)]], DB)  # no check at all
-    assert checked_rows([[(0, ID)]], None) == [(0, ID)]
+        verdict([], "s")
 
 
 def test_unchecked_batches_are_refused_before_they_are_sent() -> None:
@@ -283,10 +288,14 @@ def test_unchecked_batches_are_refused_before_they_are_sent() -> None:
     with pytest.raises(RuntimeError, match="without the ownership check"):
         Batch(server, plain, [ID]).send()
     marks = (f"{TRIGGERED} {plain}", f"{TENTATIVE} {plain}", f"{plain}; {check_sql(DB, [1])}")
-    for marked in (admin([plain]), *marks):
+    for marked in (admin([plain]), guarded([plain], DB, [1]), *marks):
         reply = Batch(server, marked, [ID]).send()  # refused only by the closed port
         with pytest.raises(Exception, match=r"(?i)connect|unavailable"):
             reply.result()
+    one = guarded([plain], DB, [1])
+    for misplaced in (f"{one};\n{plain}", f"{one};\n{one}"):  # receive reads the last set
+        with pytest.raises(RuntimeError, match="verdict not last, or twice"):
+            Batch(server, misplaced, [ID, ID]).send()
 
 
 def test_a_block_of_shards_is_named_as_one_range() -> None:
@@ -321,7 +330,7 @@ def test_shard_unions_filter_and_check_each_server() -> None:
         layout="owned",
     )
     out = shard_unions(topo, lambda s: f"SELECT {s} FROM {quote(topo.dbs[s], 'entities')}")
-    assert out[0].endswith(check_sql(DB, [0, 2])) and out[1].endswith(check_sql(DB, [1, 3]))
+    assert out[0].endswith(verdict_sql(DB, [0, 2])) and out[1].endswith(verdict_sql(DB, [1, 3]))
 
 
 # -- on real servers --------------------------------------------------------------------

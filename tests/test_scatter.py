@@ -13,7 +13,7 @@ from schemaless import DataStore
 from schemaless.catalog import Topology
 from schemaless.errors import SchemalessError, TableMissing
 from schemaless.index import Index
-from schemaless.owned import OWNED, admin, check_sql, shards_sql
+from schemaless.owned import OWNED, admin, shards_sql, verdict_sql
 from schemaless.scatter import (
     Statement,
     by_server,
@@ -76,7 +76,7 @@ def test_server_reads_take_each_servers_shards_of_the_map() -> None:
     assert set(reads) == {0, 2}
     first, check = reads[0].split(";\n")
     assert first == "SELECT 1 FROM p_data WHERE `shard` IN (0, 1, 3)"
-    assert check == check_sql("p_data", [0, 1, 3])
+    assert check == verdict_sql("p_data", [0, 1, 3])
     assert server_reads(old, whole, lambda s: f"SELECT {s}", " LIMIT 1") == shard_unions(
         old, lambda s: f"SELECT {s}", " LIMIT 1"
     )

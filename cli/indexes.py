@@ -11,7 +11,12 @@ from typing import Any
 import click
 
 from schemaless.catalog import IndexInfo, IndexState
-from schemaless.errors import IndexDefinitionError, IndexDoesNotFit, TransientError
+from schemaless.errors import (
+    IndexDefinitionError,
+    IndexDoesNotFit,
+    PermissionDenied,
+    TransientError,
+)
 from schemaless.index import Index, parse_type
 from schemaless.store import DataStore
 
@@ -213,6 +218,11 @@ def _declare(ds: DataStore, definition: Index, force: bool) -> str:
         raise CliError(
             f"{exc}; index create needs every server (it makes the index's tables on"
             " each): run it again once they all answer (--dry-run works meanwhile)"
+        ) from None
+    except PermissionDenied as exc:  # the application's user: no DDL
+        raise CliError(
+            f"{exc}; index create makes tables on every server and records the index in"
+            " the catalog: run it as the datastore's admin (`schemaless grants admin`)"
         ) from None
 
 

@@ -202,6 +202,8 @@ def test_cli_refuses_hostile_names_in_one_line(bad: str) -> None:
         assert result.exit_code == 1, result.output
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: Invalid value for '--"), lines
+    role = runner.invoke(cli, ["grants", "nope", "--user", "app"])  # was '{app|cleaner|admin}'
+    assert role.exit_code == 1 and role.stderr.startswith("Error: Invalid value for 'ROLE': 'nope'")
 
 
 # -- what the roles grant -------------------------------------------------------------
@@ -315,6 +317,8 @@ def test_the_application_user_reads_and_writes_but_runs_no_ddl(
         assert result.exit_code == 0 and expected in result.output, result.output
     refused = runner.invoke(cli, ["index", "create", "by_x", "--property", "n:int"])
     assert refused.exit_code == 1 and "permission denied" in refused.stderr
+    assert "run it as the datastore's admin" in refused.stderr  # what to do, in one line
+    assert len(refused.stderr.splitlines()) == 1 and "by_x" not in store.cluster.refresh().indexes
     with pytest.raises(PermissionDenied) as login:
         open_as(local_cluster, store, User(app.name, "wrong-" + app.password))
     assert "(MySQL error 1045)" in str(login.value) and "grants" not in str(login.value)

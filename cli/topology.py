@@ -297,8 +297,14 @@ def remove_replica(conn: Connection, server: str, address: Address) -> None:
         schemaless replicas remove 0 127.0.0.1:3310
     """
     with conn.store() as ds:
-        sid = _server_id(ds.cluster.refresh(), server, "SERVER")
-        ds.cluster.catalog.remove_replica(sid, address)
+        topo = ds.cluster.refresh()
+        sid = _server_id(topo, server, "SERVER")
+        if not ds.cluster.catalog.remove_replica(sid, address):
+            known = ", ".join(str(a) for a in topo.replicas.get(sid, ())) or "none"
+            raise CatalogError(
+                f"{address} is not a replica of server {sid} (its replicas: {known}): "
+                "nothing removed"
+            )
     click.echo(f"replica {address} of server {sid}: removed")
 
 

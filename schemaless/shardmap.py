@@ -92,9 +92,12 @@ class ShardMap(CatalogDB):
             (server_id, address.host, address.port),
         )
 
-    def remove_replica(self, server_id: int, address: Address) -> None:
-        """Stop sending reads to a replica."""
+    def remove_replica(self, server_id: int, address: Address) -> bool:
+        """Stop sending reads to a replica; False if it was none of that server's."""
+        counts: list[int] = []
         self.server.run(
             f"DELETE FROM {self._t('replicas')} WHERE server_id = %s AND host = %s AND port = %s",
             (server_id, address.host, address.port),
+            counts=counts,
         )
+        return counts[0] > 0

@@ -82,6 +82,9 @@ def test_servers_replicas_and_dictionary(run: Cli, local_cluster: LocalCluster) 
     assert "not replicating yet" in run.ok("replicas", "add", "0", b).output
     assert f"replicas: {b}" in run.ok("servers", "list").output
     run.ok("replicas", "remove", "0", b)
+    # a typo or a second remove printed "removed", exit 0 (found in a new user's trial)
+    again = run.fails("replicas", "remove", "0", b)
+    assert again == f"Error: {b} is not a replica of server 0 (its replicas: none): nothing removed"
     for verb in ("add", "remove"):  # named --to, an option of shards move
         refused = run.fails("replicas", verb, "9", b)
         assert refused.startswith("Error: Invalid value for 'SERVER': unknown server '9'"), refused

@@ -41,7 +41,7 @@ def _check_host(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 @click.command()
-@click.argument("role", type=click.Choice(ROLES))
+@click.argument("role", metavar="ROLE", type=click.Choice(ROLES))
 @click.option(
     "--user", "name", required=True, metavar="NAME", callback=_check_user, help="The user name."
 )

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from schemaless.errors import InvalidQuery, ShardUnavailable
-from schemaless.feed import ChangeEvent, ChangeFeed, open_feed
+from schemaless.feed import ChangeEvent, ChangeFeed, encode_cursor, open_feed
 from schemaless.store import DataStore
 from schemaless.subscriptions import feed_status
 from schemaless.subscriptions import unsubscribe as unsubscribe_name
@@ -154,6 +154,7 @@ def _stream(feed: ChangeFeed, follow: bool, as_json: bool, last: str | None) -> 
         down.clear()
         down.update(feed.unreachable)
 
+    last = last or encode_cursor(feed.positions)  # nothing to read yet: where it started
     try:
         for event in feed.events(follow, after_round):
             click.echo(json_line(_json(event)) if as_json else _text(event))
@@ -168,8 +169,8 @@ def _stream(feed: ChangeFeed, follow: bool, as_json: bool, last: str | None) -> 
     _resume(last, as_json)
 
 
-def _resume(last: str | None, as_json: bool) -> None:
-    if last and not as_json:
+def _resume(last: str, as_json: bool) -> None:
+    if not as_json:
         click.echo(f"resume with: --since {last}", err=True)
 
 

@@ -18,7 +18,11 @@ def test_changes_json_since_and_status(local_cluster: LocalCluster) -> None:
         out = run.ok("init", "--shards", "4", "--changes").output
         assert "change feed on" in out
         assert "already exists" in run.ok("init", "--changes").output
+        empty = run.ok("changes")  # printed nothing at all: no cursor, no sign it ran
+        assert empty.stdout == "" and empty.stderr.startswith("resume with: --since c1.")
+        start = empty.stderr.split()[-1]
         run.ok("put", input='{"name": "ada"}\n{"name": "bob"}\n')
+        assert len(run.ok("changes", "--since", start).stdout.splitlines()) == 2
         lines = [json.loads(x) for x in run.ok("changes", "--json").output.splitlines()]
         assert [x["op"] for x in lines] == ["put", "put"]
         assert {x["entity"]["name"] for x in lines} == {"ada", "bob"}
@@ -69,7 +73,8 @@ def test_changes_refused_when_the_feed_is_off(local_cluster: LocalCluster) -> No
         refused = run.fails("changes")  # it named only the library's changes=True
         assert "change feed is off" in refused and "`schemaless init --changes`" in refused
         run.ok("init", "--changes")
-        assert run.ok("changes").output == ""
+        on = run.ok("changes")
+        assert on.stdout == "" and on.stderr.startswith("resume with: --since c1.")
     finally:
         drop_prefix(local_cluster, prefix)
 

@@ -54,6 +54,13 @@ class _ShardCommand(click.Command):
             raise BadOption(message, "SHARD") from None
 
 
+def _check_shard(topo: Topology, shard: int) -> None:
+    """A SHARD past the last is a bad SHARD, as a negative one is."""
+    if shard >= topo.n_shards:
+        message = f"no logical shard {shard}: there are {topo.n_shards} (0 to {topo.n_shards - 1})"
+        raise BadOption(message, "SHARD")
+
+
 def _report(report: MoveReport) -> None:
     if report.dry_run or report.source == report.target:  # the mover said so
         return
@@ -119,7 +126,9 @@ def move(conn: Connection, shard: int, target: str, dry_run: bool, chunk: int) -
         schemaless shards move 5 --to 127.0.0.1:3308 --dry-run
     """
     with conn.store() as ds:
-        sid = _server_id(ds.cluster.refresh(), target)
+        topo = ds.cluster.refresh()
+        _check_shard(topo, shard)
+        sid = _server_id(topo, target)
         mover = ShardMover(ds, chunk=chunk, progress=click.echo)
         _report(mover.move(shard, sid, dry_run=dry_run))
 
@@ -164,8 +173,7 @@ def rollback(conn: Connection, shard: int) -> None:
     """
     with conn.store() as ds:
         topo = ds.cluster.refresh()
-        if not 0 <= shard < topo.n_shards:
-            raise click.ClickException(f"no logical shard {shard}: there are {topo.n_shards}")
+        _check_shard(topo, shard)
         record = topo.moves.get(shard)
         ShardMover(ds).rollback(shard)
     if record is None:

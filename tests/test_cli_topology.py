@@ -66,7 +66,9 @@ def test_move_rebalance_and_drop_old(run: Cli, local_cluster: LocalCluster) -> N
 
 def test_bad_move_targets_name_the_option(run: Cli) -> None:
     assert "--to" in run.fails("shards", "move", "0", "--to", "10.9.9.9:1")
-    assert "no logical shard 99" in run.fails("shards", "move", "99", "--to", "0")
+    past = "Error: Invalid value for 'SHARD': no logical shard 99: there are 4 (0 to 3)"
+    assert run.fails("shards", "move", "99", "--to", "0") == past  # was untyped, unlike -12
+    assert run.fails("shards", "rollback", "99") == past
     # a negative shard was click's usage error (exit 2: "No such option '-1'")
     negative = "Error: Invalid value for 'SHARD': no logical shard -12: they are numbered from 0"
     assert run.fails("shards", "move", "-12", "--to", "0") == negative

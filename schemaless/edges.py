@@ -309,7 +309,7 @@ class Edges:
             if self.inverse is not None:
                 raise InvalidQuery(
                     f"edge type {kind!r} is the inverse of {mine[1]!r} and has none of its"
-                    f" own: open Edges(ds, {mine[1]!r}), which writes both"
+                    f" own: add and remove through edge type {mine[1]!r}, which writes both"
                 )
             return mine[1]
         if theirs is not None and theirs != ("inverse of", kind):

@@ -204,14 +204,18 @@ def _check(db: str, names: tuple[int, ...]) -> str:
     # cached by the tuple: rendering thousands of shards anew cost a scatter 1 ms
     short = ""
     if len(names) > LISTED_MAX:  # a scatter names all its server's shards: one row read
-        digest_row = f"SELECT 1 FROM {quote(db, 'owned_digest')} d WHERE {owns_sql(names)}"
-        short = f"NOT EXISTS ({digest_row}) AND "
+        short = f"NOT EXISTS ({_digest_row(db, names)}) AND "
     return _refuse_unless(f"{short}{_count(db, names)} < {len(names)}")
 
 
 def _refuse_unless(failing: str, mark: str = CHECK) -> str:
     """A compound statement that fails the batch (error 1146) when ``failing`` holds."""
     return f"BEGIN NOT ATOMIC {mark} IF {failing} THEN SIGNAL {_REFUSED} '{_MOVED}'; END IF; END"
+
+
+def _digest_row(db: str, names: tuple[int, ...]) -> str:
+    """The server's ``owned_digest`` row if it owns exactly ``names`` (a subquery)."""
+    return f"SELECT 1 FROM {quote(db, 'owned_digest')} d WHERE {owns_sql(names)}"
 
 
 def _count(db: str, names: tuple[int, ...], lock: str = "") -> str:
@@ -367,8 +371,7 @@ def verdict_sql(db: str, shards: Iterable[int]) -> str:
 def _verdict(db: str, names: tuple[int, ...]) -> str:
     owned = f"{_count(db, names)} = {len(names)}"
     if len(names) > LISTED_MAX:  # a scatter names all its server's shards: one row read
-        digest_row = f"SELECT 1 FROM {quote(db, 'owned_digest')} d WHERE {owns_sql(names)}"
-        owned = f"EXISTS ({digest_row}) OR {owned}"
+        owned = f"EXISTS ({_digest_row(db, names)}) OR {owned}"
     return f"SELECT {CHECK}{VERDICT} {owned}"
 
 

@@ -511,7 +511,7 @@ class Server:
             self.release(sent.conn, healthy=healthy)
             self._traced(batch, sent.started)
         self.health.up()
-        if VERDICT in batch.sql:  # a guarded read's last result set: checked, taken off
+        if batch.sql.endswith(VERDICT):  # a guarded read's last result set: checked, taken off
             return verdict(results, self.name)
         return results
 

@@ -95,9 +95,10 @@ LAYOUTS = (OWNED, DATABASES)
 
 #: The comment that marks the ownership check; ``Server.send`` looks for it.
 CHECK = "/*schemaless:owned*/"
-#: The comment that marks a read's verdict, the last statement of a ``guarded`` batch:
+#: The comment that ends a read's verdict, the last statement of a ``guarded`` batch:
 #: a plain ``SELECT`` of 1 when every shard the read names is owned here, else 0, which
-#: ``Server.receive`` takes off the batch's results (``TableMissing`` on 0).
+#: ``Server.receive`` takes off the results of a batch that ends with this mark
+#: (``TableMissing`` on 0).
 VERDICT = "/*schemaless:verdict*/"
 #: The comment that marks an administrative batch (DDL, a move's copy): no check.
 ADMIN = "/*schemaless:admin*/"
@@ -145,9 +146,8 @@ def unguarded(sql: str) -> None:
     if "INSERT IGNORE" in sql and not 0 <= sql.find(HELD) < sql.find("INSERT IGNORE"):
         # IGNORE makes the key's refusal a warning: only where the owned rows are held
         raise RuntimeError(f"schemaless bug: INSERT IGNORE, owned rows not held: {sql[:300]}")
-    at = sql.find(VERDICT)
-    if at >= 0 and (sql.find(VERDICT, at + 1) >= 0 or ";\n" in sql[at:]):
-        # Server.receive takes the last result set for the verdict
+    if VERDICT in sql and sql.find(VERDICT) != len(sql) - len(VERDICT):
+        # Server.receive reads the verdict of a batch that ends with its mark
         raise RuntimeError(f"schemaless bug: a read's verdict not last, or twice: {sql[:300]}")
 
 
@@ -372,7 +372,7 @@ def _verdict(db: str, names: tuple[int, ...]) -> str:
     owned = f"{_count(db, names)} = {len(names)}"
     if len(names) > LISTED_MAX:  # a scatter names all its server's shards: one row read
         owned = f"EXISTS ({_digest_row(db, names)}) OR {owned}"
-    return f"SELECT {CHECK}{VERDICT} {owned}"
+    return f"SELECT {CHECK} {owned} {VERDICT}"
 
 
 def verdict(results: list[_R], where: str) -> list[_R]:

@@ -264,13 +264,13 @@ def test_a_guarded_read_ends_with_its_verdict_which_the_client_takes_off() -> No
     select = f"SELECT 0 AS `k`, `id` FROM {quote(DB, 'entities')} WHERE `id` = %s"
     owned = quote(DB, "owned")
     assert guarded([select], DB, [3]) == (
-        f"{select};\nSELECT {CHECK}{VERDICT} (SELECT COUNT(*) FROM {owned}"
-        " WHERE `shard` IN (3)) = 1"
+        f"{select};\nSELECT {CHECK} (SELECT COUNT(*) FROM {owned}"
+        f" WHERE `shard` IN (3)) = 1 {VERDICT}"
     )
     several = guarded([select], DB, [5, 3, 5])
-    assert several.endswith("WHERE `shard` IN (3, 5)) = 2")
+    assert several.endswith(f"WHERE `shard` IN (3, 5)) = 2 {VERDICT}")
     scatter = guarded([select], DB, range(0, 200, 2))
-    assert "EXISTS (SELECT 1 FROM " in scatter and scatter.endswith(") = 100")
+    assert "EXISTS (SELECT 1 FROM " in scatter and scatter.endswith(f") = 100 {VERDICT}")
     assert guarded([select], None, [3]) == select
     assert verdict([((0, ID),), ((1,),)], "s") == [((0, ID),)]
     assert verdict([(), ((1,),)], "s") == [()]  # an empty read of an owned shard

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 from conftest import shard_rows
+from faults.helpers import ids_of_shard
 
 from bench.env import Servers
-from schemaless import DataStore, Index, TableMissing, new_id
+from schemaless import DataStore, Index, TableMissing
 from schemaless.hashing import shard_of
 from schemaless.local import LocalCluster
 from schemaless.names import quote
@@ -47,12 +48,7 @@ os._exit(0)
 
 def _ids(store: DataStore, shard: int, n: int) -> list[bytes]:
     """``n`` new ids of logical shard ``shard``, in the order step 2 writes them."""
-    out: list[bytes] = []
-    while len(out) < n:
-        key = new_id()
-        if store.cluster.shard_of_id(key) == shard:
-            out.append(key)
-    return sorted(out)
+    return sorted(ids_of_shard(store, shard, n))
 
 
 def _value(store: DataStore, avoid: int, start: int = 0) -> int:

@@ -794,13 +794,16 @@ def _feeds_model(
         pairs = [(ids[u], ids[f]) for u, fs in enumerate(graph.followees) for f in fs]
         list(pool.map(lambda p: feeds.follow(*p), pairs))
         row["follows_s"] = round(time.perf_counter() - t0, 1)
+        _log(f"    {row}")
         t0 = time.perf_counter()
         messages = map(graph.message, range(graph.messages))
         list(pool.map(lambda m: feeds.post(ids[m[0]], {"body": m[2]}), messages))
     row["posts_s"] = round(time.perf_counter() - t0, 1)
+    _log(f"    {row}")
     t0 = time.perf_counter()
     feeds.work(once=True)
     row["fan_out_s"] = round(time.perf_counter() - t0, 1)
+    _log(f"    {row}")
     row["size_mb"] = round(_data_bytes(ds) / 1e6, 1)
     return row, (feeds.home, itertools.cycle([ids[u] for u in readers]))
 
@@ -918,8 +921,11 @@ def feeds_main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=6.0, help="of reads per model")
     p.add_argument("--dir", default=".bench-cluster")
     p.add_argument("--prefix", default="bench")
+    p.add_argument("--buffer-pool-mb", type=int, default=1024, help="each server's, this run")
+    p.add_argument("--redo-log-mb", type=int, default=0, help="each server's (0: leave it)")
     a = p.parse_args(argv)
     servers = start_cluster(a.dir, 2, durable=True)
+    set_server_globals(servers, True, a.buffer_pool_mb, a.redo_log_mb)
     drop_prefix(servers, a.prefix)
     before = load_average()
     try:

@@ -108,7 +108,7 @@ local-down: venv
 		from schemaless.local import LocalCluster; LocalCluster().down()'
 
 local-status: venv
-	@$(VENV)/bin/schemaless local status
+	@$(VENV)/bin/schemaless local status || [ $$? -eq 3 ]  # 3: none in the folder, said
 
 # Not the local cluster data (.schemaless-local/, .pytest-cluster/).
 clean:

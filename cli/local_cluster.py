@@ -173,7 +173,7 @@ def status(base_dir: Path | None, as_json: bool) -> None:
         return
     if not cluster.servers:
         click.echo(f"no local cluster in {cluster.base_dir}: start one with `schemaless local up`")
-        return
+        raise SystemExit(3)  # LSB's and pg_ctl's "not running", for scripts
     servers = cluster.status()
     up_count = sum(1 for s in servers if s["running"])
     paused = [str(s["pid"]) for s in servers if s["paused"]]

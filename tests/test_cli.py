@@ -178,8 +178,9 @@ def test_local_up_on_a_running_cluster_changes_nothing(
 
 def test_local_status_and_down_without_a_cluster(run: Cli, tmp_path: Path) -> None:
     empty = str(tmp_path / "none")
-    assert "no local cluster" in run.ok("local", "status", "--dir", empty).output
-    assert "no local cluster" in run.ok("local", "down", "--dir", empty).output
+    status = run("local", "status", "--dir", empty)
+    assert status.exit_code == 3 and "no local cluster" in status.output
+    assert "no local cluster" in run.ok("local", "down", "--dir", empty).output  # idempotent
 
 
 # -- put, get, delete ----------------------------------------------------------------

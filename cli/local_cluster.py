@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 __all__ = ["local"]
 
+#: The exit status of ``status`` where the folder holds no cluster (LSB's and
+#: ``pg_ctl status``'s "not running"), so a script can tell it from an error.
+NOT_RUNNING = 3
+
 dir_option = click.option(
     "--dir",
     "base_dir",
@@ -173,7 +177,7 @@ def status(base_dir: Path | None, as_json: bool) -> None:
         return
     if not cluster.servers:
         click.echo(f"no local cluster in {cluster.base_dir}: start one with `schemaless local up`")
-        raise SystemExit(3)  # LSB's and pg_ctl's "not running", for scripts
+        click.get_current_context().exit(NOT_RUNNING)
     servers = cluster.status()
     up_count = sum(1 for s in servers if s["running"])
     paused = [str(s["pid"]) for s in servers if s["paused"]]
